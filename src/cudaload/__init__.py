@@ -1,0 +1,103 @@
+"""cudaload: load a Transformers model the right way for the machine it runs on, and say why.
+
+Importing cudaload has no side effects: nothing here imports torch or transformers,
+touches CUDA or the network. Names resolve lazily on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> the private module that defines it
+_EXPORTS = {
+    "plan": "cudaload.planner",
+    "detect": "cudaload.capability",
+    "Plan": "cudaload.plans",
+    "Decision": "cudaload.plans",
+    "Rejected": "cudaload.plans",
+    "Machine": "cudaload.capability.facts",
+    "Gpu": "cudaload.capability.facts",
+    "Cpu": "cudaload.capability.facts",
+    "Software": "cudaload.capability.facts",
+    "Hub": "cudaload.capability.facts",
+    "HubKernel": "cudaload.capability.facts",
+    "Launch": "cudaload.capability.facts",
+    "ModelFacts": "cudaload.model_facts",
+    "read_model_facts": "cudaload.model_facts",
+    "CudaloadError": "cudaload.errors",
+    "AttentionUnavailableError": "cudaload.errors",
+    "DtypeUnsupportedError": "cudaload.errors",
+    "FinetuneConfigError": "cudaload.errors",
+    "LoadFailedError": "cudaload.errors",
+    "MissingPackageError": "cudaload.errors",
+    "ModelConfigError": "cudaload.errors",
+    "PlacementError": "cudaload.errors",
+    "QuantizationError": "cudaload.errors",
+    "RemoteCodeError": "cudaload.errors",
+    "UnknownGpuError": "cudaload.errors",
+}
+
+__all__ = [
+    "AttentionUnavailableError",
+    "Cpu",
+    "CudaloadError",
+    "Decision",
+    "DtypeUnsupportedError",
+    "FinetuneConfigError",
+    "Gpu",
+    "Hub",
+    "HubKernel",
+    "Launch",
+    "LoadFailedError",
+    "Machine",
+    "MissingPackageError",
+    "ModelConfigError",
+    "ModelFacts",
+    "PlacementError",
+    "Plan",
+    "QuantizationError",
+    "Rejected",
+    "RemoteCodeError",
+    "Software",
+    "UnknownGpuError",
+    "__version__",
+    "detect",
+    "plan",
+    "read_model_facts",
+]
+
+if TYPE_CHECKING:
+    from .capability import detect
+    from .capability.facts import Cpu, Gpu, Hub, HubKernel, Launch, Machine, Software
+    from .errors import (
+        AttentionUnavailableError,
+        CudaloadError,
+        DtypeUnsupportedError,
+        FinetuneConfigError,
+        LoadFailedError,
+        MissingPackageError,
+        ModelConfigError,
+        PlacementError,
+        QuantizationError,
+        RemoteCodeError,
+        UnknownGpuError,
+    )
+    from .model_facts import ModelFacts, read_model_facts
+    from .planner import plan
+    from .plans import Decision, Plan, Rejected
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cudaload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

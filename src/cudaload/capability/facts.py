@@ -1,0 +1,225 @@
+"""Frozen facts about a machine: what detection found, or what a simulation says.
+
+This module only defines data. It probes nothing, so the policy layer can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Cpu", "Gpu", "Hub", "HubKernel", "Launch", "Machine", "Software"]
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One CUDA device as this process sees it (after CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER)."""
+
+    index: int
+    """The ordinal torch uses: `cuda:{index}`."""
+    name: str
+    capability: tuple[int, int]
+    total_memory: int
+    """Bytes."""
+    free_memory: int | None = None
+    """Bytes free when detected; None when unknown (simulated, or torch fallback)."""
+    physical_index: int | None = None
+    """NVML's index (PCI bus order), which `nvidia-smi` shows."""
+    multiprocessors: int | None = None
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+    mig: bool = False
+    """True when this device is a MIG slice (or a MIG-enabled parent)."""
+
+    @property
+    def sm(self) -> str:
+        return f"sm_{self.capability[0]}{self.capability[1]}"
+
+    @property
+    def bf16(self) -> bool:
+        # Native bf16 arrived with Ampere (sm80). torch.cuda.is_bf16_supported() says True
+        # on a T4 because it emulates it, so it must not be used to decide.
+        return self.capability >= (8, 0)
+
+    @property
+    def usable_memory(self) -> int:
+        return self.free_memory if self.free_memory is not None else self.total_memory
+
+
+@dataclass(frozen=True)
+class Cpu:
+    model: str
+    cores: int
+    """CPUs this process may run on (affinity), not the machine's total."""
+    arch: str
+    flags: frozenset[str] = frozenset()
+    memory_total: int | None = None
+    memory_available: int | None = None
+
+    @property
+    def bf16_instructions(self) -> bool:
+        """The CPU has bf16 instructions at all (AVX512-BF16 or AMX)."""
+        return bool({"avx512_bf16", "amx_bf16"} & self.flags)
+
+    @property
+    def fast_bf16(self) -> bool:
+        """bf16 matmuls beat fp32 here: AMX tiles only.
+
+        Measured (benchmarks/results): a Xeon with AMX ran a bf16 prefill 4.3x faster
+        than fp32; a Xeon with AVX512-BF16 but no AMX ran it 1.6x slower; an AVX2 EPYC
+        4.1x slower.
+        """
+        return "amx_bf16" in self.flags
+
+
+@dataclass(frozen=True)
+class Software:
+    """Installed distribution versions (name -> version), plus what transformers accepts."""
+
+    packages: tuple[tuple[str, str], ...] = ()
+    torch_cuda: str | None = None
+    """CUDA version torch was built with (None for a CPU build)."""
+    driver: str | None = None
+    kernels_range: tuple[str, str] | None = None
+    """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
+
+    def version(self, dist: str) -> str | None:
+        for name, version in self.packages:
+            if name == dist:
+                return version
+        return None
+
+    def has(self, dist: str) -> bool:
+        return self.version(dist) is not None
+
+
+@dataclass(frozen=True)
+class HubKernel:
+    """Local availability of one Hub attention kernel repository."""
+
+    repo: str
+    version: int | None
+    cached_variant: str | None = None
+    """The build variant found in the local cache for this torch/CUDA, if any."""
+    detail: str = ""
+
+    @property
+    def cached(self) -> bool:
+        return self.cached_variant is not None
+
+
+@dataclass(frozen=True)
+class Hub:
+    offline: bool = False
+    kernels: tuple[HubKernel, ...] = ()
+
+    def kernel(self, repo: str) -> HubKernel | None:
+        for kernel in self.kernels:
+            if kernel.repo == repo:
+                return kernel
+        return None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How this process was launched (torchrun, accelerate, SLURM) and what it shards with."""
+
+    launcher: str | None = None
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    strategy: str | None = None
+    """"ddp", "fsdp" or "deepspeed" when known; None for a single process."""
+    zero_stage: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def shards_parameters(self) -> bool:
+        """FSDP and DeepSpeed ZeRO-3 place parameters themselves: no device_map."""
+        return self.strategy == "fsdp" or (self.strategy == "deepspeed" and self.zero_stage == 3)
+
+
+@dataclass(frozen=True)
+class Machine:
+    gpus: tuple[Gpu, ...]
+    cpu: Cpu
+    software: Software = field(default_factory=Software)
+    hub: Hub = field(default_factory=Hub)
+    launch: Launch = field(default_factory=Launch)
+    source: str = "detected"
+    """"nvml", "torch", "none" (no GPU found) or "simulated"."""
+    warnings: tuple[str, ...] = ()
+    gpu_notes: tuple[str, ...] = ()
+    """Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...")."""
+
+    @property
+    def weakest_gpu(self) -> Gpu | None:
+        """The GPU every plan must be valid for: the lowest compute capability, then memory."""
+        if not self.gpus:
+            return None
+        return min(self.gpus, key=lambda g: (g.capability, g.usable_memory))
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return f"CPU {self.cpu.model} ({self.cpu.cores} cores), no CUDA GPU"
+        names = sorted({g.name for g in self.gpus})
+        return f"{len(self.gpus)}x {' + '.join(names)} ({self.weakest_gpu.sm if self.weakest_gpu else ''})"
+
+    @classmethod
+    def simulated(
+        cls,
+        gpu: str | Sequence[str] | None = None,
+        *,
+        count: int = 1,
+        packages: Mapping[str, str] | None = None,
+        offline: bool = False,
+        cached_kernels: Iterable[str] = (),
+        cpu_flags: Iterable[str] = ("avx2",),
+        cpu_memory_gib: int = 64,
+        launch: Launch | None = None,
+    ) -> Machine:
+        """A machine you don't have: catalog GPUs (by alias, e.g. "T4", "H100"), a package
+        set (distribution -> version, added to torch/transformers/accelerate), Hub state.
+
+        `gpu` may be a list of names for a mixed machine; `count` repeats a single name.
+        `cached_kernels` names Hub kernel repos to treat as cached for this torch/CUDA.
+        """
+        from ..catalog import lookup_gpu
+        from ..upstream import FLASH_OPTIONS, TESTED_KERNELS_RANGE, hub_kernel_version
+
+        names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
+        gpus = tuple(lookup_gpu(name).as_gpu(i) for i, name in enumerate(names))
+        versions = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0", **(packages or {})}
+        software = Software(
+            packages=tuple(sorted(versions.items())),
+            torch_cuda="12.8" if gpus else None,
+            kernels_range=TESTED_KERNELS_RANGE,
+        )
+        cached = set(cached_kernels)
+        hub = Hub(
+            offline=offline,
+            kernels=tuple(
+                HubKernel(
+                    o.hub_repo,
+                    hub_kernel_version(o.hub_repo, versions["torch"]),
+                    "simulated" if o.hub_repo in cached else None,
+                    "cached (simulated)" if o.hub_repo in cached else "not in the local cache",
+                )
+                for o in FLASH_OPTIONS.values()
+            ),
+        )
+        cpu = Cpu(
+            model="simulated CPU",
+            cores=8,
+            arch="x86_64",
+            flags=frozenset(cpu_flags),
+            memory_total=cpu_memory_gib * GiB,
+            memory_available=cpu_memory_gib * GiB,
+        )
+        return cls(gpus=gpus, cpu=cpu, software=software, hub=hub, launch=launch or Launch(), source="simulated")

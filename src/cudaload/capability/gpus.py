@@ -1,0 +1,213 @@
+"""GPU probing: NVML first (no CUDA context), torch.cuda as a fallback.
+
+The probe is the single boundary tests replace: anything with `devices()` and
+`driver_version()` that returns raw records. Ordering and CUDA_VISIBLE_DEVICES are
+applied afterwards by the pure `visible.visible_gpus`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .facts import Gpu
+from .visible import RawDevice, RawMigSlice, visible_gpus
+
+__all__ = ["GpuProbe", "GpuReport", "NvmlProbe", "ProbeFailed", "probe_gpus"]
+
+
+class ProbeFailed(Exception):
+    """A probe could not answer (library missing, no driver, driver error).
+
+    `no_driver` means no NVIDIA driver is installed at all: no later probe can find a GPU,
+    so probing stops there (and torch is not imported just to learn that).
+    """
+
+    def __init__(self, message: str, *, no_driver: bool = False) -> None:
+        super().__init__(message)
+        self.no_driver = no_driver
+
+
+class GpuProbe(Protocol):
+    name: str
+
+    def devices(self) -> list[RawDevice]: ...
+
+    def driver_version(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class GpuReport:
+    gpus: tuple[Gpu, ...]
+    source: str
+    """"nvml", "torch" or "none"."""
+    driver: str | None
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    """Why each probe that did not answer failed."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlProbe:
+    """Reads every physical GPU through NVML (nvidia-ml-py). Creates no CUDA context."""
+
+    name = "nvml"
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:  # nvidia-ml-py is a dependency, but may be broken
+            raise ProbeFailed(f"nvidia-ml-py is not importable: {exc}") from exc
+        self._nvml: Any = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            no_driver = isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded))
+            raise ProbeFailed(f"NVML could not start: {exc}", no_driver=no_driver) from exc
+
+    def driver_version(self) -> str | None:
+        try:
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError:
+            return None
+
+    def _optional(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self._nvml, fn)(*args)
+        except (self._nvml.NVMLError, AttributeError):
+            return None
+
+    def _mig_slices(self, handle: Any) -> tuple[RawMigSlice, ...]:
+        nvml = self._nvml
+        mode = self._optional("nvmlDeviceGetMigMode", handle)
+        if not mode or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+            return ()
+        slices = []
+        for i in range(self._optional("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):
+            mig = self._optional("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+            if mig is None:
+                continue
+            memory = nvml.nvmlDeviceGetMemoryInfo(mig)
+            attrs = self._optional("nvmlDeviceGetAttributes", mig)
+            slices.append(
+                RawMigSlice(
+                    uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+                    name=_text(nvml.nvmlDeviceGetName(mig)),
+                    total_memory=int(memory.total),
+                    free_memory=int(memory.free),
+                    multiprocessors=getattr(attrs, "multiprocessorCount", None),
+                )
+            )
+        return tuple(slices)
+
+    def devices(self) -> list[RawDevice]:
+        nvml = self._nvml
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            found = []
+            for i in range(count):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                pci = self._optional("nvmlDeviceGetPciInfo", handle)
+                found.append(
+                    RawDevice(
+                        nvml_index=i,
+                        name=_text(nvml.nvmlDeviceGetName(handle)),
+                        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                        capability=tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle)),
+                        total_memory=int(memory.total),
+                        free_memory=int(memory.free),
+                        # NVML reports SM counts only for MIG slices; unknown for a whole GPU.
+                        multiprocessors=None,
+                        pci_bus_id=_text(pci.busId) if pci is not None else None,
+                        mig_slices=self._mig_slices(handle),
+                    )
+                )
+            return found
+        except nvml.NVMLError as exc:
+            raise ProbeFailed(f"NVML failed while listing GPUs: {exc}") from exc
+
+
+class TorchProbe:
+    """Fallback when NVML cannot answer. torch.cuda applies CUDA_VISIBLE_DEVICES itself and
+    initialises CUDA in this process, so it is used only when NVML failed."""
+
+    name = "torch"
+
+    def __init__(self) -> None:
+        try:
+            import torch
+        except ImportError as exc:
+            raise ProbeFailed("torch is not importable") from exc
+        if not torch.cuda.is_available():
+            raise ProbeFailed("torch sees no CUDA device")
+        self._torch: Any = torch
+
+    def driver_version(self) -> str | None:
+        return None
+
+    def devices(self) -> list[RawDevice]:
+        cuda = self._torch.cuda
+        found = []
+        for i in range(cuda.device_count()):
+            props = cuda.get_device_properties(i)
+            free, total = cuda.mem_get_info(i)
+            found.append(
+                RawDevice(
+                    nvml_index=i,
+                    name=props.name,
+                    uuid=f"GPU-{props.uuid}" if getattr(props, "uuid", None) else f"torch-{i}",
+                    capability=(props.major, props.minor),
+                    total_memory=int(total),
+                    free_memory=int(free),
+                    multiprocessors=props.multi_processor_count,
+                )
+            )
+        return found
+
+
+def _cuda_already_initialised_warning(visible_count: int) -> str | None:
+    """torch reads CUDA_VISIBLE_DEVICES once, when CUDA starts; later changes are ignored."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    seen = torch.cuda.device_count()
+    if seen == visible_count:
+        return None
+    return (
+        f"CUDA was initialised in this process with {seen} GPU(s) visible, but CUDA_VISIBLE_DEVICES now "
+        f"selects {visible_count}: the change is ignored until a new process. Set CUDA_VISIBLE_DEVICES "
+        "before anything touches CUDA (at the top of the script, or in the shell)."
+    )
+
+
+def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] = (NvmlProbe, TorchProbe)) -> GpuReport:
+    """Ask each probe in turn (NVML, then torch.cuda); no GPU when none answers.
+
+    A probe's constructor or `devices()` raising ProbeFailed moves on to the next one.
+    """
+    notes: list[str] = []
+    for factory in probes:
+        try:
+            candidate: GpuProbe = factory()
+            raw = candidate.devices()
+        except ProbeFailed as exc:
+            notes.append(f"{getattr(factory, 'name', factory)}: {exc}")
+            if exc.no_driver:
+                break
+            continue
+        if candidate.name == "torch":
+            # torch.cuda already applied CUDA_VISIBLE_DEVICES and CUDA's order.
+            gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")
+        else:
+            gpus, warnings = visible_gpus(raw, env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
+        late = _cuda_already_initialised_warning(len(gpus))
+        return GpuReport(
+            gpus, candidate.name, candidate.driver_version(), (*warnings, *([late] if late else [])), tuple(notes)
+        )
+    return GpuReport((), "none", None, (), tuple(notes))

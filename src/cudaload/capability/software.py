@@ -1,0 +1,168 @@
+"""Installed packages and Hub-kernel availability, read without importing torch.
+
+FlashAttention variants are told apart by *distribution* name, as transformers does
+(`FLASH_ATTENTION_COMPATIBILITY_MATRIX`): `flash-attn` is FA2 (module `flash_attn`),
+`flash-attn-3` is FA3 (module `flash_attn_interface`), `flash-attn-4` is FA4 (module
+`flash_attn` too). FA2 wheels ship a `flash_attn/cute` folder, so probing modules is wrong.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import importlib.util
+import os
+import platform
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
+from .facts import Hub, HubKernel, Software
+
+__all__ = ["find_cached_kernel", "hub_cache_dir", "probe_hub", "probe_software"]
+
+PACKAGES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "huggingface_hub",
+    "peft",
+    "bitsandbytes",
+    "kernels",
+    "nvidia-ml-py",
+    *(dist for dist, _ in FLASH_DISTRIBUTIONS.values()),
+)
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _flash_installed(dist: str, module: str, providers: Mapping[str, list[str]]) -> bool:
+    """The module is importable *and* provided by this distribution."""
+    if importlib.util.find_spec(module) is None:
+        return False
+    names = {name.lower().replace("_", "-") for name in providers.get(module, [])}
+    return dist in names
+
+
+def _torch_cuda_version() -> str | None:
+    """torch's CUDA build, read from torch/version.py so that torch is not imported."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        return None
+    try:
+        text = (Path(spec.origin).parent / "version.py").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^cuda(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _transformers_kernels_range() -> tuple[str, str] | None:
+    """The `kernels` versions transformers accepts (it ignores others silently)."""
+    try:
+        from transformers.utils import import_utils  # imports no torch
+    except ImportError:
+        return None
+    low = getattr(import_utils, "KERNELS_MIN_VERSION", None)
+    high = getattr(import_utils, "KERNELS_MAX_VERSION", None)
+    return (str(low), str(high)) if low and high else None
+
+
+def probe_software(driver: str | None = None) -> Software:
+    packages = []
+    providers = metadata.packages_distributions()
+    for dist in PACKAGES:
+        version = _dist_version(dist)
+        if version is None:
+            continue
+        flash_module = next((m for d, m in FLASH_DISTRIBUTIONS.values() if d == dist), None)
+        if flash_module is not None and not _flash_installed(dist, flash_module, providers):
+            continue
+        packages.append((dist, version.split("+")[0]))
+    return Software(
+        packages=tuple(sorted(packages)),
+        torch_cuda=_torch_cuda_version(),
+        driver=driver,
+        kernels_range=_transformers_kernels_range(),
+    )
+
+
+def hub_cache_dir(env: Mapping[str, str]) -> Path:
+    """Where `kernels` caches Hub kernels (KERNELS_CACHE, else the Hugging Face hub cache)."""
+    if env.get("KERNELS_CACHE"):
+        return Path(env["KERNELS_CACHE"])
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"])
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
+    return Path(home) / "hub"
+
+
+def _local_overrides(env: Mapping[str, str]) -> dict[str, str]:
+    """LOCAL_KERNELS=repo=path:repo=path, which `kernels` uses instead of the Hub."""
+    overrides = {}
+    for entry in (env.get("LOCAL_KERNELS") or "").split(":"):
+        repo, sep, path = entry.partition("=")
+        if sep and repo and path:
+            overrides[repo] = path
+    return overrides
+
+
+def find_cached_kernel(
+    cache: Path, repo: str, version: int | None, torch_version: str | None, torch_cuda: str | None
+) -> HubKernel:
+    """Is a build of `repo` (branch v{version}) for this torch and CUDA in the local cache?
+
+    A cached snapshot is not enough: a variant built for another torch
+    ("Torch version (2.12) does not match environment Torch version (2.13)") won't load.
+    """
+    folder = cache / ("kernels--" + repo.replace("/", "--"))
+    if not folder.is_dir():
+        return HubKernel(repo, version, None, "not in the local cache")
+    ref = folder / "refs" / (f"v{version}" if version is not None else "main")
+    try:
+        snapshot = folder / "snapshots" / ref.read_text().strip()
+    except OSError:
+        return HubKernel(repo, version, None, f"cached, but not version {ref.name}")
+    builds = sorted(p.name for p in (snapshot / "build").glob("*") if p.is_dir())
+    if not builds:
+        return HubKernel(repo, version, None, "cached snapshot has no build/ variants")
+    if torch_version is None or torch_cuda is None:
+        return HubKernel(repo, version, None, "cached, but this torch has no CUDA build to match a variant")
+    major, minor = torch_version.split(".")[:2]
+    cuda_major = torch_cuda.split(".")[0]
+    wanted_torch = f"torch{major}{minor}"
+    arch = f"{platform.machine()}-linux"
+    for build in builds:
+        parts = build.split("-")
+        if parts[0] == wanted_torch and any(p.startswith(f"cu{cuda_major}") for p in parts) and build.endswith(arch):
+            return HubKernel(repo, version, build, f"cached variant {build}")
+    return HubKernel(
+        repo,
+        version,
+        None,
+        f"cached, but no variant for {wanted_torch} + CUDA {torch_cuda} on {arch} (has: {', '.join(builds)})",
+    )
+
+
+def probe_hub(env: Mapping[str, str], software: Software) -> Hub:
+    offline = (env.get("HF_HUB_OFFLINE") or env.get("TRANSFORMERS_OFFLINE") or "").lower() in _TRUE
+    cache = hub_cache_dir(env)
+    overrides = _local_overrides(env)
+    torch_version = software.version("torch")
+    kernels = []
+    for repo in sorted(o.hub_repo for o in FLASH_OPTIONS.values()):
+        version = hub_kernel_version(repo, torch_version)
+        if repo in overrides:
+            kernels.append(HubKernel(repo, version, f"local:{overrides[repo]}", "LOCAL_KERNELS override"))
+        else:
+            kernels.append(find_cached_kernel(cache, repo, version, torch_version, software.torch_cuda))
+    return Hub(offline=offline, kernels=tuple(kernels))

@@ -1,0 +1,186 @@
+"""Which physical GPUs a process sees, and in what order: CUDA_VISIBLE_DEVICES semantics.
+
+Pure functions over raw device records, so tests can pass any machine in. The parsing
+follows CUDA (and torch.cuda._parse_visible_devices, which mirrors it):
+
+* unset: every device; empty string: none;
+* a comma list of ordinals (parsed like strtoul: "1gpu" is 1), of `GPU-` UUID prefixes
+  or of `MIG-` UUID prefixes; the first invalid or unmatched entry ends the list;
+  a repeated device makes the whole list empty;
+* ordinals index the order given by CUDA_DEVICE_ORDER: PCI_BUS_ID (what nvidia-smi and
+  NVML show) or FASTEST_FIRST (CUDA's default, which may differ from nvidia-smi).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .facts import Gpu
+
+__all__ = ["RawDevice", "RawMigSlice", "parse_visible_devices", "visible_gpus"]
+
+
+@dataclass(frozen=True)
+class RawMigSlice:
+    uuid: str
+    name: str
+    total_memory: int
+    free_memory: int | None
+    multiprocessors: int | None
+
+
+@dataclass(frozen=True)
+class RawDevice:
+    """One physical GPU as NVML enumerates it (PCI bus order)."""
+
+    nvml_index: int
+    name: str
+    uuid: str
+    capability: tuple[int, int]
+    total_memory: int
+    free_memory: int | None = None
+    multiprocessors: int | None = None
+    pci_bus_id: str | None = None
+    mig_slices: tuple[RawMigSlice, ...] = ()
+    """Non-empty when MIG mode is enabled on this GPU."""
+
+
+def _strtoul(entry: str) -> int:
+    """The leading integer of `entry`, or -1 (as CUDA's strtoul-like parse)."""
+    digits = ""
+    for i, ch in enumerate(entry):
+        if ch.isdigit() or (i == 0 and ch in "+-"):
+            digits += ch
+        else:
+            break
+    try:
+        return int(digits)
+    except ValueError:
+        return -1
+
+
+def parse_visible_devices(value: str | None) -> list[int] | list[str] | None:
+    """Parse CUDA_VISIBLE_DEVICES: None when unset (all devices), else ordinals or UUID prefixes."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return []
+    if value.startswith(("GPU-", "MIG-")):
+        prefix = value[:4]
+        ids: list[str] = []
+        for entry in value.split(","):
+            entry = entry.strip()
+            if entry in ids:
+                return []
+            if not entry.startswith(prefix):
+                break
+            ids.append(entry)
+        return ids
+    ordinals: list[int] = []
+    for entry in value.split(","):
+        ordinal = _strtoul(entry.strip())
+        if ordinal in ordinals:
+            return []
+        if ordinal < 0:
+            break
+        ordinals.append(ordinal)
+    return ordinals
+
+
+def _cuda_order(raw: Sequence[RawDevice], order: str | None) -> list[RawDevice]:
+    by_pci = sorted(raw, key=lambda d: (d.pci_bus_id or "", d.nvml_index))
+    if (order or "FASTEST_FIRST").upper() == "PCI_BUS_ID":
+        return by_pci
+    # FASTEST_FIRST: CUDA ranks by an undocumented speed heuristic; newer architecture
+    # and more SMs first, ties in PCI order, is the best public approximation.
+    return sorted(by_pci, key=lambda d: (-d.capability[0], -d.capability[1], -(d.multiprocessors or 0)))
+
+
+def _as_gpu(index: int, device: RawDevice, mig: RawMigSlice | None = None) -> Gpu:
+    if mig is None:
+        return Gpu(
+            index=index,
+            name=device.name,
+            capability=device.capability,
+            total_memory=device.total_memory,
+            free_memory=device.free_memory,
+            physical_index=device.nvml_index,
+            multiprocessors=device.multiprocessors,
+            uuid=device.uuid,
+            pci_bus_id=device.pci_bus_id,
+        )
+    return Gpu(
+        index=index,
+        name=mig.name,
+        capability=device.capability,
+        total_memory=mig.total_memory,
+        free_memory=mig.free_memory,
+        physical_index=device.nvml_index,
+        multiprocessors=mig.multiprocessors,
+        uuid=mig.uuid,
+        pci_bus_id=device.pci_bus_id,
+        mig=True,
+    )
+
+
+def _match_uuid(prefix: str, candidates: Sequence[str]) -> int:
+    """Index of the single candidate starting with `prefix`; -1 if none or ambiguous."""
+    matches = [i for i, uuid in enumerate(candidates) if uuid.startswith(prefix)]
+    return matches[0] if len(matches) == 1 else -1
+
+
+def visible_gpus(
+    raw: Sequence[RawDevice], visible: str | None, order: str | None
+) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+    """The GPUs this process sees, indexed as torch will index them, plus warnings."""
+    ordered = _cuda_order(raw, order)
+    parsed = parse_visible_devices(visible)
+    warnings: list[str] = []
+
+    chosen: list[tuple[RawDevice, RawMigSlice | None]] = []
+    if parsed is None:
+        chosen = [(d, None) for d in ordered]
+    elif parsed and isinstance(parsed[0], str) and parsed[0].startswith("MIG-"):
+        slices = [(d, s) for d in ordered for s in d.mig_slices]
+        for prefix in parsed:
+            hit = _match_uuid(str(prefix), [s.uuid for _, s in slices])
+            if hit < 0:
+                break
+            chosen.append(slices[hit])
+    elif parsed and isinstance(parsed[0], str):
+        for prefix in parsed:
+            hit = _match_uuid(str(prefix), [d.uuid for d in ordered])
+            if hit < 0:
+                break
+            chosen.append((ordered[hit], None))
+    else:
+        for ordinal in parsed:
+            if not isinstance(ordinal, int) or ordinal >= len(ordered):
+                break
+            chosen.append((ordered[ordinal], None))
+
+    gpus: list[Gpu] = []
+    for device, mig in chosen:
+        if mig is None and device.mig_slices:
+            # CUDA enumerates one MIG instance per process for a MIG-enabled GPU.
+            mig = device.mig_slices[0]
+            warnings.append(
+                f"GPU {device.nvml_index} ({device.name}) is in MIG mode: this process sees one slice, "
+                f"{mig.name} with {mig.total_memory / 1024**3:.1f} GiB."
+            )
+        gpus.append(_as_gpu(len(gpus), device, mig))
+
+    if len({g.name for g in gpus}) > 1 and (order or "").upper() != "PCI_BUS_ID":
+        warnings.append(
+            "Visible GPUs differ in model and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them "
+            "fastest first, so cuda:N may not be nvidia-smi's GPU N. Set CUDA_DEVICE_ORDER=PCI_BUS_ID "
+            "before CUDA starts to make the two agree."
+        )
+    if visible is not None and parsed and len(chosen) < len(parsed):
+        warnings.append(
+            f"CUDA_VISIBLE_DEVICES={visible!r}: entry {len(chosen) + 1} matches no GPU, so CUDA ignores "
+            f"it and everything after it; {len(chosen)} GPU(s) visible."
+        )
+    return tuple(gpus), tuple(warnings)

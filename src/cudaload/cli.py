@@ -1,0 +1,189 @@
+"""`cudaload doctor | plan | demo` (also `python -m cudaload`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .capability.facts import GiB, Launch, Machine
+from .errors import CudaloadError
+
+__all__ = ["main"]
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / GiB:.1f} GiB"
+
+
+def _generic_model() -> Any:
+    """A model that supports every backend, to ask 'what would attention be here?'."""
+    from .model_facts import ModelFacts
+
+    return ModelFacts(
+        source="(any model supporting FlashAttention and SDPA)",
+        model_type="llama",
+        model_class="a model",
+        auto_class="AutoModelForCausalLM",
+        supports_flash=True,
+        supports_sdpa=True,
+        supports_flex=True,
+        parameters=0,
+        checkpoint_dtype="bfloat16",
+    )
+
+
+def _backends(machine: Machine) -> dict[str, Any]:
+    from .policy.attention import decide_attention
+    from .policy.precision import decide_dtype
+
+    model = _generic_model()
+    dtype, _ = decide_dtype(machine, model, None)
+    decision, chain = decide_attention(machine, model, dtype.value, None)
+    return {
+        "dtype": dtype.value,
+        "dtype_reason": dtype.reason,
+        "attention_chain": list(chain),
+        "attention_reason": decision.reason,
+        "unusable": {str(r.value): r.reason for r in decision.rejected},
+    }
+
+
+def _doctor(machine: Machine, as_json: bool) -> str:
+    backends = _backends(machine)
+    if as_json:
+        return json.dumps({"machine": dataclasses.asdict(machine), "backends": backends}, indent=2, default=str)
+    sw = machine.software
+    lines = ["cudaload doctor", "", "GPUs (as this process sees them):"]
+    if not machine.gpus:
+        lines.append("  none" + (f"  ({'; '.join(machine.gpu_notes)})" if machine.gpu_notes else ""))
+    for g in machine.gpus:
+        lines.append(
+            f"  cuda:{g.index}  {g.name}  {g.sm}  {_gib(g.free_memory)} free / {_gib(g.total_memory)}"
+            f"  nvidia-smi index {g.physical_index}{'  MIG' if g.mig else ''}"
+        )
+    cpu = machine.cpu
+    lines += [
+        "",
+        f"CPU: {cpu.model}, {cpu.cores} usable cores, {cpu.arch}, RAM {_gib(cpu.memory_available)} available",
+        f"  ISA: {', '.join(sorted(cpu.flags)) or 'no AVX2/AVX512/AMX flags'}",
+        f"  fast bf16 (AMX): {'yes' if cpu.fast_bf16 else 'no'}",
+        "",
+        "Software:",
+        *(f"  {name} {version}" for name, version in sw.packages),
+        f"  torch CUDA build: {sw.torch_cuda or 'none (CPU build)'}   driver: {sw.driver or '-'}",
+    ]
+    if sw.kernels_range:
+        lines.append(f"  transformers accepts kernels in [{sw.kernels_range[0]}, {sw.kernels_range[1]})")
+    lines += ["", f"Hub: {'offline (HF_HUB_OFFLINE)' if machine.hub.offline else 'online mode'}"]
+    lines += [f"  {k.repo} v{k.version}: {k.detail}" for k in machine.hub.kernels]
+    launch = machine.launch
+    lines += [
+        "",
+        "Launch: "
+        + (
+            f"{launch.launcher} rank {launch.rank}/{launch.world_size} (local {launch.local_rank}), {launch.strategy}"
+            if launch.distributed
+            else "single process"
+        ),
+        "",
+        "What you get here:",
+        f"  dtype: {backends['dtype']} - {backends['dtype_reason']}",
+        f"  attention: {' -> '.join(backends['attention_chain'])} - {backends['attention_reason']}",
+        *(f"  x {name}: {why}" for name, why in backends["unusable"].items()),
+    ]
+    if machine.warnings:
+        lines += ["", "Warnings:", *(f"  {w}" for w in machine.warnings)]
+    return "\n".join(lines)
+
+
+def _simulated(args: argparse.Namespace) -> Machine | None:
+    if not (args.gpu or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):
+        return None
+    packages = {}
+    for spec in args.packages:
+        name, sep, version = spec.partition("==")
+        if not sep:
+            raise SystemExit(f"--with expects PKG==VERSION, got {spec!r}")
+        packages[name] = version
+    launch = Launch()
+    if args.world_size > 1:
+        launch = Launch(
+            launcher="torchrun",
+            world_size=args.world_size,
+            local_world_size=args.world_size,
+            strategy=args.strategy or "ddp",
+        )
+    return Machine.simulated(
+        args.gpu.split(",") if args.gpu and "," in args.gpu else args.gpu,
+        count=args.count,
+        packages=packages,
+        offline=args.offline,
+        cached_kernels=args.cached_kernel,
+        cpu_flags=args.cpu_flags.split(",") if args.cpu_flags else ("avx2",),
+        launch=launch,
+    )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cudaload", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="what this machine has, and what loading gets here")
+    doctor.add_argument("--json", action="store_true")
+
+    plan = sub.add_parser("plan", help="the from_pretrained plan for a model, here or on a simulated machine")
+    plan.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
+    plan.add_argument("--gpu", help="simulate this GPU (e.g. T4, A100, H100, B200; comma list for mixed)")
+    plan.add_argument("--count", type=int, default=1, help="number of simulated GPUs")
+    plan.add_argument(
+        "--with",
+        dest="packages",
+        action="append",
+        default=[],
+        metavar="PKG==VER",
+        help="a package the simulated machine has (e.g. flash-attn==2.8.3)",
+    )
+    plan.add_argument("--offline", action="store_true", help="simulate HF_HUB_OFFLINE=1")
+    plan.add_argument(
+        "--cached-kernel",
+        action="append",
+        default=[],
+        metavar="REPO",
+        help="a Hub kernel repo the simulated machine has cached",
+    )
+    plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
+    plan.add_argument("--world-size", type=int, default=1, help="simulate a torchrun launch")
+    plan.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"])
+    plan.add_argument("--dtype")
+    plan.add_argument("--attn", dest="attn_implementation")
+    plan.add_argument("--json", action="store_true")
+
+    demo = sub.add_parser("demo", help="build a tiny model, plan and load it here, print the plan")
+    demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "doctor":
+            from .capability import detect
+
+            print(_doctor(detect(), args.json))
+        elif args.command == "plan":
+            from .planner import plan
+
+            overrides = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
+            result = plan(args.model, machine=_simulated(args), **overrides)
+            print(result.to_json() if args.json else result.explain())
+        elif args.command == "demo":
+            from .demo import run_demo
+
+            print(run_demo(args.dir))
+    except CudaloadError as exc:
+        print(f"cudaload: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

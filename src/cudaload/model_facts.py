@@ -1,0 +1,173 @@
+"""What a model's config says, without loading weights.
+
+`read_model_facts()` reads the config (local path, hub id through the cache, or a
+`PretrainedConfig`), resolves the model class the Auto class would pick, and counts
+parameters by building the model on the meta device (no memory, no weights).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ModelConfigError, RemoteCodeError
+from .upstream import FP16_FRAGILE_FAMILIES
+
+__all__ = ["ModelFacts", "read_model_facts"]
+
+_DTYPE_NAMES = {
+    "float32": "float32",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "half": "float16",
+    "fp32": "float32",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    source: str
+    model_type: str
+    model_class: str
+    auto_class: str
+    supports_flash: bool
+    supports_sdpa: bool
+    supports_flex: bool
+    parameters: int
+    """Exact count of the model's parameters (tied weights counted once)."""
+    checkpoint_dtype: str | None = None
+    head_dim: int | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    sliding_window: int | None = None
+    softcap: float | None = None
+    """`attn_logit_softcapping` (Gemma 2): SDPA and FA kernels other than FA2 ignore it."""
+    quantized: str | None = None
+    """The checkpoint's `quantization_config.quant_method`, if already quantized."""
+    remote_code: bool = False
+    linear_names: tuple[str, ...] = ()
+    """Leaf names of the nn.Linear layers in the decoder (LoRA targets), lm_head excluded."""
+
+    @property
+    def fp16_fragile(self) -> bool:
+        return self.model_type in FP16_FRAGILE_FAMILIES
+
+    def weight_bytes(self, bytes_per_param: float) -> int:
+        return int(self.parameters * bytes_per_param)
+
+
+def _normalise_dtype(value: Any) -> str | None:
+    if value is None:
+        return None
+    name = str(value).removeprefix("torch.")
+    return _DTYPE_NAMES.get(name, name)
+
+
+def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> Any:
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):
+        return model
+    name = str(model)
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, revision=revision)
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise RemoteCodeError(
+                f"{name!r} needs custom code from its repository to build its config, and "
+                "trust_remote_code was not passed. cudaload never enables remote code for you: read the "
+                "repository's code, then pass trust_remote_code=True yourself if you trust it."
+            ) from exc
+        raise ModelConfigError(f"Could not read the config of {name!r}: {exc}") from exc
+    except OSError as exc:
+        raise ModelConfigError(
+            f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
+            "could not be fetched from the Hub (offline, not cached, or a wrong id). Pass a local path, "
+            f"or download it first while online. Cause: {exc}"
+        ) from exc
+
+
+def _model_class(config: Any, auto_class: str) -> type:
+    import transformers
+
+    auto = getattr(transformers, auto_class, None)
+    if auto is None:
+        raise ModelConfigError(f"transformers has no Auto class {auto_class!r}.")
+    if type(config) in auto._model_mapping:
+        return auto._model_mapping[type(config)]  # type: ignore[no-any-return]
+    auto_map = getattr(config, "auto_map", None) or {}
+    if auto_class in auto_map:
+        raise RemoteCodeError(
+            f"{config.model_type!r} is implemented by custom code in its repository ({auto_map[auto_class]}), "
+            "not by transformers. cudaload never enables remote code for you: pass trust_remote_code=True "
+            "if you have read and trust that code."
+        )
+    raise ModelConfigError(
+        f"{auto_class} does not support model type {config.model_type!r}. Pass model_class= with the right "
+        "Auto class (e.g. AutoModel, AutoModelForSequenceClassification)."
+    )
+
+
+def _meta_model(cls: type, config: Any) -> Any:
+    import torch
+    from accelerate import init_empty_weights
+
+    with init_empty_weights(include_buffers=True):
+        try:
+            return cls._from_config(config, dtype=torch.float32)  # type: ignore[attr-defined]
+        except TypeError:
+            return cls(config)
+
+
+def read_model_facts(
+    model: Any,
+    *,
+    auto_class: str = "AutoModelForCausalLM",
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> ModelFacts:
+    """Facts about `model` (a path, a hub id or a PretrainedConfig) from its config alone."""
+    config = _load_config(model, trust_remote_code, revision)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    checkpoint_dtype = _normalise_dtype(getattr(config, "dtype", None))
+    cls = _model_class(config, auto_class)
+    meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
+    import torch
+
+    # GPT-2 style models use transformers' Conv1D for their projections; peft's LoRA wraps both.
+    linear = sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in meta.named_modules()
+            if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+        }
+        - {"lm_head", "score", "classifier"}
+    )
+    quant = getattr(config, "quantization_config", None)
+    quant_method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    hidden = getattr(text_config, "hidden_size", None)
+    heads = getattr(text_config, "num_attention_heads", None)
+    head_dim = getattr(text_config, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    return ModelFacts(
+        source=model if isinstance(model, str) else (getattr(config, "_name_or_path", "") or config.model_type),
+        model_type=str(config.model_type),
+        model_class=cls.__name__,
+        auto_class=auto_class,
+        supports_flash=bool(getattr(cls, "_supports_flash_attn", False)),
+        supports_sdpa=bool(getattr(cls, "_supports_sdpa", False)),
+        supports_flex=bool(getattr(cls, "_supports_flex_attn", False)),
+        parameters=sum(p.numel() for p in meta.parameters()),
+        checkpoint_dtype=checkpoint_dtype,
+        head_dim=head_dim,
+        num_layers=getattr(text_config, "num_hidden_layers", None),
+        hidden_size=hidden,
+        sliding_window=getattr(text_config, "sliding_window", None),
+        softcap=getattr(text_config, "attn_logit_softcapping", None),
+        quantized=str(quant_method) if quant_method else None,
+        remote_code=bool(getattr(config, "auto_map", None)),
+        linear_names=tuple(linear),
+    )

@@ -1,0 +1,57 @@
+"""`plan()`: detect (or take) the machine, read the model's config, run the policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .capability.facts import Machine
+from .model_facts import ModelFacts, read_model_facts
+from .plans import Plan
+from .policy import Request, make_plan
+
+__all__ = ["plan", "split_overrides"]
+
+_SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
+
+
+def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
+    """Turn from_pretrained-style kwargs into a Request; unknown keys pass through untouched."""
+    rest = dict(overrides)
+    if "torch_dtype" in rest:  # transformers' old name for dtype
+        if "dtype" in rest:
+            from .errors import DtypeUnsupportedError
+
+            raise DtypeUnsupportedError("Both dtype= and torch_dtype= were given; pass only dtype=.")
+        rest["dtype"] = rest.pop("torch_dtype")
+    known = {k: rest.pop(k) for k in _SETTINGS if k in rest}
+    return Request(**known, passthrough=rest, **extra)
+
+
+def plan(
+    model: Any,
+    *,
+    machine: Machine | None = None,
+    model_class: str = "AutoModelForCausalLM",
+    **overrides: Any,
+) -> Plan:
+    """The from_pretrained settings for `model` on `machine` (default: this one). Loads no weights.
+
+    `overrides` are from_pretrained keyword arguments: the ones cudaload decides
+    (attn_implementation, dtype, device_map, max_memory, use_kernels) are validated and
+    honoured, an impossible one raises; any other is passed through untouched.
+    """
+    if machine is None:
+        from .capability import detect
+
+        machine = detect()
+    facts = (
+        model
+        if isinstance(model, ModelFacts)
+        else read_model_facts(
+            model,
+            auto_class=model_class,
+            trust_remote_code=bool(overrides.get("trust_remote_code", False)),
+            revision=overrides.get("revision"),
+        )
+    )
+    return make_plan(machine, facts, split_overrides(overrides))

@@ -1,0 +1,99 @@
+"""Upstream facts the policy is built on, kept as data so tests can hold them against
+the installed transformers (a release that changes them fails a test, not a user).
+
+Sources: transformers `modeling_flash_attention_utils` (FLASH_ATTENTION_COMPATIBILITY_MATRIX,
+FLASH_ATTN_KERNEL_FALLBACK, FLASH_ATTN_KERNEL_VERSIONS), `utils/import_utils`
+(KERNELS_MIN/MAX_VERSION); flash-attention's README for architectures; vLLM's
+backend preference (FA3 on sm90, FA4 on sm100, FA2 elsewhere).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "FLASH_DISTRIBUTIONS",
+    "FLASH_OPTIONS",
+    "FP16_FRAGILE_FAMILIES",
+    "TESTED_KERNELS_RANGE",
+    "FlashOption",
+    "flash_preference",
+    "hub_kernel_version",
+]
+
+
+@dataclass(frozen=True)
+class FlashOption:
+    implementation: str
+    """The `attn_implementation` string transformers accepts."""
+    distribution: str
+    module: str
+    hub_repo: str
+    """The `kernels-community` repository transformers falls back to without the package."""
+    majors: frozenset[int]
+    """CUDA compute-capability majors the kernels are built for."""
+
+
+FLASH_OPTIONS: dict[str, FlashOption] = {
+    o.implementation: o
+    for o in (
+        # FA2: Ampere and newer (fails at the first forward on Turing/Volta, not at import).
+        FlashOption(
+            "flash_attention_2",
+            "flash-attn",
+            "flash_attn",
+            "kernels-community/flash-attn2",
+            frozenset({8, 9, 10, 11, 12}),
+        ),
+        # FA3 (hopper/ in flash-attention): sm80 and sm90 builds; transformers' minimum major is 8.
+        FlashOption(
+            "flash_attention_3",
+            "flash-attn-3",
+            "flash_attn_interface",
+            "kernels-community/vllm-flash-attn3",
+            frozenset({8, 9}),
+        ),
+        # FA4 (CuTe DSL): Hopper and datacenter Blackwell (sm100/sm103); not sm120.
+        FlashOption(
+            "flash_attention_4", "flash-attn-4", "flash_attn", "kernels-community/flash-attn4", frozenset({9, 10})
+        ),
+    )
+}
+
+# (distribution, module) per implementation, for detection.
+FLASH_DISTRIBUTIONS: dict[str, tuple[str, str]] = {
+    name: (o.distribution, o.module) for name, o in FLASH_OPTIONS.items()
+}
+
+
+def flash_preference(major: int) -> tuple[str, ...]:
+    """FlashAttention versions in order of preference for a GPU generation (vLLM's order)."""
+    order: tuple[int, ...]
+    if major == 9:
+        order = (3, 4, 2)
+    elif major == 10:
+        order = (4, 2)
+    else:
+        order = (2, 3, 4)
+    return tuple(f"flash_attention_{v}" for v in order)
+
+
+def hub_kernel_version(repo: str, torch_version: str | None) -> int | None:
+    """The `v<N>` branch transformers loads for a Hub attention kernel (FLASH_ATTN_KERNEL_VERSIONS)."""
+    if repo == "kernels-community/flash-attn2":
+        # transformers: "v4 was only tested on 2.10 and upwards".
+        if torch_version is None:
+            return 4
+        major, minor = (int(p) for p in torch_version.split(".")[:2])
+        return 4 if (major, minor) >= (2, 10) else 3
+    return {"kernels-community/vllm-flash-attn3": 1, "kernels-community/flash-attn4": 0}.get(repo)
+
+
+# `kernels` versions transformers 5.22.x accepts: [KERNELS_MIN_VERSION, KERNELS_MAX_VERSION).
+# Used for simulated machines; a detected machine reads the installed transformers' range.
+TESTED_KERNELS_RANGE = ("0.17.2", "0.18.0")
+
+# Families that overflow or produce garbage in fp16 (vLLM refuses fp16 for gemma3, plamo2 and
+# glm4: "Numerical instability. Please use bfloat16 or float32 instead."; Gemma 2/3 give empty
+# or NaN output in fp16 in transformers issues).
+FP16_FRAGILE_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "plamo2", "glm4"})

@@ -1,0 +1,71 @@
+"""Shared fixtures: offline, no network, tiny real models built and saved locally."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Nothing may reach the Hub: the machines running these tests have no network, and a test
+# that silently depended on one would be lying. Set before transformers is imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+_real_connect = socket.socket.connect
+
+
+def _loopback_only(self: socket.socket, address: Any) -> Any:
+    host = address[0] if isinstance(address, tuple) else address
+    if (
+        isinstance(host, str) and (host.startswith("127.") or host in ("localhost", "::1"))
+    ) or self.family == socket.AF_UNIX:
+        return _real_connect(self, address)
+    raise RuntimeError(f"test tried to open a network connection to {address!r}")
+
+
+@pytest.fixture(autouse=True)
+def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(socket.socket, "connect", _loopback_only)
+    yield
+
+
+def _save(tmp: Path, name: str, config: Any, dtype: str) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    path = tmp / name
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three architectures, saved with `from_config(...).save_pretrained(tmp)`."""
+    from transformers import GPT2Config, LlamaConfig, Qwen3Config
+
+    tmp = tmp_path_factory.mktemp("models")
+    common = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return {
+        "qwen3": _save(tmp, "qwen3", Qwen3Config(head_dim=16, **common), "bfloat16"),
+        "llama": _save(tmp, "llama", LlamaConfig(**common), "float32"),
+        "gpt2": _save(
+            tmp,
+            "gpt2",
+            GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0),
+            "float16",
+        ),
+    }

@@ -1,0 +1,210 @@
+"""Detection with a fake at the single GPU boundary (the probe); everything else is real."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudaload.capability import detect_uncached
+from cudaload.capability.cpu import parse_cpuinfo, parse_meminfo
+from cudaload.capability.facts import GiB
+from cudaload.capability.gpus import ProbeFailed, probe_gpus
+from cudaload.capability.launch import read_launch
+from cudaload.capability.visible import RawDevice, RawMigSlice, parse_visible_devices
+
+A100 = dict(
+    name="NVIDIA A100-SXM4-80GB", capability=(8, 0), total_memory=80 * GiB, free_memory=79 * GiB, multiprocessors=108
+)
+T4 = dict(name="Tesla T4", capability=(7, 5), total_memory=15 * GiB, free_memory=14 * GiB, multiprocessors=40)
+
+
+def node(*kinds: dict) -> list[RawDevice]:
+    return [
+        RawDevice(nvml_index=i, uuid=f"GPU-{i}aaa{i}-0000", pci_bus_id=f"00000000:{i + 1:02X}:00.0", **kind)
+        for i, kind in enumerate(kinds)
+    ]
+
+
+class FakeProbe:
+    name = "nvml"
+
+    def __init__(self, devices: list[RawDevice]) -> None:
+        self._devices = devices
+
+    def devices(self) -> list[RawDevice]:
+        return self._devices
+
+    def driver_version(self) -> str | None:
+        return "575.51"
+
+
+def probe(devices: list[RawDevice], **env: str):
+    return probe_gpus(env, [lambda: FakeProbe(devices)])
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", []),
+        ("  ", []),
+        ("0,1", [0, 1]),
+        ("1,0", [1, 0]),
+        ("1gpu,2", [1, 2]),  # parsed like strtoul
+        ("0,-1,1", [0]),  # an invalid entry ends the list
+        ("0,x,1", [0]),
+        ("0,0", []),  # a repeated device empties it
+        ("GPU-1a,GPU-0a", ["GPU-1a", "GPU-0a"]),
+        ("GPU-1a,1", ["GPU-1a"]),
+        ("MIG-abc", ["MIG-abc"]),
+    ],
+)
+def test_parse_visible_devices(value: str | None, expected: list | None) -> None:
+    assert parse_visible_devices(value) == expected
+
+
+@pytest.mark.parametrize(
+    ("visible", "names", "physical"),
+    [
+        (None, ["NVIDIA A100-SXM4-80GB"] * 4, [0, 1, 2, 3]),
+        ("", [], []),
+        ("2,0", ["NVIDIA A100-SXM4-80GB"] * 2, [2, 0]),
+        ("3,7,1", ["NVIDIA A100-SXM4-80GB"], [3]),  # ordinal 7 does not exist: the list ends there
+        ("GPU-2", ["NVIDIA A100-SXM4-80GB"], [2]),  # UUID prefix
+        ("GPU-1aaa1,GPU-3", ["NVIDIA A100-SXM4-80GB"] * 2, [1, 3]),
+        ("GPU-", [], []),  # ambiguous prefix matches nothing
+        ("GPU-9", [], []),
+    ],
+)
+def test_visible_devices_select_and_reorder(visible: str | None, names: list[str], physical: list[int]) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    report = probe(node(A100, A100, A100, A100), **env)
+    assert [g.name for g in report.gpus] == names
+    assert [g.physical_index for g in report.gpus] == physical
+    assert [g.index for g in report.gpus] == list(range(len(names)))
+
+
+def test_an_unmatched_entry_is_reported() -> None:
+    report = probe(node(A100, A100), CUDA_VISIBLE_DEVICES="1,5")
+    assert len(report.gpus) == 1
+    assert any("entry 2 matches no GPU" in w for w in report.warnings)
+
+
+def test_mixed_gpus_follow_cuda_device_order_and_warn() -> None:
+    devices = node(T4, A100)  # the T4 sits first on the PCI bus
+    fastest = probe(devices)
+    assert [g.name for g in fastest.gpus] == ["NVIDIA A100-SXM4-80GB", "Tesla T4"]
+    assert any("CUDA_DEVICE_ORDER" in w for w in fastest.warnings)
+    pci = probe(devices, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    assert [g.name for g in pci.gpus] == ["Tesla T4", "NVIDIA A100-SXM4-80GB"]
+    assert not any("CUDA_DEVICE_ORDER" in w for w in pci.warnings)
+    # CUDA_VISIBLE_DEVICES ordinals index CUDA's order, not nvidia-smi's.
+    assert probe(devices, CUDA_VISIBLE_DEVICES="0").gpus[0].name == "NVIDIA A100-SXM4-80GB"
+    assert probe(devices, CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_ORDER="PCI_BUS_ID").gpus[0].name == "Tesla T4"
+
+
+def test_mig_enabled_gpu_shows_one_slice() -> None:
+    slices = (
+        RawMigSlice("MIG-aaaa", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 10 * GiB, 9 * GiB, 14),
+        RawMigSlice("MIG-bbbb", "NVIDIA A100-SXM4-80GB MIG 3g.40gb", 40 * GiB, 39 * GiB, 42),
+    )
+    devices = [RawDevice(nvml_index=0, uuid="GPU-0", mig_slices=slices, **A100)]
+    report = probe(devices)
+    (gpu,) = report.gpus
+    assert gpu.mig and gpu.total_memory == 10 * GiB and gpu.multiprocessors == 14
+    assert any("MIG mode" in w for w in report.warnings)
+    chosen = probe(devices, CUDA_VISIBLE_DEVICES="MIG-bbbb").gpus
+    assert [g.name for g in chosen] == ["NVIDIA A100-SXM4-80GB MIG 3g.40gb"]
+
+
+def test_nvml_failure_falls_back_to_the_next_probe() -> None:
+    def broken() -> FakeProbe:
+        raise ProbeFailed("NVML: Unknown Error")
+
+    class TorchLike(FakeProbe):
+        name = "torch"
+
+    report = probe_gpus({}, [broken, lambda: TorchLike(node(T4))])
+    assert report.source == "torch"
+    assert [g.name for g in report.gpus] == ["Tesla T4"]
+    assert report.notes and "Unknown Error" in report.notes[0]
+
+
+def test_no_driver_stops_probing_without_trying_torch() -> None:
+    tried = []
+
+    def no_driver() -> FakeProbe:
+        raise ProbeFailed("NVML Shared Library Not Found", no_driver=True)
+
+    def torch_probe() -> FakeProbe:
+        tried.append("torch")
+        return FakeProbe(node(T4))
+
+    report = probe_gpus({}, [no_driver, torch_probe])
+    assert report.gpus == () and report.source == "none"
+    assert tried == []
+
+
+def test_detect_uncached_builds_a_whole_machine() -> None:
+    machine = detect_uncached({"CUDA_VISIBLE_DEVICES": "1"}, [lambda: FakeProbe(node(A100, T4))])
+    assert machine.source == "nvml"
+    assert [g.name for g in machine.gpus] == ["Tesla T4"]  # fastest first: A100 is 0, T4 is 1
+    assert machine.software.version("transformers") is not None
+    assert machine.cpu.cores >= 1
+
+
+def test_cpuinfo_flags_decide_bf16() -> None:
+    amx = "model name\t: Intel Xeon Platinum 8480+\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+    model, flags = parse_cpuinfo(amx)
+    assert model == "Intel Xeon Platinum 8480+"
+    assert {"amx_bf16", "avx512_bf16", "avx2"} <= flags and "fpu" not in flags
+    assert parse_meminfo("MemTotal:       16 kB\nMemAvailable:    8 kB\n") == (16 * 1024, 8 * 1024)
+
+
+@pytest.mark.parametrize(
+    ("env", "launcher", "world", "local_rank", "strategy", "zero"),
+    [
+        ({}, None, 1, 0, None, None),
+        (
+            {"TORCHELASTIC_RUN_ID": "x", "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8"},
+            "torchrun",
+            8,
+            1,
+            "ddp",
+            None,
+        ),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "ACCELERATE_USE_FSDP": "true"},
+            "accelerate",
+            2,
+            0,
+            "fsdp",
+            None,
+        ),
+        (
+            {
+                "RANK": "1",
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": "1",
+                "ACCELERATE_USE_DEEPSPEED": "true",
+                "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+            },
+            "accelerate",
+            2,
+            1,
+            "deepspeed",
+            3,
+        ),
+        ({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4"}, "slurm", 4, 1, "ddp", None),
+    ],
+)
+def test_launch(
+    env: dict, launcher: str | None, world: int, local_rank: int, strategy: str | None, zero: int | None
+) -> None:
+    launch = read_launch(env)
+    assert (launch.launcher, launch.world_size, launch.local_rank, launch.strategy, launch.zero_stage) == (
+        launcher,
+        world,
+        local_rank,
+        strategy,
+        zero,
+    )

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cudaload import ModelConfigError, RemoteCodeError, read_model_facts
+
+
+@pytest.mark.parametrize(
+    ("arch", "model_class", "ckpt", "linear"),
+    [
+        (
+            "qwen3",
+            "Qwen3ForCausalLM",
+            "bfloat16",
+            {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+        ),
+        (
+            "llama",
+            "LlamaForCausalLM",
+            "float32",
+            {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+        ),
+        ("gpt2", "GPT2LMHeadModel", "float16", {"c_attn", "c_proj", "c_fc"}),
+    ],
+)
+def test_facts_from_saved_tiny_models(tiny_models, arch, model_class, ckpt, linear) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    facts = read_model_facts(str(tiny_models[arch]))
+    assert facts.model_class == model_class
+    assert facts.checkpoint_dtype == ckpt
+    assert facts.supports_sdpa and facts.supports_flash
+    assert set(facts.linear_names) == linear
+    real = AutoModelForCausalLM.from_pretrained(tiny_models[arch], dtype=torch.float32)
+    assert facts.parameters == sum(p.numel() for p in real.parameters())
+    assert facts.head_dim == 16 and facts.num_layers == 2
+
+
+def test_a_config_object_works_too() -> None:
+    from transformers import Gemma2Config
+
+    facts = read_model_facts(
+        Gemma2Config(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+        )
+    )
+    assert facts.model_type == "gemma2" and facts.fp16_fragile and facts.softcap == 50.0
+
+
+def test_missing_path_offline_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelConfigError, match="Pass a local path"):
+        read_model_facts("someone/not-downloaded-model")
+    with pytest.raises(ModelConfigError):
+        read_model_facts(str(tmp_path / "nothing-here"))
+
+
+def test_remote_code_is_never_enabled_for_you(tmp_path: Path) -> None:
+    config = {
+        "model_type": "my_custom_lm",
+        "auto_map": {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "configuration_x.py").write_text("raise SystemExit('remote code ran')\n")
+    with pytest.raises(RemoteCodeError, match="trust_remote_code=True"):
+        read_model_facts(str(tmp_path))

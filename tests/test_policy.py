@@ -1,0 +1,294 @@
+"""Policy tables over simulated machines. No mocks: every fact is passed in."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cudaload import AttentionUnavailableError, DtypeUnsupportedError, Machine, MissingPackageError, PlacementError
+from cudaload.capability.facts import Launch
+from cudaload.catalog import KNOWN_GPUS
+from cudaload.model_facts import ModelFacts
+from cudaload.policy import Request, make_plan
+
+LLAMA_8B = ModelFacts(
+    source="llama-8b",
+    model_type="llama",
+    model_class="LlamaForCausalLM",
+    auto_class="AutoModelForCausalLM",
+    supports_flash=True,
+    supports_sdpa=True,
+    supports_flex=True,
+    parameters=8_030_000_000,
+    checkpoint_dtype="bfloat16",
+    head_dim=128,
+    num_layers=32,
+    hidden_size=4096,
+)
+FA2 = {"flash-attn": "2.8.3"}
+FA3 = {"flash-attn-3": "3.0.0"}
+FA4 = {"flash-attn-4": "4.0.0b1"}
+KERNELS = {"kernels": "0.17.2"}
+
+
+def plan_for(machine: Machine, model: ModelFacts = LLAMA_8B, **request):
+    return make_plan(machine, model, Request(**request))
+
+
+# (gpu, packages, cached hub kernels, offline) -> attention chain, dtype
+ATTENTION_TABLE = [
+    ("V100", FA2, (), False, ("sdpa", "eager"), "float16"),
+    ("T4", {**FA2, **KERNELS}, (), False, ("sdpa", "eager"), "float16"),
+    ("A10G", FA2, (), False, ("flash_attention_2", "sdpa", "eager"), "bfloat16"),
+    ("A100", {}, (), False, ("sdpa", "eager"), "bfloat16"),
+    ("A100", {**FA2, **FA3}, (), False, ("flash_attention_2", "flash_attention_3", "sdpa", "eager"), "bfloat16"),
+    (
+        "L4",
+        KERNELS,
+        (),
+        False,
+        ("kernels-community/flash-attn2", "kernels-community/vllm-flash-attn3", "sdpa", "eager"),
+        "bfloat16",
+    ),
+    ("RTX4090", KERNELS, (), True, ("sdpa", "eager"), "bfloat16"),  # offline, nothing cached
+    (
+        "RTX4090",
+        KERNELS,
+        ("kernels-community/flash-attn2",),
+        True,
+        ("kernels-community/flash-attn2", "sdpa", "eager"),
+        "bfloat16",
+    ),
+    (
+        "H100",
+        {**FA2, **FA3, **FA4},
+        (),
+        False,
+        ("flash_attention_3", "flash_attention_4", "flash_attention_2", "sdpa", "eager"),
+        "bfloat16",
+    ),
+    ("H100", {**FA3, **KERNELS}, (), True, ("flash_attention_3", "sdpa", "eager"), "bfloat16"),
+    ("H200", FA2, (), False, ("flash_attention_2", "sdpa", "eager"), "bfloat16"),
+    ("B200", {**FA2, **FA3, **FA4}, (), False, ("flash_attention_4", "flash_attention_2", "sdpa", "eager"), "bfloat16"),
+    ("RTX5090", {**FA2, **FA3, **FA4}, (), False, ("flash_attention_2", "sdpa", "eager"), "bfloat16"),  # sm120
+    ("jetson-orin", FA2, (), False, ("flash_attention_2", "sdpa", "eager"), "bfloat16"),
+    ("RTX3090", {"kernels": "0.19.1"}, (), False, ("sdpa", "eager"), "bfloat16"),  # transformers rejects it
+]
+
+
+@pytest.mark.parametrize(("gpu", "packages", "cached", "offline", "chain", "dtype"), ATTENTION_TABLE)
+def test_attention_and_dtype_table(gpu, packages, cached, offline, chain, dtype) -> None:
+    machine = Machine.simulated(gpu, packages=packages, cached_kernels=cached, offline=offline)
+    plan = plan_for(machine)
+    assert plan.attention_chain == chain
+    assert plan.kwargs["attn_implementation"] == chain[0]
+    assert plan.kwargs["dtype"] == dtype
+
+
+@pytest.mark.parametrize("catalog_gpu", KNOWN_GPUS, ids=lambda g: g.aliases[0])
+def test_every_catalog_gpu_gets_a_valid_plan(catalog_gpu) -> None:
+    plan = plan_for(Machine.simulated(catalog_gpu.aliases[0], packages={**FA2, **FA3, **FA4}))
+    first = plan.attention_chain[0]
+    assert plan.attention_chain[-1] == "eager"
+    if catalog_gpu.capability < (8, 0):
+        assert not first.startswith("flash") and plan.dtype == "float16"
+    else:
+        assert first.startswith("flash") and plan.dtype == "bfloat16"
+    if catalog_gpu.capability[0] == 12:
+        assert "flash_attention_4" not in plan.attention_chain  # sm120 is not sm100
+
+
+def test_rejections_say_why() -> None:
+    plan = plan_for(Machine.simulated("T4", packages=FA2))
+    rejected = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}
+    assert "sm_75" in rejected["flash_attention_2"]
+    bf16 = {r.value: r.reason for r in plan.decision("dtype").rejected}["bfloat16"]
+    assert "sm80" in bf16
+
+
+def test_kernels_version_mismatch_is_reported() -> None:
+    plan = plan_for(Machine.simulated("A100", packages={"kernels": "0.19.1"}))
+    reasons = " ".join(r.reason for r in plan.decision("attn_implementation").rejected)
+    assert "kernels 0.19.1 is installed but transformers 5.22.2 accepts only [0.17.2, 0.18.0)" in reasons
+
+
+def test_mixed_gpus_plan_for_the_weakest() -> None:
+    plan = plan_for(Machine.simulated(["A100", "T4"], packages=FA2))
+    assert plan.dtype == "float16"
+    assert plan.attention_chain == ("sdpa", "eager")
+
+
+def test_fp32_never_gets_flash_attention() -> None:
+    plan = plan_for(Machine.simulated("H100", packages=FA3), dtype="float32")
+    assert plan.attention_chain == ("sdpa", "eager")
+    assert any("float32" in r.reason for r in plan.decision("attn_implementation").rejected)
+
+
+def test_model_without_flash_support_never_gets_it() -> None:
+    model = replace(LLAMA_8B, supports_flash=False, supports_sdpa=False)
+    plan = plan_for(Machine.simulated("H100", packages=FA3), model)
+    assert plan.attention_chain == ("eager",)
+
+
+def test_softcapping_models_skip_sdpa() -> None:
+    gemma2 = replace(LLAMA_8B, model_type="gemma2", softcap=50.0)
+    assert plan_for(Machine.simulated("T4"), gemma2).attention_chain == ("eager",)
+    assert plan_for(Machine.simulated("A100", packages=FA2), gemma2).attention_chain == ("flash_attention_2", "eager")
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype"),
+    [
+        (("avx2",), "float32"),
+        (("avx2", "avx512f", "avx512_bf16"), "float32"),
+        (("avx2", "avx512_bf16", "amx_tile", "amx_bf16"), "bfloat16"),
+    ],
+)
+def test_cpu_dtype_follows_amx(flags, dtype) -> None:
+    plan = plan_for(Machine.simulated(None, cpu_flags=flags))
+    assert plan.dtype == dtype
+    assert plan.attention_chain == ("sdpa", "eager")
+    assert plan.kwargs["device_map"] == "cpu"
+
+
+@pytest.mark.parametrize(("ckpt", "dtype"), [("float32", "bfloat16"), ("float16", "float16"), ("bfloat16", "bfloat16")])
+def test_checkpoint_dtype_on_ampere(ckpt, dtype) -> None:
+    plan = plan_for(Machine.simulated("A100"), replace(LLAMA_8B, checkpoint_dtype=ckpt))
+    assert plan.dtype == dtype
+    if ckpt == "float32":
+        assert "downcast" in plan.decision("dtype").reason
+
+
+def test_fp16_fragile_family_on_turing_is_kept_in_fp32_and_warned() -> None:
+    gemma3 = replace(LLAMA_8B, model_type="gemma3_text")
+    plan = plan_for(Machine.simulated("T4"), gemma3)
+    assert plan.dtype == "float32"
+    assert any("overflow in fp16" in w for w in plan.warnings)
+    forced = plan_for(Machine.simulated("T4"), gemma3, dtype="float16")
+    assert forced.dtype == "float16" and any("overflow" in w for w in forced.warnings)
+
+
+def test_explicit_bf16_on_turing_raises_with_the_fix() -> None:
+    with pytest.raises(DtypeUnsupportedError, match=r"Tesla T4 .* has 7\.5\. Use dtype='float16'"):
+        plan_for(Machine.simulated("T4"), dtype="bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "packages", "request_attn", "match"),
+    [
+        ("T4", FA2, "flash_attention_2", "no flash_attention_2 kernels for sm_75"),
+        (None, FA2, "flash_attention_2", "needs a CUDA GPU"),
+        ("A100", {}, "flash_attention_2", "kernels"),
+        ("B200", FA4, "flash_attention_3", "sm_100"),
+        ("A100", KERNELS, "kernels-community/flash-attn2", None),
+    ],
+)
+def test_explicit_attention_is_validated_never_replaced(gpu, packages, request_attn, match) -> None:
+    machine = Machine.simulated(gpu, packages=packages, offline=True)
+    if match is None:
+        with pytest.raises(AttentionUnavailableError, match="HF_HUB_OFFLINE"):
+            plan_for(machine, attn_implementation=request_attn)
+        online = Machine.simulated(gpu, packages=packages)
+        plan = plan_for(online, attn_implementation=request_attn)
+        assert plan.attention_chain == (request_attn,) and "attn_implementation" in plan.explicit
+    else:
+        with pytest.raises(AttentionUnavailableError, match=match):
+            plan_for(machine, attn_implementation=request_attn)
+
+
+def test_explicit_settings_win_and_are_marked() -> None:
+    plan = plan_for(
+        Machine.simulated("A100", packages=FA2),
+        attn_implementation="eager",
+        dtype="float16",
+        device_map="auto",
+        passthrough={"revision": "main"},
+    )
+    assert plan.kwargs == {"dtype": "float16", "attn_implementation": "eager", "device_map": "auto", "revision": "main"}
+    assert {"dtype", "attn_implementation", "device_map", "revision"} <= plan.explicit
+    assert plan.attention_chain == ("eager",)
+
+
+def test_use_kernels_is_validated() -> None:
+    with pytest.raises(MissingPackageError, match="kernels"):
+        plan_for(Machine.simulated("A100"), use_kernels=True)
+    plan = plan_for(Machine.simulated("A100", packages=KERNELS), use_kernels=True)
+    assert plan.kwargs["use_kernels"] is True
+    assert "use_kernels" not in plan_for(Machine.simulated("A100", packages=KERNELS)).kwargs
+
+
+@pytest.mark.parametrize(
+    ("gpu", "count", "params", "device_map", "spread"),
+    [
+        ("A100", 1, 8e9, "cuda:0", False),  # 16 GB bf16 on 80 GB
+        ("T4", 1, 8e9, "auto", False),  # 16 GB fp16 on 15 GB: offload
+        ("A100-40GB", 4, 30e9, "auto", True),  # 60 GB over 4x40 GB
+        ("H100", 8, 1e9, "cuda:0", False),  # small model on one of eight GPUs
+    ],
+)
+def test_placement(gpu, count, params, device_map, spread) -> None:
+    plan = plan_for(Machine.simulated(gpu, count=count), replace(LLAMA_8B, parameters=int(params)))
+    assert plan.kwargs["device_map"] == device_map
+    if device_map == "auto":
+        assert set(plan.kwargs["max_memory"]) >= set(range(count))
+        offloads = "cpu" in plan.kwargs["max_memory"]
+        assert offloads == (not spread)
+        assert offloads == any("offloaded to CPU" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize(
+    ("launch", "gpu", "count", "device_map"),
+    [
+        (
+            Launch("torchrun", rank=3, local_rank=3, world_size=8, local_world_size=8, strategy="ddp"),
+            "A100",
+            8,
+            {"": 3},
+        ),
+        (
+            Launch("torchrun", rank=11, local_rank=3, world_size=16, local_world_size=8, strategy="ddp"),
+            "A100",
+            8,
+            {"": 3},
+        ),  # multi-node: the local rank, not the global one
+        (Launch("torchrun", rank=5, local_rank=5, world_size=8, strategy="ddp"), "A100", 1, {"": 0}),
+        (Launch("accelerate", rank=1, local_rank=1, world_size=2, strategy="fsdp"), "A100", 2, None),
+        (Launch("accelerate", rank=1, local_rank=1, world_size=2, strategy="deepspeed", zero_stage=3), "A100", 2, None),
+        (
+            Launch("accelerate", rank=1, local_rank=1, world_size=2, strategy="deepspeed", zero_stage=2),
+            "A100",
+            2,
+            {"": 1},
+        ),
+        (Launch("torchrun", rank=1, local_rank=1, world_size=2, strategy="ddp"), None, 1, "cpu"),
+    ],
+)
+def test_placement_under_a_launcher(launch, gpu, count, device_map) -> None:
+    plan = plan_for(Machine.simulated(gpu, count=count, launch=launch))
+    assert plan.kwargs.get("device_map") == device_map
+
+
+def test_auto_device_map_under_ddp_raises() -> None:
+    launch = Launch("torchrun", rank=0, world_size=2, strategy="ddp")
+    with pytest.raises(PlacementError, match="distributed"):
+        plan_for(Machine.simulated("A100", count=2, launch=launch), device_map="auto")
+
+
+def test_explicit_cuda_placement_without_gpu_raises() -> None:
+    with pytest.raises(PlacementError, match="no CUDA GPU"):
+        plan_for(Machine.simulated(None), device_map="cuda:0")
+
+
+def test_plan_to_dict_has_the_stable_keys() -> None:
+    d = plan_for(Machine.simulated("H100", packages=FA3)).to_dict()
+    assert d["kwargs"]["attn_implementation"] == "flash_attention_3" and d["kwargs"]["dtype"] == "bfloat16"
+    assert d["attention_chain"][0] == "flash_attention_3"
+    assert {"setting", "value", "reason", "rejected", "source"} <= set(d["decisions"][0])
+
+
+def test_explain_names_every_decision() -> None:
+    text = plan_for(Machine.simulated("T4", packages=FA2)).explain()
+    for setting in ("dtype", "attn_implementation", "device_map", "use_kernels"):
+        assert setting in text
+    assert "x flash_attention_2" in text

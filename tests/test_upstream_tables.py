@@ -1,0 +1,28 @@
+"""Hold cudaload's copies of upstream tables against the installed transformers, so a release
+that changes them fails here instead of misleading users."""
+
+from __future__ import annotations
+
+from cudaload.capability.software import probe_software
+from cudaload.upstream import FLASH_OPTIONS, TESTED_KERNELS_RANGE, hub_kernel_version
+
+
+def test_flash_tables_match_transformers() -> None:
+    import torch
+    from transformers import modeling_flash_attention_utils as fa
+
+    for name, option in FLASH_OPTIONS.items():
+        version = int(name[-1])
+        assert fa.FLASH_ATTN_KERNEL_FALLBACK[name] == option.hub_repo
+        assert fa.FLASH_ATTN_KERNEL_VERSIONS[option.hub_repo] == hub_kernel_version(option.hub_repo, torch.__version__)
+        check = fa.FLASH_ATTENTION_COMPATIBILITY_MATRIX[version]
+        minimum = check.get("cuda_min_major_version")
+        if minimum is not None:
+            assert min(option.majors) == minimum
+
+
+def test_kernels_range_matches_the_installed_transformers() -> None:
+    from transformers.utils import import_utils
+
+    assert (import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION) == TESTED_KERNELS_RANGE
+    assert probe_software().kernels_range == TESTED_KERNELS_RANGE
