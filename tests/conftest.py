@@ -41,6 +41,9 @@ def _save(tmp: Path, name: str, config: Any, dtype: str) -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     path = tmp / name
     model.save_pretrained(path)
+    from cudaload.demo import save_tiny_tokenizer
+
+    save_tiny_tokenizer(path, config.get_text_config().vocab_size)
     return path
 
 

@@ -14,6 +14,11 @@ __version__ = "0.1.0"
 # public name -> the private module that defines it
 _EXPORTS = {
     "plan": "cudaload.planner",
+    "load": "cudaload.loaders",
+    "AppliedPlan": "cudaload.loaders",
+    "Fallback": "cudaload.loaders",
+    "CudaloadWarning": "cudaload.loaders",
+    "tokenizer_for": "cudaload.tokenizers",
     "detect": "cudaload.capability",
     "Plan": "cudaload.plans",
     "Decision": "cudaload.plans",
@@ -41,11 +46,14 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AppliedPlan",
     "AttentionUnavailableError",
     "Cpu",
     "CudaloadError",
+    "CudaloadWarning",
     "Decision",
     "DtypeUnsupportedError",
+    "Fallback",
     "FinetuneConfigError",
     "Gpu",
     "Hub",
@@ -65,8 +73,10 @@ __all__ = [
     "UnknownGpuError",
     "__version__",
     "detect",
+    "load",
     "plan",
     "read_model_facts",
+    "tokenizer_for",
 ]
 
 if TYPE_CHECKING:
@@ -85,9 +95,11 @@ if TYPE_CHECKING:
         RemoteCodeError,
         UnknownGpuError,
     )
+    from .loaders import AppliedPlan, CudaloadWarning, Fallback, load
     from .model_facts import ModelFacts, read_model_facts
     from .planner import plan
     from .plans import Decision, Plan, Rejected
+    from .tokenizers import tokenizer_for
 
 
 def __getattr__(name: str) -> Any:

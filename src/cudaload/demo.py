@@ -1,15 +1,31 @@
-"""The README's main job: build a tiny Qwen3-shaped model locally, plan it for this machine,
-print the plan. Nothing is downloaded (the weights are random)."""
+"""The README's main job: build a tiny Qwen3-shaped model locally, load it through the plan
+for this machine, print what was decided and applied. Nothing is downloaded (random weights)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["build_tiny_model", "run_demo"]
+__all__ = ["build_tiny_model", "run_demo", "save_tiny_tokenizer"]
+
+
+def save_tiny_tokenizer(directory: str | Path, vocab_size: int) -> Any:
+    """A word-level tokenizer over `vocab_size` made-up words, with EOS but no pad token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=core, unk_token="<unk>", eos_token="<eos>"
+    )
+    tokenizer.save_pretrained(directory)
+    return tokenizer
 
 
 def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
-    """Save a ~1M-parameter Qwen3 causal LM (random weights) to `directory`, if not there yet."""
+    """Save a ~0.1M-parameter Qwen3 causal LM (random weights) and a tokenizer, if not there yet."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
@@ -25,15 +41,29 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=256,
+        eos_token_id=1,
+        bos_token_id=None,
+        pad_token_id=None,
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
     model.save_pretrained(path)
+    save_tiny_tokenizer(path, config.vocab_size)
     return path
 
 
 def run_demo(directory: str | Path) -> str:
-    from .planner import plan
+    """Build (once), load through `cudaload.load`, generate a few tokens, return the explanation."""
+    import torch
+
+    from .loaders import load
+    from .tokenizers import tokenizer_for
 
     path = build_tiny_model(directory)
-    return plan(str(path)).explain()
+    model = load(str(path))
+    tokenizer = tokenizer_for(model)
+    batch = tokenizer(["w5 w6 w7", "w8"], return_tensors="pt", padding=True).to(model.device)
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    text = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :])
+    return f"{model.cudaload_plan.explain()}\n\ngenerated (random weights, so gibberish): {text}"

@@ -17,7 +17,7 @@ HEADROOM = 0.8
 
 
 def _gib(n: float) -> str:
-    return f"{n / GiB:.1f} GiB"
+    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
 
 
 def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decision:
@@ -102,7 +102,7 @@ def decide_placement(
                 None,
                 (),
             )
-    max_memory: dict[Any, str] = {i: _gib(b).replace(" ", "") for i, b in budgets.items()}
+    max_memory: dict[Any, str] = {i: f"{b / GiB:.1f}GiB" for i, b in budgets.items()}
     total = sum(budgets.values())
     if weight_bytes <= total:
         return (
@@ -115,7 +115,7 @@ def decide_placement(
             (),
         )
     available = machine.cpu.memory_available or 0
-    max_memory["cpu"] = _gib(available * HEADROOM).replace(" ", "")
+    max_memory["cpu"] = f"{available * HEADROOM / GiB:.1f}GiB"
     spill = weight_bytes - total
     warning = (
         f"{size} exceed all GPU memory: ~{_gib(spill)} will be offloaded to CPU"

@@ -51,12 +51,10 @@ def _user_dtype(machine: Machine, model: ModelFacts, dtype: str) -> tuple[Decisi
             f"dtype='float16' with {model.model_type}: this family is known to overflow in fp16 (empty or NaN "
             "output). Prefer 'bfloat16' on sm80+ or 'float32'."
         )
+    reason = "your choice"
     if gpu is None and dtype == "bfloat16" and not machine.cpu.fast_bf16:
-        warnings.append(
-            "bfloat16 on a CPU without AMX: prefill is slower than fp32 (measured 1.6x-4.1x), decode may be "
-            "faster (memory-bound). Kept because you asked for it."
-        )
-    return Decision("dtype", dtype, "your choice", source="user"), tuple(warnings)
+        reason += " (no AMX here: prefill slower than fp32, decode can be faster as it is memory-bound)"
+    return Decision("dtype", dtype, reason, source="user"), tuple(warnings)
 
 
 def decide_dtype(machine: Machine, model: ModelFacts, requested: str | None) -> tuple[Decision, tuple[str, ...]]:

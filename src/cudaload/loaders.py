@@ -1,0 +1,280 @@
+"""`load()`: apply a Plan through `from_pretrained`, fall back along its attention chain,
+verify with a short forward, and record what was applied. Loaders never decide."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import CudaloadError, LoadFailedError
+from .plans import Plan
+
+__all__ = ["AppliedPlan", "CudaloadWarning", "Fallback", "load"]
+
+
+class CudaloadWarning(UserWarning):
+    """A setting works but costs you (CPU offload, fp16 on a fragile family, ...)."""
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """An attention option that failed, and why."""
+
+    option: str
+    phase: str
+    """"load" (from_pretrained raised) or "verify" (the test forward raised or gave non-finite logits)."""
+    error: str
+
+
+@dataclass(frozen=True)
+class AppliedPlan:
+    """What `load()` actually applied, read back from the loaded model."""
+
+    plan: Plan
+    """The plan as applied: its kwargs carry the attention implementation that worked."""
+    attn_implementation: str
+    dtype: str
+    device: str
+    device_map: Mapping[str, Any] | None
+    fallbacks: tuple[Fallback, ...] = ()
+    offloaded: tuple[str, ...] = ()
+    """Modules `device_map="auto"` put on CPU or disk."""
+    verified: bool | None = None
+    """True: a test forward gave finite logits; None: not run (verify=False or no text input)."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    def explain(self) -> str:
+        lines = [self.plan.explain(), "applied:"]
+        lines.append(f"  attn_implementation={self.attn_implementation} dtype={self.dtype} device={self.device}")
+        for fb in self.fallbacks:
+            lines.append(f"  fell back from {fb.option} ({fb.phase}): {fb.error}")
+        if self.offloaded:
+            lines.append(f"  offloaded to CPU/disk: {', '.join(self.offloaded)}")
+        lines.append(
+            "  verified: " + {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
+        )
+        lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "attn_implementation": self.attn_implementation,
+            "dtype": self.dtype,
+            "device": self.device,
+            "device_map": dict(self.device_map) if self.device_map else None,
+            "fallbacks": [vars(f) for f in self.fallbacks],
+            "offloaded": list(self.offloaded),
+            "verified": self.verified,
+            "timings": dict(self.timings),
+            "warnings": list(self.warnings),
+        }
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _attention_related(exc: BaseException, option: str) -> bool:
+    """Does this failure come from the attention option (so the next link may work)?"""
+    # By message, not type: transformers raises ImportError, ValueError, KeyError ("... is not a
+    # valid attention implementation registered in the `AttentionInterface`") or RuntimeError
+    # ("no kernel image is available") depending on where the option breaks.
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(k in text for k in (option.lower(), "flash", "attn", "attention", "kernel", "sdpa"))
+
+
+def _auto_class(name: str) -> Any:
+    import transformers
+
+    auto = getattr(transformers, name, None)
+    if auto is None or not hasattr(auto, "from_pretrained"):
+        raise LoadFailedError(f"model_class={name!r} is not a transformers Auto class with from_pretrained.")
+    return auto
+
+
+def _first_float_dtype(model: Any) -> str:
+    for param in model.parameters():
+        if param.is_floating_point():
+            return str(param.dtype).removeprefix("torch.")
+    return "unknown"
+
+
+def _input_device(model: Any) -> Any:
+    """Where inputs go: the first device of a dispatched model (accelerate's hooks move the
+    rest; "cpu"/"disk" entries mean CPU), else the model's device."""
+    device_map = getattr(model, "hf_device_map", None)
+    if device_map:
+        first = next(iter(device_map.values()))
+        if isinstance(first, int):
+            return f"cuda:{first}"
+        return "cpu" if str(first) in ("cpu", "disk") else str(first)
+    return model.device
+
+
+def _verify(model: Any) -> tuple[str, BaseException | None] | None:
+    """A short forward; None when the logits are finite, else (problem, exception or None)."""
+    import torch
+
+    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
+    if vocab < 8:
+        return None
+    ids = (torch.arange(1, 9).unsqueeze(0) % vocab).to(_input_device(model))
+    try:
+        with torch.inference_mode():
+            out = model(input_ids=ids)
+    except Exception as exc:  # any failure in the forward is a verification failure
+        return _describe(exc), exc
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        return None
+    if not torch.isfinite(logits).all():
+        return "the test forward gave non-finite logits", None
+    return None
+
+
+def _offloaded(device_map: Mapping[str, Any] | None, has_gpu: bool) -> tuple[str, ...]:
+    """Modules placed off the fast device: "disk" always, "cpu" when a GPU was available."""
+    if not device_map:
+        return ()
+    slow = {"disk", "cpu"} if has_gpu else {"disk"}
+    return tuple(f"{name or '(whole model)'} -> {where}" for name, where in device_map.items() if str(where) in slow)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, CudaloadWarning, stacklevel=4)  # the caller of load()
+
+
+def _from_pretrained(auto: Any, plan: Plan) -> Any:
+    return auto.from_pretrained(plan.model, **plan.from_pretrained_kwargs())
+
+
+def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool) -> Any:
+    """Load `plan.model` with `plan`, falling back along `plan.attention_chain`."""
+    auto = _auto_class(model_class)
+    fallbacks: list[Fallback] = []
+    timings: dict[str, float] = {}
+    can_fall_back = not strict and "attn_implementation" not in plan.explicit
+    chain = list(plan.attention_chain)
+
+    def give_up(option: str, phase: str, cause: str, exc: BaseException | None = None) -> LoadFailedError:
+        tried = "".join(f"\n  {f.option} ({f.phase}): {f.error}" for f in fallbacks)
+        why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
+        return LoadFailedError(
+            f"Loading {plan.model} with attn_implementation={option!r} failed at {phase}: {cause}. "
+            f"Not falling back ({why}).{' Tried:' + tried if tried else ''} "
+            "Pass another attn_implementation, or leave it unset (and strict=False) to let cudaload fall back."
+        )
+
+    model = None
+    index = 0
+    while model is None:
+        option = chain[index]
+        start = time.perf_counter()
+        try:
+            model = _from_pretrained(auto, plan.with_attention(option))
+        except Exception as exc:
+            timings[f"load[{option}]"] = time.perf_counter() - start
+            last = index == len(chain) - 1
+            if isinstance(exc, CudaloadError) or not _attention_related(exc, option):
+                raise
+            if not can_fall_back or last:
+                raise give_up(option, "load", _describe(exc)) from exc
+            fallbacks.append(Fallback(option, "load", _describe(exc)))
+            index += 1
+            continue
+        timings["load"] = time.perf_counter() - start
+
+    verified: bool | None = None
+    if verify:
+        start = time.perf_counter()
+        while True:
+            option = chain[index]
+            failure = _verify(model)
+            if failure is None:
+                verified = True
+                break
+            problem, error = failure
+            if error is not None and not _attention_related(error, option):
+                raise LoadFailedError(
+                    f"{plan.model} loaded, but a test forward failed for a reason unrelated to attention: "
+                    f"{problem}. Check the placement (device_map/max_memory) and dtype, or pass verify=False "
+                    "to skip the check."
+                ) from error
+            if not can_fall_back or index == len(chain) - 1:
+                raise give_up(option, "verify", problem)
+            fallbacks.append(Fallback(option, "verify", problem))
+            index += 1
+            # Switch the loaded model in place: no weights are read again.
+            model.set_attn_implementation(chain[index])
+        timings["verify"] = time.perf_counter() - start
+
+    applied_plan = replace(plan.with_attention(chain[index]), attention_chain=tuple(chain[index:]))
+    device_map = getattr(model, "hf_device_map", None)
+    offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
+    notes = list(plan.warnings)
+    if offloaded:
+        notes.append(
+            f"{plan.model}: device_map offloaded {len(offloaded)} module(s) ({', '.join(offloaded[:4])}"
+            f"{', ...' if len(offloaded) > 4 else ''}): every forward copies those weights back (from disk "
+            "or CPU), which is many times slower. Quantize (4-bit), add GPU memory, or pick a smaller model."
+        )
+    for note in notes:
+        _warn_once(note)
+    applied = AppliedPlan(
+        plan=applied_plan,
+        attn_implementation=str(model.config._attn_implementation),
+        dtype=_first_float_dtype(model),
+        device=str(model.device),
+        device_map=dict(device_map) if device_map else None,
+        fallbacks=tuple(fallbacks),
+        offloaded=offloaded,
+        verified=verified,
+        timings=timings,
+        warnings=tuple(notes),
+    )
+    model.cudaload_plan = applied
+    return model
+
+
+def load(
+    model: Any,
+    *,
+    strict: bool = False,
+    verify: bool = True,
+    machine: Any = None,
+    model_class: str = "AutoModelForCausalLM",
+    **overrides: Any,
+) -> Any:
+    """Load `model` (a local path, a hub id, or a ready `Plan`) with the plan for this machine.
+
+    - `overrides` are from_pretrained kwargs: yours always win; an impossible one raises.
+    - If an attention option fails at load or at a short test forward, the next link of the
+      plan's chain is used and the cause recorded; `strict=True` raises instead. Only an
+      attention implementation you left to cudaload falls back.
+    - `model.cudaload_plan` is the AppliedPlan: what was asked, chosen, and really applied.
+    """
+    start = time.perf_counter()
+    if isinstance(model, Plan):
+        if overrides:
+            raise LoadFailedError("load(plan) takes no overrides: build the plan with them instead.")
+        the_plan = model
+    else:
+        from .planner import plan
+
+        the_plan = plan(model, machine=machine, model_class=model_class, **overrides)
+    planned = time.perf_counter() - start
+    loaded = apply_plan(the_plan, model_class=model_class, strict=strict, verify=verify)
+    applied: AppliedPlan = loaded.cudaload_plan
+    loaded.cudaload_plan = replace(applied, timings={"plan": planned, **applied.timings})
+    return loaded

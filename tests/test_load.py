@@ -1,0 +1,153 @@
+"""load() on this CPU, for real: tiny saved models, real transformers, no mocks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import cudaload
+from cudaload import AttentionUnavailableError, CudaloadWarning, LoadFailedError, Machine, load, tokenizer_for
+
+pytestmark = pytest.mark.slow
+
+IDS = torch.tensor([[3, 17, 42, 9, 100, 7]])
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "gpt2"])
+def test_load_applies_the_plan_and_matches_a_bare_load(tiny_models, arch) -> None:
+    model = load(str(tiny_models[arch]))
+    applied = model.cudaload_plan
+    # What the plan says was applied is what the model reports.
+    assert (
+        applied.attn_implementation == model.config._attn_implementation == applied.plan.kwargs["attn_implementation"]
+    )
+    assert applied.dtype == str(next(model.parameters()).dtype).removeprefix("torch.") == applied.plan.kwargs["dtype"]
+    assert applied.device == str(model.device) == "cpu"
+    assert applied.verified is True and applied.fallbacks == ()
+    assert {"plan", "load", "verify"} <= set(applied.timings)
+
+    bare = AutoModelForCausalLM.from_pretrained(tiny_models[arch], **applied.plan.from_pretrained_kwargs())
+    with torch.inference_mode():
+        ours, theirs = model(IDS).logits, bare(IDS).logits
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, theirs)
+
+
+def test_the_cpu_dtype_is_decided_by_the_cpu_not_the_checkpoint(tiny_models) -> None:
+    machine = cudaload.detect()
+    model = load(str(tiny_models["qwen3"]))  # saved in bf16
+    expected = "bfloat16" if machine.cpu.fast_bf16 else "float32"
+    assert model.cudaload_plan.dtype == expected
+
+
+def test_a_failing_flash_attention_falls_back_and_says_why(tiny_models) -> None:
+    # A machine that plans FlashAttention-2 while this one has no flash-attn and no GPU.
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    model = load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16")
+    applied = model.cudaload_plan
+    assert [f.option for f in applied.fallbacks] == ["flash_attention_2"]
+    # transformers fails it at load (package missing, Hub kernel not fetchable offline) or, once
+    # a failed Hub-kernel fetch left it half-registered, at the first forward: both are caught.
+    assert applied.fallbacks[0].phase in ("load", "verify") and applied.fallbacks[0].error
+    assert applied.attn_implementation == model.config._attn_implementation == "sdpa"
+    assert applied.plan.attention_chain == ("sdpa", "eager")
+    with torch.inference_mode():
+        assert torch.isfinite(model(IDS).logits).all()
+
+
+def test_strict_raises_naming_the_option_and_the_cause(tiny_models) -> None:
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    with pytest.raises(
+        LoadFailedError, match=r"attn_implementation='flash_attention_2' failed at (load|verify): \w+Error"
+    ):
+        load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16", strict=True)
+
+
+def test_an_uncached_hub_kernel_offline_falls_back(tiny_models) -> None:
+    # The simulated machine believes the Hub kernel is cached; this one has no copy and is offline.
+    machine = Machine.simulated(
+        "L4", packages={"kernels": "0.17.2"}, offline=True, cached_kernels=["kernels-community/flash-attn2"]
+    )
+    model = load(str(tiny_models["qwen3"]), machine=machine, device_map="cpu")
+    applied = model.cudaload_plan
+    assert applied.fallbacks[0].option == "kernels-community/flash-attn2"
+    assert applied.attn_implementation == "sdpa"
+
+
+def _nan_attention(module, query, key, value, attention_mask, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return out * float("nan"), weights
+
+
+def test_a_kernel_giving_nan_is_caught_by_the_test_forward_and_switched_in_place(tiny_models) -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("nan_attention", _nan_attention)
+    plan = cudaload.plan(str(tiny_models["qwen3"]))
+    broken = replace(plan.with_attention("nan_attention"), attention_chain=("nan_attention", "sdpa", "eager"))
+    model = load(broken)
+    applied = model.cudaload_plan
+    assert [(f.option, f.phase) for f in applied.fallbacks] == [("nan_attention", "verify")]
+    assert "non-finite" in applied.fallbacks[0].error
+    assert applied.attn_implementation == model.config._attn_implementation == "sdpa"
+    assert set(applied.timings) == {"plan", "load", "verify"}  # loaded once: switched, not reloaded
+
+
+def test_an_explicit_impossible_attention_raises(tiny_models) -> None:
+    with pytest.raises(AttentionUnavailableError, match=r"flash_attention_2.*needs a CUDA GPU"):
+        load(str(tiny_models["qwen3"]), attn_implementation="flash_attention_2")
+
+
+def test_an_explicit_choice_is_honoured(tiny_models) -> None:
+    model = load(str(tiny_models["llama"]), attn_implementation="eager", dtype="bfloat16")
+    assert model.config._attn_implementation == "eager"
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert {"attn_implementation", "dtype"} <= model.cudaload_plan.plan.explicit
+
+
+def test_offloading_warns_once_and_is_recorded(tiny_models, tmp_path: Path) -> None:
+    path = str(tiny_models["gpt2"])
+    kwargs = dict(device_map="auto", max_memory={"cpu": "40KB"}, offload_folder=str(tmp_path))
+    with pytest.warns(CudaloadWarning, match="offloaded"):
+        model = load(path, **kwargs)
+    assert model.cudaload_plan.offloaded and "disk" in model.cudaload_plan.offloaded[0]
+    assert model.cudaload_plan.verified is True
+
+
+def test_remote_code_is_never_run_unless_asked(tiny_models, tmp_path: Path) -> None:
+    import shutil
+
+    repo = tmp_path / "with-remote-code"
+    shutil.copytree(tiny_models["llama"], repo)
+    marker = tmp_path / "remote-code-ran"
+    (repo / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((repo / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilForCausalLM"}
+    (repo / "config.json").write_text(json.dumps(config))
+    model = load(str(repo))
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert not marker.exists()
+    assert "trust_remote_code" not in model.cudaload_plan.plan.kwargs
+
+
+def test_tokenizer_for_generation_and_training(tiny_models) -> None:
+    model = load(str(tiny_models["qwen3"]))
+    tok = tokenizer_for(model)
+    assert tok.padding_side == "left" and tok.pad_token == tok.eos_token == "<eos>"
+    batch = tok(["w5 w6 w7", "w8"], return_tensors="pt", padding=True)
+    out = model.generate(**batch, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert out.shape == (2, 6)
+    assert tokenizer_for(model.cudaload_plan.plan, training=True).padding_side == "right"
+
+
+def test_load_of_a_plan_takes_no_overrides(tiny_models) -> None:
+    plan = cudaload.plan(str(tiny_models["qwen3"]))
+    with pytest.raises(LoadFailedError, match="no overrides"):
+        load(plan, dtype="float16")
