@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "plan": "cudaload.planner",
     "load": "cudaload.loaders",
+    "load_for_finetune": "cudaload.finetune",
+    "training_arguments": "cudaload.finetune",
     "AppliedPlan": "cudaload.loaders",
     "Fallback": "cudaload.loaders",
     "CudaloadWarning": "cudaload.loaders",
@@ -74,9 +76,11 @@ __all__ = [
     "__version__",
     "detect",
     "load",
+    "load_for_finetune",
     "plan",
     "read_model_facts",
     "tokenizer_for",
+    "training_arguments",
 ]
 
 if TYPE_CHECKING:
@@ -95,6 +99,7 @@ if TYPE_CHECKING:
         RemoteCodeError,
         UnknownGpuError,
     )
+    from .finetune import load_for_finetune, training_arguments
     from .loaders import AppliedPlan, CudaloadWarning, Fallback, load
     from .model_facts import ModelFacts, read_model_facts
     from .planner import plan

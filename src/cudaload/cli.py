@@ -19,28 +19,12 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / GiB:.1f} GiB"
 
 
-def _generic_model() -> Any:
-    """A model that supports every backend, to ask 'what would attention be here?'."""
-    from .model_facts import ModelFacts
-
-    return ModelFacts(
-        source="(any model supporting FlashAttention and SDPA)",
-        model_type="llama",
-        model_class="a model",
-        auto_class="AutoModelForCausalLM",
-        supports_flash=True,
-        supports_sdpa=True,
-        supports_flex=True,
-        parameters=0,
-        checkpoint_dtype="bfloat16",
-    )
-
-
 def _backends(machine: Machine) -> dict[str, Any]:
+    from .model_facts import any_model
     from .policy.attention import decide_attention
     from .policy.precision import decide_dtype
 
-    model = _generic_model()
+    model = any_model()
     dtype, _ = decide_dtype(machine, model, None)
     decision, chain = decide_attention(machine, model, dtype.value, None)
     return {
@@ -157,6 +141,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
     plan.add_argument("--world-size", type=int, default=1, help="simulate a torchrun launch")
     plan.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"])
+    plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
+    plan.add_argument("--quantize", default="auto", help="with --finetune: 4bit, 8bit, none or auto")
+    plan.add_argument("--seq-len", type=int, default=2048, help="with --finetune: sequence length for the estimate")
+    plan.add_argument("--batch-size", type=int, default=1, help="with --finetune: batch size for the estimate")
     plan.add_argument("--dtype")
     plan.add_argument("--attn", dest="attn_implementation")
     plan.add_argument("--json", action="store_true")
@@ -177,6 +165,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .planner import plan
 
             overrides = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
+            if args.finetune:
+                overrides |= {
+                    "finetune": True,
+                    "quantize": None if args.quantize == "none" else args.quantize,
+                    "seq_len": args.seq_len,
+                    "batch_size": args.batch_size,
+                }
             result = plan(args.model, machine=_simulated(args), **overrides)
             print(result.to_json() if args.json else result.explain())
         elif args.command == "demo":

@@ -117,16 +117,23 @@ def _input_device(model: Any) -> Any:
     return model.device
 
 
-def _verify(model: Any) -> tuple[str, BaseException | None] | None:
-    """A short forward; None when the logits are finite, else (problem, exception or None)."""
+def _verify(model: Any, training: bool) -> tuple[str, BaseException | None] | None:
+    """A short forward; None when the logits are finite, else (problem, exception or None).
+
+    For a model about to be trained the forward runs in train mode under no_grad: an
+    eval-mode inference forward lets bitsandbytes (0.50, AVX512-BF16 CPUs) repack 4-bit
+    weights into an inference-only layout with no backward, after which no gradient flows
+    through the base layers (found here: layer-0 LoRA gradients were all zero).
+    """
     import torch
 
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     if vocab < 8:
         return None
     ids = (torch.arange(1, 9).unsqueeze(0) % vocab).to(_input_device(model))
+    model.train(training)
     try:
-        with torch.inference_mode():
+        with torch.no_grad() if training else torch.inference_mode():
             out = model(input_ids=ids)
     except Exception as exc:  # any failure in the forward is a verification failure
         return _describe(exc), exc
@@ -159,7 +166,7 @@ def _from_pretrained(auto: Any, plan: Plan) -> Any:
     return auto.from_pretrained(plan.model, **plan.from_pretrained_kwargs())
 
 
-def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool) -> Any:
+def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, training: bool = False) -> Any:
     """Load `plan.model` with `plan`, falling back along `plan.attention_chain`."""
     auto = _auto_class(model_class)
     fallbacks: list[Fallback] = []
@@ -200,7 +207,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool) -> A
         start = time.perf_counter()
         while True:
             option = chain[index]
-            failure = _verify(model)
+            failure = _verify(model, training)
             if failure is None:
                 verified = True
                 break

@@ -14,7 +14,7 @@ from typing import Any
 from .errors import ModelConfigError, RemoteCodeError
 from .upstream import FP16_FRAGILE_FAMILIES
 
-__all__ = ["ModelFacts", "read_model_facts"]
+__all__ = ["ModelFacts", "any_model", "read_model_facts"]
 
 _DTYPE_NAMES = {
     "float32": "float32",
@@ -51,13 +51,35 @@ class ModelFacts:
     remote_code: bool = False
     linear_names: tuple[str, ...] = ()
     """Leaf names of the nn.Linear layers in the decoder (LoRA targets), lm_head excluded."""
+    linear_shapes: tuple[tuple[str, int, int, int], ...] = ()
+    """(leaf name, in_features, out_features, how many) for those layers."""
+    vocab_size: int | None = None
+    conv1d: bool = False
+    """Projections are transformers' Conv1D (GPT-2 style), not nn.Linear."""
+
+    @property
+    def linear_parameters(self) -> int:
+        """Weights in those layers: what 4-/8-bit quantization shrinks."""
+        return sum(fan_in * fan_out * count for _, fan_in, fan_out, count in self.linear_shapes)
 
     @property
     def fp16_fragile(self) -> bool:
         return self.model_type in FP16_FRAGILE_FAMILIES
 
-    def weight_bytes(self, bytes_per_param: float) -> int:
-        return int(self.parameters * bytes_per_param)
+
+def any_model() -> ModelFacts:
+    """A bf16 model that supports every attention backend: asks "what would I get here?"."""
+    return ModelFacts(
+        source="(any model supporting FlashAttention and SDPA)",
+        model_type="llama",
+        model_class="a model",
+        auto_class="AutoModelForCausalLM",
+        supports_flash=True,
+        supports_sdpa=True,
+        supports_flex=True,
+        parameters=0,
+        checkpoint_dtype="bfloat16",
+    )
 
 
 def _normalise_dtype(value: Any) -> str | None:
@@ -138,15 +160,21 @@ def read_model_facts(
     meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
     import torch
 
-    # GPT-2 style models use transformers' Conv1D for their projections; peft's LoRA wraps both.
-    linear = sorted(
-        {
-            name.rsplit(".", 1)[-1]
-            for name, module in meta.named_modules()
-            if isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
-        }
-        - {"lm_head", "score", "classifier"}
-    )
+    # GPT-2 style models use transformers' Conv1D (weight stored transposed) for their
+    # projections; peft's LoRA wraps both.
+    shapes: dict[tuple[str, int, int], int] = {}
+    for name, module in meta.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in {"lm_head", "score", "classifier"}:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            key = (leaf, module.in_features, module.out_features)
+        elif type(module).__name__ == "Conv1D":
+            key = (leaf, int(module.weight.shape[0]), int(module.weight.shape[1]))
+        else:
+            continue
+        shapes[key] = shapes.get(key, 0) + 1
+    linear = sorted({leaf for leaf, _, _ in shapes})
     quant = getattr(config, "quantization_config", None)
     quant_method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
     hidden = getattr(text_config, "hidden_size", None)
@@ -170,4 +198,7 @@ def read_model_facts(
         quantized=str(quant_method) if quant_method else None,
         remote_code=bool(getattr(config, "auto_map", None)),
         linear_names=tuple(linear),
+        linear_shapes=tuple((leaf, i, o, n) for (leaf, i, o), n in sorted(shapes.items())),
+        vocab_size=getattr(text_config, "vocab_size", None),
+        conv1d=any(type(m).__name__ == "Conv1D" for m in meta.modules()),
     )

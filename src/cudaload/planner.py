@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .capability.facts import Machine
+from .errors import DtypeUnsupportedError, FinetuneConfigError
 from .model_facts import ModelFacts, read_model_facts
 from .plans import Plan
 from .policy import Request, make_plan
@@ -19,8 +21,6 @@ def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
     rest = dict(overrides)
     if "torch_dtype" in rest:  # transformers' old name for dtype
         if "dtype" in rest:
-            from .errors import DtypeUnsupportedError
-
             raise DtypeUnsupportedError("Both dtype= and torch_dtype= were given; pass only dtype=.")
         rest["dtype"] = rest.pop("torch_dtype")
     known = {k: rest.pop(k) for k in _SETTINGS if k in rest}
@@ -32,6 +32,12 @@ def plan(
     *,
     machine: Machine | None = None,
     model_class: str = "AutoModelForCausalLM",
+    finetune: bool = False,
+    quantize: str | None = "auto",
+    lora: Mapping[str, Any] | None = None,
+    gradient_checkpointing: bool = True,
+    seq_len: int = 2048,
+    batch_size: int = 1,
     **overrides: Any,
 ) -> Plan:
     """The from_pretrained settings for `model` on `machine` (default: this one). Loads no weights.
@@ -39,7 +45,13 @@ def plan(
     `overrides` are from_pretrained keyword arguments: the ones cudaload decides
     (attn_implementation, dtype, device_map, max_memory, use_kernels) are validated and
     honoured, an impossible one raises; any other is passed through untouched.
+
+    With `finetune=True` the plan also covers quantization (`quantize`: "4bit", "8bit", None
+    or "auto"), LoRA (`lora`: LoraConfig overrides), gradient checkpointing, TrainingArguments
+    flags and a memory estimate at `seq_len` x `batch_size`.
     """
+    if not finetune and lora is not None:
+        raise FinetuneConfigError("lora= only applies to a fine-tuning plan: pass finetune=True.")
     if machine is None:
         from .capability import detect
 
@@ -54,4 +66,16 @@ def plan(
             revision=overrides.get("revision"),
         )
     )
-    return make_plan(machine, facts, split_overrides(overrides))
+    training = (
+        dict(
+            training=True,
+            quantize=quantize,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+            seq_len=seq_len,
+            batch_size=batch_size,
+        )
+        if finetune
+        else {}
+    )
+    return make_plan(machine, facts, split_overrides(overrides, **training))

@@ -122,6 +122,17 @@ class Plan:
             lines.append(f"  {d.setting:<{width}}  {_short(d.value):<28}  {d.reason}{mark}")
             for r in d.rejected:
                 lines.append(f"  {'':<{width}}    x {_short(r.value, 26):<26}  {r.reason}")
+        estimate = self.extras.get("memory_estimate")
+        if estimate:
+            assumes = estimate["assumes"]
+            lines.append(
+                f"  training memory estimate (seq_len {assumes['seq_len']}, batch {assumes['batch_size']}, "
+                f"checkpointing {'on' if assumes['gradient_checkpointing'] else 'off'}):"
+            )
+            for option, parts in estimate.items():
+                if option != "assumes":
+                    detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items() if k != "total")
+                    lines.append(f"    {option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})")
         if len(self.attention_chain) > 1:
             lines.append(f"  attention fallback chain: {' -> '.join(self.attention_chain)}")
         for warning in self.warnings:

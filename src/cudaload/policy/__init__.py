@@ -10,11 +10,14 @@ from typing import Any
 
 from ..capability.facts import Machine
 from ..model_facts import ModelFacts
-from ..plans import Decision, Plan
+from ..plans import Decision, Plan, Rejected
 from .attention import decide_attention
+from .finetune import decide_lora, decide_training_arguments
 from .kernels import decide_use_kernels
+from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import decide_placement
-from .precision import BYTES_PER_PARAM, decide_dtype
+from .precision import decide_dtype
+from .quantization import decide_quantization
 from .request import Request
 
 __all__ = ["Request", "make_plan"]
@@ -26,15 +29,53 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     warnings += dtype_warnings
     attention, chain = decide_attention(machine, model, dtype.value, request.attn_implementation)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
-    weight_bytes = model.weight_bytes(BYTES_PER_PARAM[dtype.value])
-    placement, max_memory, placement_warnings = decide_placement(machine, weight_bytes, request.device_map)
-    warnings += placement_warnings
-
-    decisions = [dtype, attention, placement, use_kernels]
+    decisions = [dtype, attention]
     kwargs: dict[str, Any] = {
         "dtype": dtype.value,
         "attn_implementation": attention.value,
     }
+    extras: dict[str, Any] = {"parameters": model.parameters, "model_class": model.model_class}
+    quantize: str | None = None
+    if request.training:
+        lora, lora_config = decide_lora(model, request.lora)
+        estimates = {
+            q: estimate_training_memory(
+                model,
+                dtype=dtype.value,
+                quantize=q,
+                r=int(lora_config["r"]),
+                targets=tuple(lora_config["target_modules"]),
+                seq_len=request.seq_len,
+                batch=request.batch_size,
+                checkpointing=request.gradient_checkpointing,
+                on_gpu=bool(machine.gpus),
+            )
+            for q in (None, "4bit", "8bit")
+        }
+        quant, quant_config, quant_warnings = decide_quantization(
+            machine, model, request.quantize, dtype.value, estimates
+        )
+        warnings += quant_warnings
+        quantize = quant.value
+        if quant_config is not None:
+            kwargs["quantization_config"] = quant_config
+        training, training_args = decide_training_arguments(
+            machine, dtype.value, quantize is not None, request.gradient_checkpointing
+        )
+        decisions += [quant, lora, _kbit_preparation(quantize), *training]
+        extras |= {
+            "lora": lora_config,
+            "training_arguments": training_args,
+            "memory_estimate": _estimates_dict(estimates, request),
+            "gradient_checkpointing": request.gradient_checkpointing,
+        }
+    size = weight_bytes(model, dtype.value, quantize)
+    extras["weight_bytes"] = size
+    placement, max_memory, placement_warnings = decide_placement(
+        machine, size, request.device_map, quantized=quantize is not None
+    )
+    warnings += placement_warnings
+    decisions += [placement, use_kernels]
     if placement.value is not None:
         kwargs["device_map"] = placement.value
     if request.max_memory is not None:
@@ -58,5 +99,32 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         decisions=tuple(decisions),
         warnings=tuple(warnings),
         explicit=explicit,
-        extras={"weight_bytes": weight_bytes, "parameters": model.parameters, "model_class": model.model_class},
+        extras=extras,
     )
+
+
+def _kbit_preparation(quantize: str | None) -> Decision:
+    if quantize is None:
+        return Decision("kbit_preparation", "freeze", "freeze the base; LoRA adapters are the only trainable weights")
+    return Decision(
+        "kbit_preparation",
+        "freeze+checkpointing",
+        "freeze the base, checkpoint without reentrancy, enable input grads; norms stay in the compute dtype",
+        (
+            Rejected(
+                "prepare_model_for_kbit_training",
+                "peft's helper upcasts every non-quantized weight to fp32 (81 GB vs 63 GB peak in one report)",
+            ),
+        ),
+    )
+
+
+def _estimates_dict(estimates: dict[str | None, TrainingMemory], request: Request) -> dict[str, Any]:
+    return {
+        "assumes": {
+            "seq_len": request.seq_len,
+            "batch_size": request.batch_size,
+            "gradient_checkpointing": request.gradient_checkpointing,
+        },
+        **{("16bit" if q is None else q): e.as_dict() for q, e in estimates.items()},
+    }

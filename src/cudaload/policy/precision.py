@@ -8,9 +8,7 @@ from ..errors import DtypeUnsupportedError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Rejected
 
-__all__ = ["BYTES_PER_PARAM", "decide_dtype", "normalise_dtype"]
-
-BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
+__all__ = ["decide_dtype", "normalise_dtype"]
 
 _ALIASES = {
     "float": "float32",

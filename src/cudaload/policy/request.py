@@ -19,5 +19,11 @@ class Request:
     quantize: str | None = None
     """None (no quantization), "4bit", "8bit" or "auto" (fine-tuning only)."""
     training: bool = False
+    lora: Mapping[str, Any] | None = None
+    """LoraConfig keyword overrides (fine-tuning only)."""
+    gradient_checkpointing: bool = True
+    seq_len: int = 2048
+    """Sequence length and batch the training-memory estimate assumes."""
+    batch_size: int = 1
     passthrough: Mapping[str, Any] = field(default_factory=dict)
     """Other from_pretrained kwargs the caller gave: passed on untouched."""

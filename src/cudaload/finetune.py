@@ -1,0 +1,108 @@
+"""`load_for_finetune()`: a PEFT LoRA model (4-bit QLoRA when planned) ready to train, and
+`training_arguments()`: the TrainingArguments flags of the same plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from .errors import FinetuneConfigError, MissingPackageError
+from .loaders import apply_plan
+from .plans import Plan
+
+__all__ = ["load_for_finetune", "training_arguments"]
+
+
+def _prepare(model: Any, checkpointing: bool) -> None:
+    """Freeze the base and set up checkpointing, without peft's fp32 upcast.
+
+    peft's `prepare_model_for_kbit_training` also casts every non-quantized weight (norms,
+    embeddings, lm_head) to fp32, which multiplies their memory (81 GB vs 63 GB peak in one
+    report); the adapters peft adds are fp32 anyway, and norms compute fine in bf16/fp16.
+    """
+    for param in model.parameters():
+        param.requires_grad_(False)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # With the embeddings frozen, the checkpointed blocks' inputs need grads for the
+        # backward to reach the adapters.
+        model.enable_input_require_grads()
+        model.config.use_cache = False  # a KV cache is useless in training and conflicts with checkpointing
+
+
+def load_for_finetune(
+    model: Any,
+    *,
+    quantize: str | None = "auto",
+    lora: Mapping[str, Any] | None = None,
+    gradient_checkpointing: bool = True,
+    seq_len: int = 2048,
+    batch_size: int = 1,
+    strict: bool = False,
+    machine: Any = None,
+    model_class: str = "AutoModelForCausalLM",
+    **overrides: Any,
+) -> Any:
+    """A PEFT model ready to train, with every setting planned and explained like `load()`.
+
+    quantize: "4bit" (QLoRA: nf4, double quant, compute in the plan's dtype), "8bit", None,
+    or "auto" (4-bit only when 16-bit LoRA would not fit the GPU at `seq_len` x `batch_size`).
+    lora: LoraConfig overrides (r, lora_alpha, lora_dropout, target_modules, ...).
+    Under torchrun / accelerate each rank loads the whole model on its own device
+    (`device_map={"": LOCAL_RANK}`; none under FSDP / ZeRO-3). `model.cudaload_plan` is the
+    AppliedPlan; its `plan.extras["training_arguments"]` feeds `training_arguments()`.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise MissingPackageError("load_for_finetune needs peft: pip install 'cudaload[finetune]'.") from exc
+    from .planner import plan
+
+    the_plan = plan(
+        model,
+        machine=machine,
+        model_class=model_class,
+        finetune=True,
+        quantize=quantize,
+        lora=lora,
+        gradient_checkpointing=gradient_checkpointing,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        **overrides,
+    )
+    base = apply_plan(the_plan, model_class=model_class, strict=strict, verify=True, training=True)
+    _prepare(base, gradient_checkpointing)
+    peft_model = get_peft_model(base, LoraConfig(**the_plan.extras["lora"]))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    applied = base.cudaload_plan
+    peft_model.cudaload_plan = replace(
+        applied, plan=replace(applied.plan, extras={**applied.plan.extras, "trainable_parameters": trainable})
+    )
+    return peft_model
+
+
+def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str, Any]:
+    """TrainingArguments keyword arguments for a model from `load_for_finetune` (or its Plan).
+
+    Yours win: `TrainingArguments(**training_arguments(model, output_dir="out", max_steps=10))`.
+    Without a model, the flags are planned for this machine with the default dtype.
+    """
+    if model_or_plan is None:
+        from .capability import detect
+        from .model_facts import any_model
+        from .policy.finetune import decide_training_arguments
+        from .policy.precision import decide_dtype
+
+        machine = detect()
+        dtype, _ = decide_dtype(machine, any_model(), None)
+        _, args = decide_training_arguments(machine, str(dtype.value), False, True)
+        return {**args, **overrides}
+    plan = model_or_plan if isinstance(model_or_plan, Plan) else model_or_plan.cudaload_plan.plan
+    planned = plan.extras.get("training_arguments")
+    if planned is None:
+        raise FinetuneConfigError(
+            "This plan is not a fine-tuning plan (no training arguments): build it with "
+            "cudaload.plan(..., finetune=True) or load the model with load_for_finetune()."
+        )
+    return {**planned, **overrides}

@@ -1,0 +1,139 @@
+"""quantization_config for fine-tuning: 4-bit nf4 (QLoRA), 8-bit, none, or "auto"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packaging.version import Version
+
+from ..capability.facts import GiB, Machine
+from ..errors import MissingPackageError, QuantizationError
+from ..model_facts import ModelFacts
+from ..plans import Decision, Rejected
+from .memory import TrainingMemory
+
+__all__ = ["QUANTIZE_CHOICES", "bitsandbytes_status", "decide_quantization"]
+
+QUANTIZE_CHOICES = ("4bit", "8bit", "auto", None)
+# bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
+BNB_CPU_SINCE = Version("0.48.0")
+FIT_SHARE = 0.9
+
+
+def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
+    version = machine.software.version("bitsandbytes")
+    if version is None:
+        return False, "bitsandbytes is not installed (pip install 'cudaload[finetune]')"
+    if not machine.gpus and Version(version) < BNB_CPU_SINCE:
+        return False, f"bitsandbytes {version} has no CPU backend (0.48+ has one); this machine has no CUDA GPU"
+    return True, f"bitsandbytes {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
+
+
+def _config(quantize: str, dtype: str, machine: Machine) -> dict[str, Any]:
+    if quantize == "8bit":
+        return {"load_in_8bit": True}
+    # FSDP needs the packed 4-bit weights stored in a float dtype to shard them with the rest.
+    storage = dtype if machine.launch.strategy == "fsdp" else "uint8"
+    return {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": dtype,
+        "bnb_4bit_quant_storage": storage,
+    }
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def decide_quantization(
+    machine: Machine,
+    model: ModelFacts,
+    requested: str | None,
+    dtype: str,
+    estimates: dict[str | None, TrainingMemory],
+) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
+    """(decision, BitsAndBytesConfig kwargs or None, warnings). `estimates` maps None/"4bit"/"8bit"
+    to the training-memory estimate for that choice."""
+    if requested not in QUANTIZE_CHOICES:
+        raise QuantizationError(
+            f"quantize={requested!r} is not a choice. Use '4bit' (QLoRA), '8bit', None (no quantization) "
+            "or 'auto' (4-bit only when 16-bit LoRA would not fit)."
+        )
+    if model.quantized is not None and requested is not None:
+        raise QuantizationError(
+            f"quantize={requested!r} was asked, but {model.source} is already quantized "
+            f"({model.quantized}). Pass quantize=None to fine-tune it as it is."
+        )
+    usable, why = bitsandbytes_status(machine)
+    if requested in ("4bit", "8bit"):
+        if not usable:
+            raise MissingPackageError(f"quantize={requested!r} was asked, but {why}.")
+        detail = (
+            f"nf4 + double quant, compute in {dtype} (never the slow float32 default)"
+            if requested == "4bit"
+            else "LLM.int8"
+        )
+        return (
+            Decision("quantize", requested, f"your choice: {detail}", source="user"),
+            _config(requested, dtype, machine),
+            (),
+        )
+    if requested is None:
+        return Decision("quantize", None, "your choice: full-precision base weights", source="user"), None, ()
+
+    # "auto": quantize only when 16-bit LoRA does not fit the GPU.
+    plain, four = estimates[None], estimates["4bit"]
+    if not machine.gpus:
+        return (
+            Decision(
+                "quantize",
+                None,
+                "no GPU: the weights live in RAM, and 4-bit matmuls on CPU are slower",
+                (Rejected("4bit", "saves RAM, costs speed on CPU; pass quantize='4bit' to trade"),),
+            ),
+            None,
+            (),
+        )
+    gpu = machine.weakest_gpu
+    assert gpu is not None
+    budget = gpu.usable_memory * FIT_SHARE
+    how = (
+        f"estimated {_gib(plain.total)} for {dtype} LoRA (weights {_gib(plain.weights)}, LoRA+Adam "
+        f"{_gib(plain.lora)}, activations {_gib(plain.activations)}) vs {_gib(budget)} usable on {gpu.name}"
+    )
+    if plain.total <= budget:
+        return (
+            Decision(
+                "quantize",
+                None,
+                f"{dtype} LoRA fits: {how}",
+                (Rejected("4bit", "not needed: slower and lossier than 16-bit LoRA"),),
+            ),
+            None,
+            (),
+        )
+    if not usable:
+        warning = f"16-bit LoRA will not fit ({how}) and 4-bit is unavailable: {why}."
+        return (
+            Decision("quantize", None, f"4-bit would be needed but {why}", (Rejected("4bit", why),)),
+            None,
+            (warning,),
+        )
+    warnings: tuple[str, ...] = ()
+    if four.total > budget:
+        warnings = (
+            f"Even 4-bit needs ~{_gib(four.total)} and {gpu.name} has {_gib(budget)} usable: "
+            "shorten sequences, lower the batch, or use a bigger GPU.",
+        )
+    return (
+        Decision(
+            "quantize",
+            "4bit",
+            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{_gib(four.total)}",
+            (Rejected(None, "does not fit"),),
+        ),
+        _config("4bit", dtype, machine),
+        warnings,
+    )

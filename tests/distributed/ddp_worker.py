@@ -1,0 +1,60 @@
+"""Run by torchrun (2 processes, gloo, CPU): a short DDP LoRA fine-tune through load_for_finetune.
+
+Each rank trains on different data; DDP averages gradients, so the adapters must end equal.
+Writes rank-<N>.json into the output folder for the test to check.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import cudaload
+
+
+def main(model_path: str, out_dir: str, quantize: str) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    machine = cudaload.detect()
+    model = cudaload.load_for_finetune(model_path, quantize=None if quantize == "none" else quantize)
+    plan = model.cudaload_plan.plan
+    args = cudaload.training_arguments(model)
+    ddp = DistributedDataParallel(model, find_unused_parameters=args.get("ddp_find_unused_parameters", True))
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
+    losses = []
+    for _ in range(3):
+        loss = ddp(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+
+    flat = torch.cat([p.detach().flatten().float() for p in trainable])
+    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, flat)
+    report = {
+        "rank": rank,
+        "launch": vars(machine.launch) if hasattr(machine.launch, "__dict__") else None,
+        "planned_device_map": plan.kwargs.get("device_map"),
+        "device_decision": plan.decision("device_map").reason,
+        "applied_device": model.cudaload_plan.device,
+        "training_arguments": args,
+        "losses": losses,
+        "lora_identical_across_ranks": all(torch.equal(gathered[0], g) for g in gathered),
+        "lora_changed": bool(flat.abs().sum() > 0),
+        "quantized": "quantization_config" in plan.kwargs,
+    }
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,140 @@
+"""load_for_finetune() on this CPU, for real: bitsandbytes 4-bit, peft LoRA, a Trainer run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cudaload
+from cudaload import FinetuneConfigError, QuantizationError, load_for_finetune, training_arguments
+
+pytestmark = pytest.mark.slow
+
+
+def _batch(vocab: int = 256) -> torch.Tensor:
+    return torch.randint(2, vocab, (4, 16), generator=torch.Generator().manual_seed(0))
+
+
+def _train(model, steps: int = 6) -> list[float]:
+    ids = _batch()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_qlora_on_cpu(tiny_models) -> None:
+    import bitsandbytes as bnb
+
+    model = load_for_finetune(str(tiny_models["qwen3"]), quantize="4bit")
+    plan = model.cudaload_plan.plan
+    quant = plan.kwargs["quantization_config"]
+    assert quant["bnb_4bit_quant_type"] == "nf4" and quant["bnb_4bit_use_double_quant"] is True
+    assert quant["bnb_4bit_compute_dtype"] == plan.kwargs["dtype"]  # never the float32 default by accident
+
+    base = model.get_base_model()
+    layers = [m for name, m in base.named_modules() if name.endswith(("q_proj.base_layer", "down_proj.base_layer"))]
+    assert layers and all(isinstance(m, bnb.nn.Linear4bit) for m in layers)
+    assert base.model.layers[0].self_attn.q_proj.base_layer.compute_dtype == getattr(torch, plan.kwargs["dtype"])
+
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert plan.extras["trainable_parameters"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert base.is_gradient_checkpointing
+
+    # Gradients reach the first layer through the frozen 4-bit weights of the later ones.
+    ids = _batch()
+    model(input_ids=ids, labels=ids).loss.backward()
+    first = [p.grad for n, p in model.named_parameters() if "layers.0.mlp.gate_proj.lora_B" in n]
+    assert first[0] is not None and first[0].abs().sum() > 0
+    model.zero_grad()
+
+    losses = _train(model)
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_plain_lora(tiny_models, arch) -> None:
+    model = load_for_finetune(str(tiny_models[arch]), quantize=None)
+    assert "quantization_config" not in model.cudaload_plan.plan.kwargs
+    assert all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
+    losses = _train(model)
+    assert losses[-1] < losses[0]
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __init__(self, ids: torch.Tensor) -> None:
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def test_trainer_runs_with_the_planned_arguments(tiny_models, tmp_path) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    model = load_for_finetune(str(tiny_models["qwen3"]), quantize="4bit")
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    args = TrainingArguments(
+        **training_arguments(
+            model,
+            output_dir=str(tmp_path),
+            max_steps=3,
+            per_device_train_batch_size=2,
+            learning_rate=1e-2,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+        )
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_Rows(_batch()))
+    result = trainer.train()
+    assert result.global_step == 3
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 3 and all(loss > 0 for loss in losses)
+    changed = [n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert changed and all("lora_" in n for n in changed)
+
+
+def test_lora_overrides_and_bad_targets(tiny_models) -> None:
+    model = load_for_finetune(
+        str(tiny_models["llama"]), quantize=None, lora={"r": 4, "target_modules": ["q_proj", "v_proj"]}
+    )
+    config = model.peft_config["default"]
+    assert config.r == 4 and set(config.target_modules) == {"q_proj", "v_proj"}
+    assert model.cudaload_plan.plan.decision("lora").source == "user"
+    with pytest.raises(FinetuneConfigError, match=r"match no linear layer.*q_proj"):
+        load_for_finetune(str(tiny_models["llama"]), quantize=None, lora={"target_modules": ["query_key_value"]})
+
+
+def test_unknown_quantize_value_is_a_clear_error(tiny_models) -> None:
+    with pytest.raises(QuantizationError, match="'4bit' \\(QLoRA\\)"):
+        load_for_finetune(str(tiny_models["llama"]), quantize="int4")
+
+
+def test_an_already_quantized_model_is_not_quantized_again(tiny_models, tmp_path) -> None:
+    model = load_for_finetune(str(tiny_models["llama"]), quantize="4bit")
+    saved = tmp_path / "llama-4bit"
+    model.get_base_model().save_pretrained(saved)
+    with pytest.raises(QuantizationError, match="already quantized \\(bitsandbytes\\)"):
+        load_for_finetune(str(saved), quantize="4bit")
+
+
+def test_training_arguments_are_the_plans_and_yours_win(tiny_models) -> None:
+    model = load_for_finetune(str(tiny_models["llama"]), quantize=None)
+    args = training_arguments(model, output_dir="out", optim="sgd")
+    assert args["optim"] == "sgd" and args["output_dir"] == "out"
+    assert args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert args["bf16"] == (model.cudaload_plan.plan.kwargs["dtype"] == "bfloat16")
+    with pytest.raises(FinetuneConfigError, match="not a fine-tuning plan"):
+        training_arguments(cudaload.plan(str(tiny_models["llama"])))
