@@ -208,3 +208,110 @@ def test_launch(
         strategy,
         zero,
     )
+
+
+# --- installed packages and the Hub-kernel cache -------------------------------------------------
+
+from cudaload.capability.facts import Software  # noqa: E402
+from cudaload.capability.software import find_cached_kernel, flash_provided, probe_hub  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("providers", "fa2", "fa4"),
+    [
+        ({"flash_attn": ["flash_attn"]}, True, False),  # FA2 wheels (which also ship flash_attn/cute)
+        ({"flash_attn": ["flash-attn-4"]}, False, True),
+        ({"flash_attn": ["flash_attn", "flash-attn-4"]}, True, True),
+        ({}, False, False),
+    ],
+)
+def test_flash_attention_is_told_apart_by_distribution(providers, fa2, fa4) -> None:
+    def importable(module: str) -> bool:
+        return module in providers
+
+    assert flash_provided("flash-attn", "flash_attn", providers, importable) is fa2
+    assert flash_provided("flash-attn-4", "flash_attn", providers, importable) is fa4
+    assert not flash_provided("flash-attn-3", "flash_attn_interface", providers, importable)
+
+
+def _cache(root, repo: str, ref: str, builds: list[str]):
+    folder = root / ("kernels--" + repo.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / ref).write_text("abc123")
+    for build in builds:
+        (folder / "snapshots" / "abc123" / "build" / build).mkdir(parents=True)
+    return folder
+
+
+def test_a_cached_kernel_counts_only_with_a_variant_for_this_torch(tmp_path) -> None:
+    repo = "kernels-community/flash-attn2"
+    assert not find_cached_kernel(tmp_path, repo, 4, "2.13.0", "12.8").cached
+    _cache(tmp_path, repo, "v4", ["torch212-cxx11-cu128-x86_64-linux"])
+    stale = find_cached_kernel(tmp_path, repo, 4, "2.13.0", "12.8")
+    assert not stale.cached and "no variant for torch213" in stale.detail
+    assert not find_cached_kernel(tmp_path, repo, 3, "2.13.0", "12.8").cached  # another version branch
+    assert not find_cached_kernel(tmp_path, repo, 4, "2.13.0", None).cached  # CPU torch
+
+
+def test_a_matching_variant_is_found(tmp_path) -> None:
+    import platform
+
+    repo = "kernels-community/vllm-flash-attn3"
+    build = f"torch213-cxx11-cu128-{platform.machine()}-linux"
+    _cache(tmp_path, repo, "v1", ["torch212-cxx11-cu126-x86_64-linux", build])
+    kernel = find_cached_kernel(tmp_path, repo, 1, "2.13.0", "12.8")
+    assert kernel.cached and kernel.cached_variant == build
+
+
+def test_probe_hub_reads_offline_cache_and_local_overrides(tmp_path) -> None:
+    software = Software(packages=(("torch", "2.13.0"),), torch_cuda="12.8")
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "KERNELS_CACHE": str(tmp_path),
+        "LOCAL_KERNELS": "kernels-community/flash-attn4=/opt/fa4",
+    }
+    hub = probe_hub(env, software)
+    assert hub.offline
+    fa4 = hub.kernel("kernels-community/flash-attn4")
+    assert fa4 is not None and fa4.cached and "LOCAL_KERNELS" in fa4.detail
+    fa2 = hub.kernel("kernels-community/flash-attn2")
+    assert fa2 is not None and not fa2.cached and fa2.version == 4
+
+
+# --- our CUDA_VISIBLE_DEVICES parser against torch's own -----------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            ["0", "1", "2", "3", "10", "-1", "x", "1gpu", " 2", "GPU-a", "GPU-1", " GPU-2", "MIG-9", "", " "]
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_visible_devices_parse_like_torch(entries: list[str]) -> None:
+    import os
+
+    import torch
+
+    value = ",".join(entries)
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    try:
+        expected = torch.cuda._parse_visible_devices()
+    finally:
+        if old is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+    ours = parse_visible_devices(value)
+    if value.strip() == "":
+        assert ours == []  # CUDA: empty means no device (torch's parser yields [-1 -> stop] too)
+        assert expected == []
+    else:
+        assert ours == expected

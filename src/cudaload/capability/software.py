@@ -13,13 +13,13 @@ import importlib.util
 import os
 import platform
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
 from .facts import Hub, HubKernel, Software
 
-__all__ = ["find_cached_kernel", "hub_cache_dir", "probe_hub", "probe_software"]
+__all__ = ["find_cached_kernel", "flash_provided", "hub_cache_dir", "probe_hub", "probe_software"]
 
 PACKAGES = (
     "torch",
@@ -43,12 +43,22 @@ def _dist_version(dist: str) -> str | None:
         return None
 
 
-def _flash_installed(dist: str, module: str, providers: Mapping[str, list[str]]) -> bool:
-    """The module is importable *and* provided by this distribution."""
-    if importlib.util.find_spec(module) is None:
+def flash_provided(
+    dist: str, module: str, providers: Mapping[str, list[str]], importable: Callable[[str], bool]
+) -> bool:
+    """Is FlashAttention distribution `dist` really what provides `module`?
+
+    `providers` is importlib.metadata.packages_distributions() (module -> distributions).
+    FA2 and FA4 both ship a top-level `flash_attn`, so the distribution name decides.
+    """
+    if not importable(module):
         return False
     names = {name.lower().replace("_", "-") for name in providers.get(module, [])}
     return dist in names
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
 
 
 def _torch_cuda_version() -> str | None:
@@ -83,7 +93,7 @@ def probe_software(driver: str | None = None) -> Software:
         if version is None:
             continue
         flash_module = next((m for d, m in FLASH_DISTRIBUTIONS.values() if d == dist), None)
-        if flash_module is not None and not _flash_installed(dist, flash_module, providers):
+        if flash_module is not None and not flash_provided(dist, flash_module, providers, _importable):
             continue
         packages.append((dist, version.split("+")[0]))
     return Software(

@@ -64,14 +64,12 @@ def parse_visible_devices(value: str | None) -> list[int] | list[str] | None:
     """Parse CUDA_VISIBLE_DEVICES: None when unset (all devices), else ordinals or UUID prefixes."""
     if value is None:
         return None
-    value = value.strip()
-    if not value:
+    if not value.strip():
         return []
     if value.startswith(("GPU-", "MIG-")):
         prefix = value[:4]
         ids: list[str] = []
         for entry in value.split(","):
-            entry = entry.strip()
             if entry in ids:
                 return []
             if not entry.startswith(prefix):

@@ -1,0 +1,147 @@
+"""Fine-tuning policy tables over simulated machines: quantization, placement, TrainingArguments."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from cudaload import FinetuneConfigError, Machine, MissingPackageError, PlacementError, QuantizationError
+from cudaload.capability.facts import Launch
+from cudaload.model_facts import ModelFacts
+from cudaload.policy import Request, make_plan
+
+BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
+PROJ = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
+
+
+def llama(billions: float) -> ModelFacts:
+    """A Llama-shaped model of about `billions` parameters (8B: hidden 4096, 32 layers)."""
+    scale = billions / 8.0
+    layers = max(1, round(32 * scale))
+    shapes = (
+        ("q_proj", 4096, 4096, layers),
+        ("k_proj", 4096, 1024, layers),
+        ("v_proj", 4096, 1024, layers),
+        ("o_proj", 4096, 4096, layers),
+        ("gate_proj", 4096, 14336, layers),
+        ("up_proj", 4096, 14336, layers),
+        ("down_proj", 14336, 4096, layers),
+    )
+    linear = sum(i * o * n for _, i, o, n in shapes)
+    return ModelFacts(
+        source=f"llama-{billions}b",
+        model_type="llama",
+        model_class="LlamaForCausalLM",
+        auto_class="AutoModelForCausalLM",
+        supports_flash=True,
+        supports_sdpa=True,
+        supports_flex=True,
+        parameters=linear + 2 * 128256 * 4096,
+        checkpoint_dtype="bfloat16",
+        head_dim=128,
+        num_layers=layers,
+        hidden_size=4096,
+        linear_names=PROJ,
+        linear_shapes=shapes,
+        vocab_size=128256,
+    )
+
+
+def finetune(machine: Machine, model: ModelFacts | None = None, **request):
+    return make_plan(machine, model or llama(8), Request(training=True, **{"quantize": "auto", **request}))
+
+
+DDP8 = Launch("torchrun", rank=3, local_rank=3, world_size=8, local_world_size=8, strategy="ddp")
+FSDP = Launch("accelerate", rank=1, local_rank=1, world_size=2, strategy="fsdp")
+ZERO3 = Launch("accelerate", rank=1, local_rank=1, world_size=2, strategy="deepspeed", zero_stage=3)
+
+# machine, model size, quantize asked -> quantize planned, device_map, bf16, fp16, tf32, optim
+TABLE = [
+    ("T4", 1, None, 8, "auto", "4bit", "cuda:0", False, True, None, "paged_adamw_8bit"),
+    ("T4", 1, None, 1, "auto", None, "cuda:0", False, True, None, "adamw_torch_fused"),
+    ("A100", 1, None, 8, "auto", None, "cuda:0", True, False, True, "adamw_torch_fused"),
+    ("A100", 1, None, 70, "auto", "4bit", "cuda:0", True, False, True, "paged_adamw_8bit"),  # ~37 GiB in 4-bit
+    ("A100", 8, DDP8, 8, "4bit", "4bit", {"": 3}, True, False, True, "paged_adamw_8bit"),
+    ("H100", 8, DDP8, 8, None, None, {"": 3}, True, False, True, "adamw_torch_fused"),
+    ("H100", 2, FSDP, 8, "4bit", "4bit", None, True, False, True, "paged_adamw_8bit"),
+    ("H100", 2, ZERO3, 8, None, None, None, True, False, True, "adamw_torch_fused"),
+    (None, 1, None, 8, "auto", None, "cpu", False, False, None, "adamw_torch"),
+    (None, 1, None, 1, "4bit", "4bit", "cpu", False, False, None, "adamw_torch"),
+]
+
+
+@pytest.mark.parametrize(
+    ("gpu", "count", "launch", "size", "asked", "quantize", "device_map", "bf16", "fp16", "tf32", "optim"), TABLE
+)
+def test_finetune_table(gpu, count, launch, size, asked, quantize, device_map, bf16, fp16, tf32, optim) -> None:
+    machine = Machine.simulated(gpu, count=count, packages=BNB, launch=launch)
+    plan = finetune(machine, llama(size), quantize=asked)
+    assert plan.decision("quantize").value == quantize
+    assert plan.kwargs.get("device_map") == device_map
+    args = plan.extras["training_arguments"]
+    assert (args["bf16"], args["fp16"], args.get("tf32"), args["optim"]) == (bf16, fp16, tf32, optim)
+    assert args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert ("ddp_find_unused_parameters" in args) == (launch is DDP8)
+    if quantize == "4bit":
+        config = plan.kwargs["quantization_config"]
+        assert config["bnb_4bit_compute_dtype"] == plan.kwargs["dtype"]
+        assert config["bnb_4bit_quant_type"] == "nf4" and config["bnb_4bit_use_double_quant"]
+        # FSDP shards the packed 4-bit weights with the rest only if they are stored as a float dtype.
+        assert config["bnb_4bit_quant_storage"] == (plan.kwargs["dtype"] if launch is FSDP else "uint8")
+    else:
+        assert "quantization_config" not in plan.kwargs
+
+
+def test_auto_says_how_it_estimated() -> None:
+    plan = finetune(Machine.simulated("T4", packages=BNB))
+    reason = plan.decision("quantize").reason
+    assert "does not fit" in reason and "GiB" in reason and "activations" in reason
+    estimate = plan.extras["memory_estimate"]
+    assert estimate["4bit"]["total"] < estimate["8bit"]["total"] < estimate["16bit"]["total"]
+    assert estimate["4bit"]["lora"] == estimate["16bit"]["lora"] > 0
+
+
+def test_auto_without_bitsandbytes_is_plain_lora_with_a_warning() -> None:
+    plan = finetune(Machine.simulated("T4"))
+    assert plan.decision("quantize").value is None
+    assert any("will not fit" in w for w in plan.warnings)
+    with pytest.raises(MissingPackageError, match="bitsandbytes is not installed"):
+        finetune(Machine.simulated("T4"), quantize="4bit")
+
+
+def test_old_bitsandbytes_has_no_cpu_backend() -> None:
+    with pytest.raises(MissingPackageError, match="no CPU backend"):
+        finetune(Machine.simulated(None, packages={"bitsandbytes": "0.45.0"}), quantize="4bit")
+
+
+def test_quantized_model_under_ddp_never_gets_auto() -> None:
+    machine = Machine.simulated("A100", count=8, packages=BNB, launch=DDP8)
+    with pytest.raises(PlacementError, match="quantized model"):
+        finetune(machine, quantize="4bit", device_map="auto")
+
+
+@pytest.mark.parametrize(
+    ("asked", "error", "match"),
+    [
+        ("int4", QuantizationError, "is not a choice"),
+        ("4bit", QuantizationError, "already quantized"),
+    ],
+)
+def test_bad_quantize(asked, error, match) -> None:
+    model = replace(llama(1), quantized="bitsandbytes") if match == "already quantized" else llama(1)
+    with pytest.raises(error, match=match):
+        finetune(Machine.simulated("A100", packages=BNB), model, quantize=asked)
+
+
+def test_lora_defaults_and_overrides() -> None:
+    plan = finetune(Machine.simulated("A100", packages=BNB))
+    lora = plan.extras["lora"]
+    assert (lora["r"], lora["lora_alpha"], lora["lora_dropout"], lora["task_type"]) == (16, 32, 0.05, "CAUSAL_LM")
+    assert sorted(lora["target_modules"]) == sorted(PROJ)
+    qlora = finetune(Machine.simulated("A100", packages=BNB), quantize="4bit")
+    assert qlora.decision("kbit_preparation").rejected[0].value == "prepare_model_for_kbit_training"
+    custom = finetune(Machine.simulated("A100", packages=BNB), lora={"r": 64, "target_modules": "all-linear"})
+    assert custom.extras["lora"]["r"] == 64 and custom.decision("lora").source == "user"
+    with pytest.raises(FinetuneConfigError, match="match no linear layer"):
+        finetune(Machine.simulated("A100", packages=BNB), lora={"target_modules": ["c_attn"]})
