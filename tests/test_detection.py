@@ -315,3 +315,12 @@ def test_visible_devices_parse_like_torch(entries: list[str]) -> None:
         assert expected == []
     else:
         assert ours == expected
+
+
+def test_changing_visibility_after_cuda_started_is_warned() -> None:
+    from cudaload.capability.gpus import late_visibility_warning
+
+    assert late_visibility_warning(None, 2) is None  # CUDA not started: the variables still apply
+    assert late_visibility_warning(2, 2) is None
+    message = late_visibility_warning(4, 1)
+    assert message is not None and "initialised in this process with 4" in message and "selects 1" in message

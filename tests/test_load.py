@@ -151,3 +151,10 @@ def test_load_of_a_plan_takes_no_overrides(tiny_models) -> None:
     plan = cudaload.plan(str(tiny_models["qwen3"]))
     with pytest.raises(LoadFailedError, match="no overrides"):
         load(plan, dtype="float16")
+
+
+def test_load_refuses_a_config_object() -> None:
+    from transformers import LlamaConfig
+
+    with pytest.raises(cudaload.ModelConfigError, match="local path, a Hub id or a Plan"):
+        load(LlamaConfig())

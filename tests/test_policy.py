@@ -292,3 +292,17 @@ def test_explain_names_every_decision() -> None:
     for setting in ("dtype", "attn_implementation", "device_map", "use_kernels"):
         assert setting in text
     assert "x flash_attention_2" in text
+
+
+@pytest.mark.parametrize("bad", ["int8", "fp8", "float64"])
+def test_an_unknown_dtype_is_refused(bad) -> None:
+    with pytest.raises(DtypeUnsupportedError, match="Use 'bfloat16', 'float16', 'float32'"):
+        plan_for(Machine.simulated("A100"), dtype=bad)
+
+
+def test_torch_dtypes_and_aliases_are_accepted() -> None:
+    import torch
+
+    assert plan_for(Machine.simulated("A100"), dtype=torch.float16).dtype == "float16"
+    assert plan_for(Machine.simulated("A100"), dtype="bf16").dtype == "bfloat16"
+    assert plan_for(Machine.simulated("A100"), dtype="auto").dtype == "bfloat16"  # the checkpoint's

@@ -3,13 +3,14 @@ verify with a short forward, and record what was applied. Loaders never decide."
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import CudaloadError, LoadFailedError
+from .errors import CudaloadError, LoadFailedError, ModelConfigError
 from .plans import Plan
 
 __all__ = ["AppliedPlan", "CudaloadWarning", "Fallback", "load"]
@@ -272,6 +273,11 @@ def load(
     - `model.cudaload_plan` is the AppliedPlan: what was asked, chosen, and really applied.
     """
     start = time.perf_counter()
+    if not isinstance(model, (str, os.PathLike, Plan)):
+        raise ModelConfigError(
+            f"load() takes a local path, a Hub id or a Plan, not {type(model).__name__}. To plan from a "
+            "config object use cudaload.plan(config); to load, save the model and pass its folder."
+        )
     if isinstance(model, Plan):
         if overrides:
             raise LoadFailedError("load(plan) takes no overrides: build the plan with them instead.")
@@ -279,7 +285,7 @@ def load(
     else:
         from .planner import plan
 
-        the_plan = plan(model, machine=machine, model_class=model_class, **overrides)
+        the_plan = plan(str(model), machine=machine, model_class=model_class, **overrides)
     planned = time.perf_counter() - start
     loaded = apply_plan(the_plan, model_class=model_class, strict=strict, verify=verify)
     applied: AppliedPlan = loaded.cudaload_plan

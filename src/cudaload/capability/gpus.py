@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from .facts import Gpu
 from .visible import RawDevice, RawMigSlice, visible_gpus
 
-__all__ = ["GpuProbe", "GpuReport", "NvmlProbe", "ProbeFailed", "probe_gpus"]
+__all__ = ["GpuProbe", "GpuReport", "NvmlProbe", "ProbeFailed", "TorchProbe", "late_visibility_warning", "probe_gpus"]
 
 
 class ProbeFailed(Exception):
@@ -171,13 +171,19 @@ class TorchProbe:
         return found
 
 
-def _cuda_already_initialised_warning(visible_count: int) -> str | None:
-    """torch reads CUDA_VISIBLE_DEVICES once, when CUDA starts; later changes are ignored."""
+def _initialised_cuda_device_count() -> int | None:
+    """How many devices CUDA saw when it started in this process; None if it has not started.
+    Never imports torch (if torch is not imported, CUDA cannot have started through it)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
-    seen = torch.cuda.device_count()
-    if seen == visible_count:
+    return int(torch.cuda.device_count())
+
+
+def late_visibility_warning(initialised_count: int | None, visible_count: int) -> str | None:
+    """torch reads CUDA_VISIBLE_DEVICES once, when CUDA starts; later changes are ignored."""
+    seen = initialised_count
+    if seen is None or seen == visible_count:
         return None
     return (
         f"CUDA was initialised in this process with {seen} GPU(s) visible, but CUDA_VISIBLE_DEVICES now "
@@ -206,7 +212,7 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
             gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")
         else:
             gpus, warnings = visible_gpus(raw, env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
-        late = _cuda_already_initialised_warning(len(gpus))
+        late = late_visibility_warning(_initialised_cuda_device_count(), len(gpus))
         return GpuReport(
             gpus, candidate.name, candidate.driver_version(), (*warnings, *([late] if late else [])), tuple(notes)
         )
