@@ -49,6 +49,18 @@ class GpuReport:
     """Why each probe that did not answer failed."""
 
 
+# CUDA cores per SM by compute capability (CUDA C Programming Guide, "Arithmetic
+# Instructions" throughput table): NVML reports cores, not SMs, for a whole GPU.
+_CORES_PER_SM = {(7, 0): 64, (7, 2): 64, (7, 5): 64, (8, 0): 64}
+_CORES_PER_SM_DEFAULT = 128  # sm86, sm87, sm89, sm90, sm100, sm120
+
+
+def multiprocessors_from_cores(cores: int | None, capability: tuple[int, int]) -> int | None:
+    if not cores:
+        return None
+    return cores // _CORES_PER_SM.get(capability, _CORES_PER_SM_DEFAULT)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -114,16 +126,17 @@ class NvmlProbe:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
                 memory = nvml.nvmlDeviceGetMemoryInfo(handle)
                 pci = self._optional("nvmlDeviceGetPciInfo", handle)
+                capability = tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle))
+                cores = self._optional("nvmlDeviceGetNumGpuCores", handle)
                 found.append(
                     RawDevice(
                         nvml_index=i,
                         name=_text(nvml.nvmlDeviceGetName(handle)),
                         uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                        capability=tuple(nvml.nvmlDeviceGetCudaComputeCapability(handle)),
+                        capability=capability,
                         total_memory=int(memory.total),
                         free_memory=int(memory.free),
-                        # NVML reports SM counts only for MIG slices; unknown for a whole GPU.
-                        multiprocessors=None,
+                        multiprocessors=multiprocessors_from_cores(cores, capability),
                         pci_bus_id=_text(pci.busId) if pci is not None else None,
                         mig_slices=self._mig_slices(handle),
                     )
