@@ -50,7 +50,10 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _short(value: Any, width: int = 28) -> str:
+VALUE_WIDTH = 36  # fits "kernels-community/vllm-flash-attn3"
+
+
+def _short(value: Any, width: int) -> str:
     text = value if isinstance(value, str) else json.dumps(_jsonable(value))
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -119,9 +122,10 @@ class Plan:
         width = max(len(d.setting) for d in self.decisions) if self.decisions else 10
         for d in self.decisions:
             mark = " (yours)" if d.source == "user" else ""
-            lines.append(f"  {d.setting:<{width}}  {_short(d.value):<28}  {d.reason}{mark}")
+            lines.append(f"  {d.setting:<{width}}  {_short(d.value, VALUE_WIDTH):<{VALUE_WIDTH}}  {d.reason}{mark}")
             for r in d.rejected:
-                lines.append(f"  {'':<{width}}    x {_short(r.value, 26):<26}  {r.reason}")
+                rejected = _short(r.value, VALUE_WIDTH - 2)
+                lines.append(f"  {'':<{width}}  x {rejected:<{VALUE_WIDTH - 2}}  {r.reason}")
         estimate = self.extras.get("memory_estimate")
         if estimate:
             assumes = estimate["assumes"]
