@@ -328,8 +328,14 @@ def test_changing_visibility_after_cuda_started_is_warned() -> None:
 
 @pytest.mark.parametrize(
     ("cores", "capability", "sms"),
-    [(6912, (8, 0), 108), (16896, (9, 0), 132), (2560, (7, 5), 40), (5120, (7, 0), 80), (16384, (8, 9), 128),
-     (None, (9, 0), None)],
+    [
+        (6912, (8, 0), 108),
+        (16896, (9, 0), 132),
+        (2560, (7, 5), 40),
+        (5120, (7, 0), 80),
+        (16384, (8, 9), 128),
+        (None, (9, 0), None),
+    ],
 )
 def test_sm_count_from_nvml_cores(cores, capability, sms) -> None:
     from cudaload.capability.gpus import multiprocessors_from_cores

@@ -1,4 +1,4 @@
-"""`cudaload doctor | plan | demo` (also `python -m cudaload`)."""
+"""`cudaload doctor | plan | bench | demo` (also `python -m cudaload`)."""
 
 from __future__ import annotations
 
@@ -149,6 +149,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--attn", dest="attn_implementation")
     plan.add_argument("--json", action="store_true")
 
+    bench = sub.add_parser("bench", help="time the plan against every dtype x attention alternative here")
+    bench.add_argument("--quick", action="store_true", help="a tiny model: a smoke test in seconds")
+    bench.add_argument("--out", help="write the result JSON here")
+
     demo = sub.add_parser("demo", help="build a tiny model, plan and load it here, print the plan")
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
     return parser
@@ -174,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
             result = plan(args.model, machine=_simulated(args), **overrides)
             print(result.to_json() if args.json else result.explain())
+        elif args.command == "bench":
+            from .bench import format_report, run_bench
+
+            print(format_report(run_bench(quick=args.quick, out=args.out)))
         elif args.command == "demo":
             from .demo import run_demo
 

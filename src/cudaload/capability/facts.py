@@ -67,8 +67,8 @@ class Cpu:
     def fast_bf16(self) -> bool:
         """bf16 matmuls beat fp32 here: AMX tiles only.
 
-        Measured (benchmarks/results): a Xeon with AMX ran a bf16 prefill 4.3x faster
-        than fp32; a Xeon with AVX512-BF16 but no AMX ran it 1.6x slower; an AVX2 EPYC
+        Measured (benchmarks/README.md): a Xeon with AMX ran a bf16 prefill 4.3x faster
+        than fp32; a Xeon with AVX512-BF16 but no AMX ran it 1.4x slower; an AVX2 EPYC
         4.1x slower.
         """
         return "amx_bf16" in self.flags

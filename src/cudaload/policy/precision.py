@@ -61,28 +61,7 @@ def decide_dtype(machine: Machine, model: ModelFacts, requested: str | None) -> 
     ckpt = model.checkpoint_dtype
     gpu = machine.weakest_gpu
     if gpu is None:
-        if machine.cpu.fast_bf16:
-            return Decision(
-                "dtype",
-                "bfloat16",
-                "CPU has AMX-BF16: bf16 matmuls run on tiles (prefill measured 4.3x faster than fp32)",
-                (
-                    Rejected("float32", "2x the memory and slower on AMX"),
-                    Rejected("float16", "no fp16 matmul speed-up on this CPU"),
-                ),
-            ), ()
-        why_not = (
-            "AVX512-BF16 without AMX (measured 1.6x slower prefill)"
-            if machine.cpu.bf16_instructions
-            else "no bf16 instructions (AVX2: measured 4.1x slower prefill)"
-        )
-        return Decision(
-            "dtype",
-            "float32",
-            "CPU without AMX: fp32 matmuls are fastest here; decode is memory-bound and can favour bf16 "
-            "(measured 1.45x), pass dtype='bfloat16' for decode-heavy use",
-            (Rejected("bfloat16", why_not), Rejected("float16", "emulated on CPU: slower than fp32")),
-        ), ()
+        return _cpu_dtype(machine), ()
     where = f"{gpu.name} ({gpu.sm})"
     if gpu.bf16:
         if ckpt == "float16":
@@ -120,3 +99,41 @@ def decide_dtype(machine: Machine, model: ModelFacts, requested: str | None) -> 
         f"{where} predates bf16 (sm80): fp16 runs on its tensor cores",
         (bf16_no, Rejected("float32", "2x memory and no tensor-core speed")),
     ), ()
+
+
+def _cpu_dtype(machine: Machine) -> Decision:
+    """bf16 only with AMX; fp16 is never chosen for you on CPU (overflow risk with real weights).
+
+    Measured prefill, bf16 vs fp32 (benchmarks/README.md): 4.3x faster on an AMX Xeon, 1.4x
+    slower on an AVX512-BF16 Xeon without AMX, 4.1x slower on an AVX2 EPYC.
+    """
+    cpu = machine.cpu
+    fp16 = (
+        Rejected(
+            "float16",
+            "AVX512-FP16 runs it natively (~8% faster prefill than fp32 measured on such a Xeon), "
+            "but fp16 overflows in some models; pass dtype='float16' to take that trade",
+        )
+        if "avx512_fp16" in cpu.flags or "amx_fp16" in cpu.flags
+        else Rejected("float16", "no native fp16 on this CPU: converted op by op, slower than fp32")
+    )
+    if cpu.fast_bf16:
+        return Decision(
+            "dtype",
+            "bfloat16",
+            "CPU has AMX-BF16: bf16 matmuls run on tiles (prefill measured 4.3x faster than fp32)",
+            (Rejected("float32", "2x the memory and slower on AMX"), fp16),
+        )
+    why_not = (
+        "AVX512-BF16 without AMX: prefill measured 1.4x slower than fp32"
+        if cpu.bf16_instructions
+        else "no bf16 instructions: prefill measured 4.1x slower than fp32 (AVX2)"
+    )
+    return Decision(
+        "dtype",
+        "float32",
+        "CPU without AMX: fp32 matmuls are fastest for prefill; decode is memory-bound, so bf16 (half the "
+        "bytes) can win there (1.45x on an AVX2 EPYC, no gain on an AVX512-BF16 Xeon): pass dtype='bfloat16' "
+        "for decode-heavy use",
+        (Rejected("bfloat16", why_not), fp16),
+    )
