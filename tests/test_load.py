@@ -158,3 +158,19 @@ def test_load_refuses_a_config_object() -> None:
 
     with pytest.raises(cudaload.ModelConfigError, match="local path, a Hub id or a Plan"):
         load(LlamaConfig())
+
+
+def test_a_link_that_cannot_be_switched_to_is_skipped(tiny_models) -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("nan_attention", _nan_attention)
+    plan = cudaload.plan(str(tiny_models["qwen3"]))
+    chain = ("nan_attention", "flash_attention_2", "sdpa", "eager")  # FA2 cannot be set on a CPU model
+    broken = replace(plan.with_attention("nan_attention"), attention_chain=chain)
+    model = load(broken)
+    applied = model.cudaload_plan
+    assert [f.option for f in applied.fallbacks] == ["nan_attention", "flash_attention_2"]
+    # In a fresh process transformers refuses to set FA2 ("switch"); once an earlier failed Hub-kernel
+    # fetch has half-registered it, setting works and the test forward fails ("verify"). Both are caught.
+    assert applied.fallbacks[1].phase in ("switch", "verify")
+    assert applied.attn_implementation == model.config._attn_implementation == "sdpa"

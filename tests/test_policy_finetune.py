@@ -145,3 +145,14 @@ def test_lora_defaults_and_overrides() -> None:
     assert custom.extras["lora"]["r"] == 64 and custom.decision("lora").source == "user"
     with pytest.raises(FinetuneConfigError, match="match no linear layer"):
         finetune(Machine.simulated("A100", packages=BNB), lora={"target_modules": ["c_attn"]})
+
+
+def test_quantize_and_a_quantization_config_together_are_refused() -> None:
+    from cudaload import plan
+
+    machine = Machine.simulated("A100", packages=BNB)
+    with pytest.raises(QuantizationError, match="Both quantize='auto' and quantization_config"):
+        plan(llama(1), machine=machine, finetune=True, quantization_config={"load_in_4bit": True})
+    mine = plan(llama(1), machine=machine, finetune=True, quantize=None, quantization_config={"load_in_8bit": True})
+    assert mine.kwargs["quantization_config"] == {"load_in_8bit": True}
+    assert "quantization_config" in mine.explicit

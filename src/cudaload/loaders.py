@@ -26,7 +26,8 @@ class Fallback:
 
     option: str
     phase: str
-    """"load" (from_pretrained raised) or "verify" (the test forward raised or gave non-finite logits)."""
+    """"load" (from_pretrained raised), "verify" (the test forward raised or gave non-finite
+    logits) or "switch" (set_attn_implementation refused it on the loaded model)."""
     error: str
 
 
@@ -167,6 +168,23 @@ def _from_pretrained(auto: Any, plan: Plan) -> Any:
     return auto.from_pretrained(plan.model, **plan.from_pretrained_kwargs())
 
 
+def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[Fallback]) -> int:
+    """Switch the loaded model in place to chain[index] (no weights are read again); an option
+    that cannot even be set is recorded and skipped. Returns the index now in use."""
+    while True:
+        try:
+            model.set_attn_implementation(chain[index])
+            return index
+        except Exception as exc:
+            if index == len(chain) - 1 or not _attention_related(exc, chain[index]):
+                raise LoadFailedError(
+                    f"Could not switch to attn_implementation={chain[index]!r} after the others failed: "
+                    f"{_describe(exc)}. Tried: {', '.join(f.option for f in fallbacks)}."
+                ) from exc
+            fallbacks.append(Fallback(chain[index], "switch", _describe(exc)))
+            index += 1
+
+
 def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, training: bool = False) -> Any:
     """Load `plan.model` with `plan`, falling back along `plan.attention_chain`."""
     auto = _auto_class(model_class)
@@ -175,7 +193,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
     chain = list(plan.attention_chain)
 
-    def give_up(option: str, phase: str, cause: str, exc: BaseException | None = None) -> LoadFailedError:
+    def give_up(option: str, phase: str, cause: str) -> LoadFailedError:
         tried = "".join(f"\n  {f.option} ({f.phase}): {f.error}" for f in fallbacks)
         why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
         return LoadFailedError(
@@ -222,9 +240,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
             if not can_fall_back or index == len(chain) - 1:
                 raise give_up(option, "verify", problem)
             fallbacks.append(Fallback(option, "verify", problem))
-            index += 1
-            # Switch the loaded model in place: no weights are read again.
-            model.set_attn_implementation(chain[index])
+            index = _switch_attention(model, chain, index + 1, fallbacks)
         timings["verify"] = time.perf_counter() - start
 
     applied_plan = replace(plan.with_attention(chain[index]), attention_chain=tuple(chain[index:]))

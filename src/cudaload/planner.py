@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .capability.facts import Machine
-from .errors import DtypeUnsupportedError, FinetuneConfigError
+from .errors import DtypeUnsupportedError, FinetuneConfigError, QuantizationError
 from .model_facts import ModelFacts, read_model_facts
 from .plans import Plan
 from .policy import Request, make_plan
@@ -52,6 +52,11 @@ def plan(
     """
     if not finetune and lora is not None:
         raise FinetuneConfigError("lora= only applies to a fine-tuning plan: pass finetune=True.")
+    if finetune and quantize is not None and "quantization_config" in overrides:
+        raise QuantizationError(
+            f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
+            "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
+        )
     if machine is None:
         from .capability import detect
 
