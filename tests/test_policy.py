@@ -9,17 +9,13 @@ import pytest
 from cudaload import AttentionUnavailableError, DtypeUnsupportedError, Machine, MissingPackageError, PlacementError
 from cudaload.capability.facts import Launch
 from cudaload.catalog import KNOWN_GPUS
-from cudaload.model_facts import ModelFacts
+from cudaload.model_facts import ModelFacts, any_model
 from cudaload.policy import Request, make_plan
 
-LLAMA_8B = ModelFacts(
+LLAMA_8B = replace(
+    any_model(),
     source="llama-8b",
-    model_type="llama",
     model_class="LlamaForCausalLM",
-    auto_class="AutoModelForCausalLM",
-    supports_flash=True,
-    supports_sdpa=True,
-    supports_flex=True,
     parameters=8_030_000_000,
     checkpoint_dtype="bfloat16",
     head_dim=128,

@@ -8,7 +8,7 @@ import pytest
 
 from cudaload import FinetuneConfigError, Machine, MissingPackageError, PlacementError, QuantizationError
 from cudaload.capability.facts import Launch
-from cudaload.model_facts import ModelFacts
+from cudaload.model_facts import ModelFacts, any_model
 from cudaload.policy import Request, make_plan
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
@@ -29,14 +29,10 @@ def llama(billions: float) -> ModelFacts:
         ("down_proj", 14336, 4096, layers),
     )
     linear = sum(i * o * n for _, i, o, n in shapes)
-    return ModelFacts(
+    return replace(
+        any_model(),
         source=f"llama-{billions}b",
-        model_type="llama",
         model_class="LlamaForCausalLM",
-        auto_class="AutoModelForCausalLM",
-        supports_flash=True,
-        supports_sdpa=True,
-        supports_flex=True,
         parameters=linear + 2 * 128256 * 4096,
         checkpoint_dtype="bfloat16",
         head_dim=128,

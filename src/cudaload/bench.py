@@ -21,12 +21,15 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from .loaders import input_device
+from .plans import jsonable
 
 __all__ = ["DTYPES", "default_result_name", "format_report", "run_bench"]
 
@@ -183,16 +186,6 @@ class _StepClock:
         self.sync()
         self.stamps.append(time.perf_counter())
         return scores
-
-
-def _input_device(model: Any) -> Any:
-    device_map = getattr(model, "hf_device_map", None)
-    if device_map:
-        first = next(iter(device_map.values()))
-        if isinstance(first, int):
-            return f"cuda:{first}"
-        return "cpu" if str(first) in ("cpu", "disk") else str(first)
-    return model.device
 
 
 @contextmanager
@@ -440,7 +433,7 @@ def _measure(
     model: Any, prompt: Any, new_tokens: int, sync: Callable[[], None], torch: Any
 ) -> tuple[tuple[bool, float], float, float]:
     """((finite logits, prefill seconds), decode tokens/s, generate seconds) for one round."""
-    device = _input_device(model)
+    device = input_device(model)
     ids = prompt.to(device)
     mask = torch.ones_like(ids)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -553,7 +546,7 @@ def _result(
                     "prefill": _paired(v.runs["prefill_s"], baseline.runs["prefill_s"]) if ok and baseline else None,
                     "decode": _paired(baseline.runs["decode_tps"], v.runs["decode_tps"]) if ok and baseline else None,
                 },
-                "kwargs": _jsonable(v.kwargs),
+                "kwargs": jsonable(v.kwargs),
             }
         )
     done = [r for r in rows if r["ok"]]
@@ -589,7 +582,7 @@ def _result(
             "time from the first to the last token's logits",
         },
         "plan": {
-            "kwargs": _jsonable(dict(the_plan.kwargs)),
+            "kwargs": jsonable(dict(the_plan.kwargs)),
             "attention_chain": list(the_plan.attention_chain),
             "variant": next(r["name"] for r in rows if r["is_plan"]),
             "decisions": [d.to_dict() for d in the_plan.decisions],
@@ -602,16 +595,6 @@ def _result(
         "variants": rows,
         "best": best,
     }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -107,7 +107,7 @@ def _first_float_dtype(model: Any) -> str:
     return "unknown"
 
 
-def _input_device(model: Any) -> Any:
+def input_device(model: Any) -> Any:
     """Where inputs go: the first device of a dispatched model (accelerate's hooks move the
     rest; "cpu"/"disk" entries mean CPU), else the model's device."""
     device_map = getattr(model, "hf_device_map", None)
@@ -132,7 +132,7 @@ def _verify(model: Any, training: bool) -> tuple[str, BaseException | None] | No
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     if vocab < 8:
         return None
-    ids = (torch.arange(1, 9).unsqueeze(0) % vocab).to(_input_device(model))
+    ids = (torch.arange(1, 9).unsqueeze(0) % vocab).to(input_device(model))
     model.train(training)
     try:
         with torch.no_grad() if training else torch.inference_mode():

@@ -33,18 +33,18 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return {
             "setting": self.setting,
-            "value": _jsonable(self.value),
+            "value": jsonable(self.value),
             "reason": self.reason,
             "source": self.source,
-            "rejected": [{"value": _jsonable(r.value), "reason": r.reason} for r in self.rejected],
+            "rejected": [{"value": jsonable(r.value), "reason": r.reason} for r in self.rejected],
         }
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
@@ -54,7 +54,7 @@ VALUE_WIDTH = 36  # fits "kernels-community/vllm-flash-attn3"
 
 
 def _short(value: Any, width: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(_jsonable(value))
+    text = value if isinstance(value, str) else json.dumps(jsonable(value))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -106,11 +106,11 @@ class Plan:
         return {
             "model": self.model,
             "machine": self.machine,
-            "kwargs": _jsonable(self.kwargs),
+            "kwargs": jsonable(self.kwargs),
             "attention_chain": list(self.attention_chain),
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
-            "extras": _jsonable(self.extras),
+            "extras": jsonable(self.extras),
         }
 
     def to_json(self) -> str:
