@@ -174,3 +174,12 @@ def test_a_link_that_cannot_be_switched_to_is_skipped(tiny_models) -> None:
     # fetch has half-registered it, setting works and the test forward fails ("verify"). Both are caught.
     assert applied.fallbacks[1].phase in ("switch", "verify")
     assert applied.attn_implementation == model.config._attn_implementation == "sdpa"
+
+
+def test_other_auto_classes_load_through_the_same_plan(tiny_models) -> None:
+    model = load(str(tiny_models["llama"]), model_class="AutoModelForSequenceClassification")
+    assert type(model).__name__ == "LlamaForSequenceClassification"
+    assert model.cudaload_plan.verified is True
+    assert model.cudaload_plan.attn_implementation == model.config._attn_implementation
+    with pytest.raises(cudaload.ModelConfigError, match="model_class='AutoNothing': transformers has no such"):
+        load(str(tiny_models["llama"]), model_class="AutoNothing")

@@ -118,7 +118,10 @@ def _model_class(config: Any, auto_class: str) -> type:
 
     auto = getattr(transformers, auto_class, None)
     if auto is None:
-        raise ModelConfigError(f"transformers has no Auto class {auto_class!r}.")
+        raise ModelConfigError(
+            f"model_class={auto_class!r}: transformers has no such Auto class. Pass the name of one, e.g. "
+            "'AutoModelForCausalLM' or 'AutoModelForSequenceClassification'."
+        )
     if type(config) in auto._model_mapping:
         return auto._model_mapping[type(config)]  # type: ignore[no-any-return]
     auto_map = getattr(config, "auto_map", None) or {}
