@@ -341,3 +341,18 @@ def test_sm_count_from_nvml_cores(cores, capability, sms) -> None:
     from cudaload.capability.gpus import multiprocessors_from_cores
 
     assert multiprocessors_from_cores(cores, capability) == sms
+
+
+def test_hub_reachability_is_reported_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    from cudaload.capability.software import check_hub_reachable
+
+    ok, why = check_hub_reachable("kernels-community/flash-attn2", offline=True)
+    assert not ok and "HF_HUB_OFFLINE" in why
+    # A closed port on loopback: the request fails at once and the answer says how.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    ok, why = check_hub_reachable(
+        "kernels-community/flash-attn2", offline=False, endpoint="http://127.0.0.1:9", timeout=2
+    )
+    assert not ok and why.startswith(("ConnectError", "ConnectionError")), why

@@ -36,10 +36,25 @@ def _backends(machine: Machine) -> dict[str, Any]:
     }
 
 
-def _doctor(machine: Machine, as_json: bool) -> str:
+def _hub_reachability(machine: Machine) -> dict[str, str]:
+    from .capability.software import check_hub_reachable
+
+    report = {}
+    for kernel in machine.hub.kernels:
+        ok, why = check_hub_reachable(kernel.repo, offline=machine.hub.offline)
+        report[kernel.repo] = ("yes: " if ok else "no: ") + why
+    return report
+
+
+def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
     backends = _backends(machine)
+    reachable = _hub_reachability(machine) if check_hub else None
     if as_json:
-        return json.dumps({"machine": dataclasses.asdict(machine), "backends": backends}, indent=2, default=str)
+        return json.dumps(
+            {"machine": dataclasses.asdict(machine), "backends": backends, "hub_reachable": reachable},
+            indent=2,
+            default=str,
+        )
     sw = machine.software
     lines = ["cudaload doctor", "", "GPUs (as this process sees them):"]
     if not machine.gpus:
@@ -64,6 +79,10 @@ def _doctor(machine: Machine, as_json: bool) -> str:
         lines.append(f"  transformers accepts kernels in [{sw.kernels_range[0]}, {sw.kernels_range[1]})")
     lines += ["", f"Hub: {'offline (HF_HUB_OFFLINE)' if machine.hub.offline else 'online mode'}"]
     lines += [f"  {k.repo} v{k.version}: {k.detail}" for k in machine.hub.kernels]
+    if reachable is None:
+        lines.append("  (not asked whether they can be fetched now: cudaload doctor --check-hub)")
+    else:
+        lines += [f"  fetch {repo} now: {answer}" for repo, answer in reachable.items()]
     launch = machine.launch
     lines += [
         "",
@@ -117,6 +136,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="what this machine has, and what loading gets here")
     doctor.add_argument("--json", action="store_true")
+    doctor.add_argument(
+        "--check-hub",
+        action="store_true",
+        help="also ask the Hub whether each attention kernel can be fetched now (network)",
+    )
 
     plan = sub.add_parser("plan", help="the from_pretrained plan for a model, here or on a simulated machine")
     plan.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
@@ -164,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             from .capability import detect
 
-            print(_doctor(detect(), args.json))
+            print(_doctor(detect(), args.json, args.check_hub))
         elif args.command == "plan":
             from .planner import plan
 

@@ -19,7 +19,14 @@ from pathlib import Path
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
 from .facts import Hub, HubKernel, Software
 
-__all__ = ["find_cached_kernel", "flash_provided", "hub_cache_dir", "probe_hub", "probe_software"]
+__all__ = [
+    "check_hub_reachable",
+    "find_cached_kernel",
+    "flash_provided",
+    "hub_cache_dir",
+    "probe_hub",
+    "probe_software",
+]
 
 PACKAGES = (
     "torch",
@@ -176,3 +183,21 @@ def probe_hub(env: Mapping[str, str], software: Software) -> Hub:
         else:
             kernels.append(find_cached_kernel(cache, repo, version, torch_version, software.torch_cuda))
     return Hub(offline=offline, kernels=tuple(kernels))
+
+
+def check_hub_reachable(
+    repo: str, *, offline: bool, timeout: float = 5.0, endpoint: str | None = None
+) -> tuple[bool, str]:
+    """Can `repo` (a Hub kernel repository) be fetched right now? One metadata request, bounded
+    by `timeout`. Only `cudaload doctor --check-hub` calls this: detection itself never touches
+    the network."""
+    if offline:
+        return False, "HF_HUB_OFFLINE is set: nothing is fetched"
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint).repo_info(repo, repo_type="kernel", timeout=timeout)
+    except Exception as exc:  # any failure means "cannot fetch now"; say which
+        lines = str(exc).strip().splitlines()
+        return False, f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return True, f"reachable (revision {str(getattr(info, 'sha', '') or '')[:12] or 'unknown'})"
