@@ -43,3 +43,56 @@ def test_bad_input_exits_2_with_the_library_message(tiny_models, capsys: pytest.
 def test_python_dash_m_runs_the_cli() -> None:
     out = subprocess.run([sys.executable, "-m", "cudaload", "doctor"], capture_output=True, text=True, check=True)
     assert "What you get here" in out.stdout
+
+
+def test_launch_flags_plan_this_machine_under_a_launcher(tiny_models, capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(tiny_models["llama"])
+    assert main(["plan", path, "--world-size", "4", "--strategy", "fsdp", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "device_map" not in plan["kwargs"]  # FSDP places parameters itself
+    assert (
+        main(
+            [
+                "plan",
+                path,
+                "--gpu",
+                "A100",
+                "--count",
+                "2",
+                "--world-size",
+                "2",
+                "--strategy",
+                "deepspeed",
+                "--zero-stage",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert "device_map" not in json.loads(capsys.readouterr().out)["kwargs"]
+    assert main(["plan", path, "--gpu", "A100", "--count", "2", "--world-size", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kwargs"]["device_map"] == {"": 0}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--count", "4"], "--count needs --gpu"),
+        (["--strategy", "fsdp"], "add --world-size"),
+        (["--world-size", "2", "--zero-stage", "3"], "--zero-stage goes with --strategy deepspeed"),
+        (["--gpu", "T4", "--with", "flash-attn"], "PKG==VERSION"),
+    ],
+)
+def test_inconsistent_flags_are_refused(tiny_models, capsys: pytest.CaptureFixture[str], argv, message) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", str(tiny_models["llama"]), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_model_without_logits_is_not_called_verified(tiny_models) -> None:
+    from cudaload import load
+
+    model = load(str(tiny_models["llama"]), model_class="AutoModel")
+    assert model.cudaload_plan.verified is None

@@ -56,6 +56,10 @@ def test_a_failing_flash_attention_falls_back_and_says_why(tiny_models) -> None:
     assert applied.fallbacks[0].phase in ("load", "verify") and applied.fallbacks[0].error
     assert applied.attn_implementation == model.config._attn_implementation == "sdpa"
     assert applied.plan.attention_chain == ("sdpa", "eager")
+    # The plan as applied says what worked and why the planned choice was dropped.
+    decision = applied.plan.decision("attn_implementation")
+    assert decision.value == "sdpa" and "flash_attention_2" in decision.reason
+    assert decision.rejected[0].value == "flash_attention_2" and "failed at" in decision.rejected[0].reason
     with torch.inference_mode():
         assert torch.isfinite(model(IDS).logits).all()
 

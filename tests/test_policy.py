@@ -131,6 +131,10 @@ def test_softcapping_models_skip_sdpa() -> None:
     gemma2 = replace(LLAMA_8B, model_type="gemma2", softcap=50.0)
     assert plan_for(Machine.simulated("T4"), gemma2).attention_chain == ("eager",)
     assert plan_for(Machine.simulated("A100", packages=FA2), gemma2).attention_chain == ("flash_attention_2", "eager")
+    hopper = plan_for(Machine.simulated("H100", packages={**FA2, **FA3, **FA4}), gemma2)
+    assert hopper.attention_chain == ("flash_attention_2", "eager")
+    rejected = {r.value: r.reason for r in hopper.decision("attn_implementation").rejected}
+    assert "softcapping" in rejected["flash_attention_3"] and "softcapping" in rejected["flash_attention_4"]
 
 
 @pytest.mark.parametrize(

@@ -103,23 +103,40 @@ def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _simulated(args: argparse.Namespace) -> Machine | None:
-    if not (args.gpu or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):
+def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
+    if args.world_size <= 1:
+        if args.strategy or args.zero_stage is not None:
+            parser.error("--strategy and --zero-stage describe a distributed launch: add --world-size N (N > 1)")
         return None
+    if args.zero_stage is not None and args.strategy != "deepspeed":
+        parser.error("--zero-stage goes with --strategy deepspeed")
+    return Launch(
+        launcher="torchrun",
+        world_size=args.world_size,
+        local_world_size=args.world_size,
+        strategy=args.strategy or "ddp",
+        zero_stage=args.zero_stage,
+    )
+
+
+def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machine | None:
+    """The machine to plan for: simulated when any simulation flag is given, this one under a
+    simulated launch with only --world-size, else None (this machine as detected)."""
+    launch = _launch(args, parser)
+    if args.count != 1 and not args.gpu:
+        parser.error("--count needs --gpu: it repeats a simulated GPU")
+    if not (args.gpu or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):
+        if launch is None:
+            return None
+        from .capability import detect
+
+        return dataclasses.replace(detect(), launch=launch)
     packages = {}
     for spec in args.packages:
         name, sep, version = spec.partition("==")
         if not sep:
-            raise SystemExit(f"--with expects PKG==VERSION, got {spec!r}")
+            parser.error(f"--with expects PKG==VERSION, got {spec!r}")
         packages[name] = version
-    launch = Launch()
-    if args.world_size > 1:
-        launch = Launch(
-            launcher="torchrun",
-            world_size=args.world_size,
-            local_world_size=args.world_size,
-            strategy=args.strategy or "ddp",
-        )
     return Machine.simulated(
         args.gpu.split(",") if args.gpu and "," in args.gpu else args.gpu,
         count=args.count,
@@ -127,7 +144,7 @@ def _simulated(args: argparse.Namespace) -> Machine | None:
         offline=args.offline,
         cached_kernels=args.cached_kernel,
         cpu_flags=args.cpu_flags.split(",") if args.cpu_flags else ("avx2",),
-        launch=launch,
+        launch=launch or Launch(),
     )
 
 
@@ -165,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
     plan.add_argument("--world-size", type=int, default=1, help="simulate a torchrun launch")
     plan.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"])
+    plan.add_argument("--zero-stage", type=int, choices=[1, 2, 3], help="with --strategy deepspeed")
     plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
     plan.add_argument("--quantize", default="auto", help="with --finetune: 4bit, 8bit, none or auto")
     plan.add_argument("--seq-len", type=int, default=2048, help="with --finetune: sequence length for the estimate")
@@ -183,7 +201,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     try:
         if args.command == "doctor":
             from .capability import detect
@@ -200,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "seq_len": args.seq_len,
                     "batch_size": args.batch_size,
                 }
-            result = plan(args.model, machine=_simulated(args), **overrides)
+            result = plan(args.model, machine=_machine(args, parser), **overrides)
             print(result.to_json() if args.json else result.explain())
         elif args.command == "bench":
             from .bench import format_report, run_bench

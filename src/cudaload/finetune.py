@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -59,6 +60,7 @@ def load_for_finetune(
         raise MissingPackageError("load_for_finetune needs peft: pip install 'cudaload[finetune]'.") from exc
     from .planner import plan
 
+    start = time.perf_counter()
     the_plan = plan(
         model,
         machine=machine,
@@ -71,13 +73,16 @@ def load_for_finetune(
         batch_size=batch_size,
         **overrides,
     )
+    planned = time.perf_counter() - start
     base = apply_plan(the_plan, model_class=model_class, strict=strict, verify=True, training=True)
     _prepare(base, gradient_checkpointing)
     peft_model = get_peft_model(base, LoraConfig(**the_plan.extras["lora"]))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     applied = base.cudaload_plan
     peft_model.cudaload_plan = replace(
-        applied, plan=replace(applied.plan, extras={**applied.plan.extras, "trainable_parameters": trainable})
+        applied,
+        plan=replace(applied.plan, extras={**applied.plan.extras, "trainable_parameters": trainable}),
+        timings={"plan": planned, **applied.timings},
     )
     return peft_model
 

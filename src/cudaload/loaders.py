@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import CudaloadError, LoadFailedError, ModelConfigError
-from .plans import Plan
+from .plans import Decision, Plan, Rejected
 
 __all__ = ["AppliedPlan", "CudaloadWarning", "Fallback", "load"]
 
@@ -119,8 +119,13 @@ def input_device(model: Any) -> Any:
     return model.device
 
 
-def _verify(model: Any, training: bool) -> tuple[str, BaseException | None] | None:
-    """A short forward; None when the logits are finite, else (problem, exception or None).
+_PASSED = ("passed", None)
+_SKIPPED = ("skipped", None)
+
+
+def _verify(model: Any, training: bool) -> tuple[str, BaseException | None]:
+    """A short forward: _PASSED when the logits are finite, _SKIPPED when the model takes no
+    token ids or returns no logits, else (the problem, the exception or None).
 
     For a model about to be trained the forward runs in train mode under no_grad: an
     eval-mode inference forward lets bitsandbytes (0.50, AVX512-BF16 CPUs) repack 4-bit
@@ -131,7 +136,7 @@ def _verify(model: Any, training: bool) -> tuple[str, BaseException | None] | No
 
     vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
     if vocab < 8:
-        return None
+        return _SKIPPED
     ids = (torch.arange(1, 9).unsqueeze(0) % vocab).to(input_device(model))
     model.train(training)
     try:
@@ -141,10 +146,10 @@ def _verify(model: Any, training: bool) -> tuple[str, BaseException | None] | No
         return _describe(exc), exc
     logits = getattr(out, "logits", None)
     if logits is None:
-        return None
+        return _SKIPPED
     if not torch.isfinite(logits).all():
         return "the test forward gave non-finite logits", None
-    return None
+    return _PASSED
 
 
 def _offloaded(device_map: Mapping[str, Any] | None, has_gpu: bool) -> tuple[str, ...]:
@@ -166,6 +171,22 @@ def _warn_once(message: str) -> None:
 
 def _from_pretrained(auto: Any, plan: Plan) -> Any:
     return auto.from_pretrained(plan.model, **plan.from_pretrained_kwargs())
+
+
+def _as_applied(plan: Plan, chain: list[str], fallbacks: list[Fallback]) -> Plan:
+    """The plan as applied: the attention that worked, with the failed links among its rejections."""
+    if not fallbacks:
+        return plan
+    planned = plan.decision("attn_implementation")
+    applied = Decision(
+        "attn_implementation",
+        chain[0],
+        f"fell back to it: {', '.join(f.option for f in fallbacks)} failed (see applied)",
+        (*(Rejected(f.option, f"failed at {f.phase}: {f.error}") for f in fallbacks), *planned.rejected),
+        planned.source,
+    )
+    decisions = tuple(applied if d is planned else d for d in plan.decisions)
+    return replace(plan.with_attention(chain[0]), attention_chain=tuple(chain), decisions=decisions)
 
 
 def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[Fallback]) -> int:
@@ -226,11 +247,11 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
         start = time.perf_counter()
         while True:
             option = chain[index]
-            failure = _verify(model, training)
-            if failure is None:
-                verified = True
+            outcome = _verify(model, training)
+            if outcome in (_PASSED, _SKIPPED):
+                verified = True if outcome is _PASSED else None
                 break
-            problem, error = failure
+            problem, error = outcome
             if error is not None and not _attention_related(error, option):
                 raise LoadFailedError(
                     f"{plan.model} loaded, but a test forward failed for a reason unrelated to attention: "
@@ -243,7 +264,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
             index = _switch_attention(model, chain, index + 1, fallbacks)
         timings["verify"] = time.perf_counter() - start
 
-    applied_plan = replace(plan.with_attention(chain[index]), attention_chain=tuple(chain[index:]))
+    applied_plan = _as_applied(plan, chain[index:], fallbacks)
     device_map = getattr(model, "hf_device_map", None)
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
     notes = list(plan.warnings)

@@ -45,7 +45,8 @@ class ModelFacts:
     hidden_size: int | None = None
     sliding_window: int | None = None
     softcap: float | None = None
-    """`attn_logit_softcapping` (Gemma 2): SDPA and FA kernels other than FA2 ignore it."""
+    """`attn_logit_softcapping` (Gemma 2): SDPA cannot apply it; of the FlashAttention kernels only
+    FA2 is known to (transformers raises for a kernel without it)."""
     quantized: str | None = None
     """The checkpoint's `quantization_config.quant_method`, if already quantized."""
     remote_code: bool = False

@@ -83,7 +83,9 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         decisions.append(Decision("max_memory", kwargs["max_memory"], "your choice", source="user"))
     elif max_memory is not None:
         kwargs["max_memory"] = max_memory
-        decisions.append(Decision("max_memory", max_memory, "per-device budget from detected free memory"))
+        decisions.append(
+            Decision("max_memory", max_memory, "80% of each device's free memory (total memory when free is unknown)")
+        )
     if use_kernels.value:
         kwargs["use_kernels"] = True
     for key, value in request.passthrough.items():

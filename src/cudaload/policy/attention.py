@@ -43,6 +43,10 @@ def _flash(machine: Machine, model: ModelFacts, dtype: str, name: str) -> tuple[
         return None, "FlashAttention runs only in fp16/bf16; the dtype is float32"
     if not model.supports_flash:
         return None, f"{model.model_class} does not support FlashAttention"
+    if model.softcap and name != "flash_attention_2":
+        # transformers passes softcap only to kernels whose signature has it and raises otherwise;
+        # FA2 (2.6+) is the one known to apply it in forward and backward.
+        return None, f"attn_logit_softcapping={model.softcap}: only FlashAttention-2 is known to apply it"
     if machine.software.has(option.distribution):
         return name, f"{option.distribution} {machine.software.version(option.distribution)} installed"
     ok, why = _hub_kernel(machine, option.hub_repo)

@@ -92,6 +92,12 @@ def decide_training_arguments(
             Rejected("paged_adamw_8bit", "needs CUDA"),
         )
         add("dataloader_pin_memory", False, "no GPU to copy to: pinned memory only costs (torch warns)")
+        add(
+            "use_cpu",
+            True,
+            "without it Trainer under torchrun on a CPU-only machine runs each rank alone "
+            "(world size 1, no gradient averaging)",
+        )
     add(
         "gradient_checkpointing",
         checkpointing,

@@ -109,7 +109,8 @@ def decide_placement(
             Decision(
                 "device_map",
                 "auto",
-                f"{size} exceed one GPU: spread over {len(budgets)} GPUs with max_memory from NVML (80% of free)",
+                f"{size} exceed one GPU: spread over {len(budgets)} GPUs with an explicit max_memory "
+                "(80% of each one's free memory)",
             ),
             max_memory,
             (),

@@ -71,7 +71,7 @@ def decide_quantization(
         if not usable:
             raise MissingPackageError(f"quantize={requested!r} was asked, but {why}.")
         detail = (
-            f"nf4 + double quant, compute in {dtype} (never the slow float32 default)"
+            f"nf4 + double quant, compute dtype = the plan's dtype ({dtype}), not BitsAndBytesConfig's default"
             if requested == "4bit"
             else "LLM.int8"
         )
