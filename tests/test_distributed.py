@@ -57,3 +57,26 @@ def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
         assert report["quantized"] == (quantize == "4bit")
     # Different data per rank, so different losses: the ranks really trained separately.
     assert reports[0]["losses"] != reports[1]["losses"]
+
+
+def test_torchrun_trainer_is_data_parallel_on_cpu(tiny_models, tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    worker = Path(__file__).parent / "distributed" / "trainer_worker.py"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={_free_port()}",
+        str(worker),
+        str(tiny_models["qwen3"]),
+        str(tmp_path),
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for report in reports:
+        assert report["world_size"] == 2 and report["use_cpu"] is True
+        assert "DISTRIBUTED" in report["parallel_mode"]
+        assert report["identical"] is True and report["steps"] == 3

@@ -1,0 +1,64 @@
+"""Run by torchrun (2 processes, CPU): Trainer with cudaload.training_arguments() must run data
+parallel (world size 2, gradients averaged), not each rank alone. Writes rank-<N>.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import Trainer, TrainingArguments
+
+import cudaload
+
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, seed: int) -> None:
+        self.ids = torch.randint(2, 256, (8, 16), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def main(model_path: str, out_dir: str) -> None:
+    model = cudaload.load_for_finetune(model_path, quantize=None)
+    args = TrainingArguments(
+        **cudaload.training_arguments(
+            model,
+            output_dir=out_dir,
+            max_steps=3,
+            per_device_train_batch_size=2,
+            learning_rate=1e-2,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=1,
+            seed=0,
+        )
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(seed=0))
+    trainer.train()
+    flat = torch.cat([p.detach().flatten().float() for p in model.parameters() if p.requires_grad])
+    rank = args.process_index
+    identical = None
+    if dist.is_initialized():
+        gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, flat)
+        identical = all(torch.equal(gathered[0], g) for g in gathered)
+    report = {
+        "rank": rank,
+        "world_size": args.world_size,
+        "parallel_mode": str(args.parallel_mode),
+        "use_cpu": args.use_cpu,
+        "identical": identical,
+        "steps": trainer.state.global_step,
+    }
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
