@@ -121,8 +121,7 @@ class Plan:
         lines = [f"cudaload plan for {self.model} on {self.machine}"]
         width = max(len(d.setting) for d in self.decisions) if self.decisions else 10
         for d in self.decisions:
-            mark = " (yours)" if d.source == "user" else ""
-            lines.append(f"  {d.setting:<{width}}  {_short(d.value, VALUE_WIDTH):<{VALUE_WIDTH}}  {d.reason}{mark}")
+            lines.append(f"  {d.setting:<{width}}  {_short(d.value, VALUE_WIDTH):<{VALUE_WIDTH}}  {d.reason}")
             for r in d.rejected:
                 rejected = _short(r.value, VALUE_WIDTH - 2)
                 lines.append(f"  {'':<{width}}  x {rejected:<{VALUE_WIDTH - 2}}  {r.reason}")
