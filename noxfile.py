@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typecheck"]
+nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
 nox.options.default_venv_backend = "venv"
 
 INSTALL = ("-c", "constraints/tested.txt", "-e", ".[dev,finetune,kernels]")
@@ -33,6 +33,12 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     _install(session)
     session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    session.install("mkdocs>=1.6")
+    session.run("mkdocs", "build", "--strict", "-d", "site")
 
 
 @nox.session
