@@ -37,7 +37,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    session.install("mkdocs>=1.6")
+    session.install("-c", "constraints/tested.txt", "mkdocs")
     session.run("mkdocs", "build", "--strict", "-d", "site")
 
 
