@@ -58,6 +58,11 @@ def main(model_path: str, out_dir: str) -> None:
         "steps": trainer.state.global_step,
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report))
+    if dist.is_initialized():
+        # accelerate started the gloo group; tear it down before exit, or a rank can abort
+        # ("terminate called without an active exception") while the other still talks to it.
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
