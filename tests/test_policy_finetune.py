@@ -152,3 +152,14 @@ def test_quantize_and_a_quantization_config_together_are_refused() -> None:
     mine = plan(llama(1), machine=machine, finetune=True, quantize=None, quantization_config={"load_in_8bit": True})
     assert mine.kwargs["quantization_config"] == {"load_in_8bit": True}
     assert "quantization_config" in mine.explicit
+
+
+def test_quantization_and_placement_agree_on_what_fits() -> None:
+    # bf16 weights of 17.9 GiB: above 80% of an A10G's 22 GiB (the inference weights budget) but the
+    # whole training estimate is under the 90% training budget, so: no 4-bit, and on one GPU.
+    model = replace(llama(8), parameters=int(17.9 * 2**30 / 2))
+    plan = finetune(Machine.simulated("A10G", packages=BNB), model, seq_len=256)
+    assert plan.decision("quantize").value is None
+    assert plan.kwargs["device_map"] == "cuda:0"
+    assert "to train" in plan.decision("device_map").reason
+    assert not any("offload" in w for w in plan.warnings)

@@ -36,6 +36,7 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     }
     extras: dict[str, Any] = {"parameters": model.parameters, "model_class": model.model_class}
     quantize: str | None = None
+    estimates: dict[str | None, TrainingMemory] = {}
     if request.training:
         lora, lora_config = decide_lora(model, request.lora)
         estimates = {
@@ -72,7 +73,11 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     size = weight_bytes(model, dtype.value, quantize)
     extras["weight_bytes"] = size
     placement, max_memory, placement_warnings = decide_placement(
-        machine, size, request.device_map, quantized=quantize is not None
+        machine,
+        size,
+        request.device_map,
+        quantized=quantize is not None,
+        training_bytes=estimates[quantize].total if request.training else None,
     )
     warnings += placement_warnings
     decisions += [placement, use_kernels]

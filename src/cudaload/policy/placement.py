@@ -9,11 +9,14 @@ from ..capability.facts import GiB, Machine
 from ..errors import PlacementError
 from ..plans import Decision, Rejected
 
-__all__ = ["HEADROOM", "decide_placement"]
+__all__ = ["HEADROOM", "TRAINING_SHARE", "decide_placement"]
 
 # Weights may use at most this share of a device's free memory: the rest holds activations,
 # the KV cache and the CUDA context (~0.5 GiB). accelerate's own default keeps 10% free.
 HEADROOM = 0.8
+# A training estimate already counts activations, LoRA/optimizer states and the CUDA context,
+# so it may use more of the device; the quantization decision uses the same share.
+TRAINING_SHARE = 0.9
 
 
 def _gib(n: float) -> str:
@@ -43,9 +46,17 @@ def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decis
 
 
 def decide_placement(
-    machine: Machine, weight_bytes: int, requested: Any = None, quantized: bool = False
+    machine: Machine,
+    weight_bytes: int,
+    requested: Any = None,
+    quantized: bool = False,
+    training_bytes: int | None = None,
 ) -> tuple[Decision, dict[Any, str] | None, tuple[str, ...]]:
-    """(device_map decision, max_memory or None, warnings)."""
+    """(device_map decision, max_memory or None, warnings).
+
+    Whether the model fits one GPU is judged on `training_bytes` (the whole training estimate,
+    against TRAINING_SHARE of free memory) when fine-tuning, else on the weights (against HEADROOM).
+    """
     if requested is not None:
         return _user_placement(machine, requested, quantized), None, ()
     launch = machine.launch
@@ -90,13 +101,19 @@ def decide_placement(
             warnings = (f"{size} but only {_gib(available)} of RAM available: expect swapping or an OOM kill.",)
         return Decision("device_map", "cpu", f"no CUDA GPU: {size} in RAM"), None, warnings
     budgets = {g.index: int(g.usable_memory * HEADROOM) for g in machine.gpus}
-    for gpu in sorted(machine.gpus, key=lambda g: (-budgets[g.index], g.index)):
-        if weight_bytes <= budgets[gpu.index]:
+    if training_bytes is None:
+        need, fits, what = weight_bytes, budgets, size
+    else:
+        need = training_bytes
+        fits = {g.index: int(g.usable_memory * TRAINING_SHARE) for g in machine.gpus}
+        what = f"~{_gib(training_bytes)} to train (weights, LoRA + AdamW, activations)"
+    for gpu in sorted(machine.gpus, key=lambda g: (-fits[g.index], g.index)):
+        if need <= fits[gpu.index]:
             return (
                 Decision(
                     "device_map",
                     f"cuda:{gpu.index}",
-                    f"{size} fit on {gpu.name} (cuda:{gpu.index}, {_gib(gpu.usable_memory)} free) with headroom",
+                    f"{what} fit on {gpu.name} (cuda:{gpu.index}, {_gib(gpu.usable_memory)} free) with headroom",
                     (Rejected("auto", "splitting a model that fits on one GPU only adds transfers"),),
                 ),
                 None,

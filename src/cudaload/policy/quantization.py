@@ -11,13 +11,13 @@ from ..errors import MissingPackageError, QuantizationError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Rejected
 from .memory import TrainingMemory
+from .placement import TRAINING_SHARE
 
 __all__ = ["QUANTIZE_CHOICES", "bitsandbytes_status", "decide_quantization"]
 
 QUANTIZE_CHOICES = ("4bit", "8bit", "auto", None)
 # bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
 BNB_CPU_SINCE = Version("0.48.0")
-FIT_SHARE = 0.9
 
 
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
@@ -98,7 +98,7 @@ def decide_quantization(
         )
     gpu = machine.weakest_gpu
     assert gpu is not None
-    budget = gpu.usable_memory * FIT_SHARE
+    budget = gpu.usable_memory * TRAINING_SHARE
     how = (
         f"estimated {_gib(plain.total)} for {dtype} LoRA (weights {_gib(plain.weights)}, LoRA+Adam "
         f"{_gib(plain.lora)}, activations {_gib(plain.activations)}) vs {_gib(budget)} usable on {gpu.name}"
