@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
-WORKER = Path(__file__).parent / "distributed" / "ddp_worker.py"
+WORKERS = Path(__file__).parent / "distributed"
 
 
 def _free_port() -> int:
@@ -22,8 +22,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.mark.parametrize("quantize", ["none", "4bit"])
-def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
+def _torchrun(worker: str, out: Path, *args: str) -> list[dict]:
+    """Run tests/distributed/<worker> under a 2-process torchrun on CPU; its per-rank reports."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [
         sys.executable,
@@ -32,15 +32,18 @@ def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
         "--nproc_per_node=2",
         "--master_addr=127.0.0.1",
         f"--master_port={_free_port()}",
-        str(WORKER),
-        str(tiny_models["qwen3"]),
-        str(tmp_path),
-        quantize,
+        str(WORKERS / worker),
+        *args,
+        str(out),
     ]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
 
-    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+@pytest.mark.parametrize("quantize", ["none", "4bit"])
+def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
+    reports = _torchrun("ddp_worker.py", tmp_path, str(tiny_models["qwen3"]), quantize)
     for rank, report in enumerate(reports):
         launch = report["launch"]
         assert (launch["launcher"], launch["rank"], launch["local_rank"], launch["world_size"]) == (
@@ -60,22 +63,7 @@ def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
 
 
 def test_torchrun_trainer_is_data_parallel_on_cpu(tiny_models, tmp_path: Path) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    worker = Path(__file__).parent / "distributed" / "trainer_worker.py"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
-        str(worker),
-        str(tiny_models["qwen3"]),
-        str(tmp_path),
-    ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    reports = _torchrun("trainer_worker.py", tmp_path, str(tiny_models["qwen3"]))
     for report in reports:
         assert report["world_size"] == 2 and report["use_cpu"] is True
         assert "DISTRIBUTED" in report["parallel_mode"]

@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 import cudaload
 
 
-def main(model_path: str, out_dir: str, quantize: str) -> None:
+def main(model_path: str, quantize: str, out_dir: str) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     machine = cudaload.detect()
