@@ -23,11 +23,12 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .demo import save_random_qwen3
 from .loaders import input_device
 from .plans import jsonable
 
@@ -145,28 +146,9 @@ def default_result_name(machine: Any = None, when: datetime | None = None) -> st
 
 def _build_model(directory: Path, shape: _Shape) -> Path:
     """Save a random-weight Qwen3 causal LM in bfloat16 into `directory` (once)."""
-    import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
-
     if (directory / "config.json").exists() and any(directory.glob("*.safetensors")):
         return directory
-    config = Qwen3Config(
-        vocab_size=shape.vocab_size,
-        hidden_size=shape.hidden_size,
-        intermediate_size=shape.intermediate_size,
-        num_hidden_layers=shape.num_hidden_layers,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        bos_token_id=None,
-        eos_token_id=1,
-        pad_token_id=0,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
-    model.save_pretrained(directory)
-    del model
+    save_random_qwen3(directory, dtype="bfloat16", bos_token_id=None, eos_token_id=1, pad_token_id=0, **asdict(shape))
     gc.collect()
     return directory
 

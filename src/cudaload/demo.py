@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_tiny_model", "run_demo", "save_tiny_tokenizer"]
+__all__ = ["build_tiny_model", "run_demo", "save_random_qwen3", "save_tiny_tokenizer"]
 
 
 def save_tiny_tokenizer(directory: str | Path, vocab_size: int) -> Any:
@@ -24,15 +24,28 @@ def save_tiny_tokenizer(directory: str | Path, vocab_size: int) -> Any:
     return tokenizer
 
 
-def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
-    """Save a ~0.1M-parameter Qwen3 causal LM (random weights) and a tokenizer, if not there yet."""
+def save_random_qwen3(directory: str | Path, *, dtype: str = "bfloat16", **config: Any) -> Any:
+    """Save a Qwen3 causal LM with seeded random weights (the caller's RNG is left untouched);
+    `config` are Qwen3Config arguments. Returns the config. Nothing is downloaded."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen3Config
 
+    qwen3 = Qwen3Config(**config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(qwen3, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
+    model.save_pretrained(directory)
+    return qwen3
+
+
+def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
+    """Save a ~0.1M-parameter Qwen3 causal LM (random weights) and a tokenizer, if not there yet."""
     path = Path(directory)
     if (path / "config.json").exists():
         return path
-    config = Qwen3Config(
+    config = save_random_qwen3(
+        path,
+        dtype=dtype,
         vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
@@ -45,9 +58,6 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
         bos_token_id=None,
         pad_token_id=None,
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
-    model.save_pretrained(path)
     save_tiny_tokenizer(path, config.vocab_size)
     return path
 
