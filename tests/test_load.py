@@ -187,3 +187,19 @@ def test_other_auto_classes_load_through_the_same_plan(tiny_models) -> None:
     assert model.cudaload_plan.attn_implementation == model.config._attn_implementation
     with pytest.raises(cudaload.ModelConfigError, match="model_class='AutoNothing': transformers has no such"):
         load(str(tiny_models["llama"]), model_class="AutoNothing")
+
+
+def test_tokenizer_for_a_model_without_one_says_what_to_do(tiny_models, tmp_path: Path) -> None:
+    import shutil
+
+    bare = tmp_path / "no-tokenizer"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_models["llama"] / name, bare / name)
+    with pytest.raises(cudaload.ModelConfigError, match="Save one next to the model"):
+        tokenizer_for(cudaload.plan(str(bare)))
+
+
+def test_lora_without_finetune_is_refused(tiny_models) -> None:
+    with pytest.raises(cudaload.FinetuneConfigError, match="pass finetune=True"):
+        cudaload.plan(str(tiny_models["llama"]), lora={"r": 4})

@@ -306,3 +306,22 @@ def test_torch_dtypes_and_aliases_are_accepted() -> None:
     assert plan_for(Machine.simulated("A100"), dtype=torch.float16).dtype == "float16"
     assert plan_for(Machine.simulated("A100"), dtype="bf16").dtype == "bfloat16"
     assert plan_for(Machine.simulated("A100"), dtype="auto").dtype == "bfloat16"  # the checkpoint's
+
+
+def test_dtype_and_torch_dtype_together_are_refused() -> None:
+    from cudaload.planner import split_overrides
+
+    with pytest.raises(DtypeUnsupportedError, match="pass only dtype="):
+        split_overrides({"dtype": "float16", "torch_dtype": "float16"})
+    assert split_overrides({"torch_dtype": "float16"}).dtype == "float16"
+
+
+def test_more_ranks_than_visible_gpus_is_a_clear_error() -> None:
+    launch = Launch("torchrun", rank=3, local_rank=3, world_size=4, strategy="ddp")
+    with pytest.raises(PlacementError, match=r"LOCAL_RANK=3 but this process sees 2 GPU\(s\)"):
+        plan_for(Machine.simulated("A100", count=2, launch=launch))
+
+
+def test_use_kernels_without_a_gpu_is_refused() -> None:
+    with pytest.raises(MissingPackageError, match="no CUDA GPU"):
+        plan_for(Machine.simulated(None, packages=KERNELS), use_kernels=True)
