@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, help="measured rounds, after one warm-up (default 3, quick 1)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; quick: 1)")
     parser.add_argument("--model-dir", help="save and reuse the random-weight model here (default: a temp dir)")
+    parser.add_argument("--save", action="store_true", help="also store a tuning record in cudaload's cache")
     args = parser.parse_args(argv)
     out = args.out or str(RESULTS / default_result_name())
     result = run_bench(
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir=args.model_dir,
         repeats=args.repeats,
         threads=args.threads,
+        save=args.save,
         log=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True),
     )
     print(format_report(result))

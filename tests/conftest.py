@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import pytest
 # that silently depended on one would be lying. Set before transformers is imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# Measurements (CPU dtype probe, tuning records) go to a cache of this run, never the user's.
+os.environ["CUDALOAD_CACHE"] = tempfile.mkdtemp(prefix="cudaload-test-cache-")
 
 _real_connect = socket.socket.connect
 

@@ -38,11 +38,11 @@ def test_load_applies_the_plan_and_matches_a_bare_load(tiny_models, arch) -> Non
     torch.testing.assert_close(ours, theirs)
 
 
-def test_the_cpu_dtype_is_decided_by_the_cpu_not_the_checkpoint(tiny_models) -> None:
-    machine = cudaload.detect()
+def test_the_cpu_dtype_is_measured_here_and_applied(tiny_models) -> None:
     model = load(str(tiny_models["qwen3"]))  # saved in bf16
-    expected = "bfloat16" if machine.cpu.fast_bf16 else "float32"
-    assert model.cudaload_plan.dtype == expected
+    planned = model.cudaload_plan.plan.decision("dtype")
+    assert "probed on this CPU" in planned.reason  # measured, not read off the checkpoint or ISA flags
+    assert model.cudaload_plan.dtype == planned.value == str(model.dtype).removeprefix("torch.")
 
 
 def test_a_failing_flash_attention_falls_back_and_says_why(tiny_models) -> None:

@@ -19,7 +19,7 @@ _EXPORTS = {
     "training_arguments": "cudaload.finetune",
     "AppliedPlan": "cudaload.loaders",
     "Fallback": "cudaload.loaders",
-    "CudaloadWarning": "cudaload.loaders",
+    "CudaloadWarning": "cudaload.errors",
     "tokenizer_for": "cudaload.tokenizers",
     "detect": "cudaload.capability",
     "Plan": "cudaload.plans",
@@ -45,6 +45,10 @@ _EXPORTS = {
     "QuantizationError": "cudaload.errors",
     "RemoteCodeError": "cudaload.errors",
     "UnknownGpuError": "cudaload.errors",
+    "WorkloadError": "cudaload.errors",
+    "Workload": "cudaload.policy.request",
+    "DtypeProbe": "cudaload.capability.facts",
+    "TuningRecord": "cudaload.capability.facts",
 }
 
 __all__ = [
@@ -54,6 +58,7 @@ __all__ = [
     "CudaloadError",
     "CudaloadWarning",
     "Decision",
+    "DtypeProbe",
     "DtypeUnsupportedError",
     "Fallback",
     "FinetuneConfigError",
@@ -72,7 +77,10 @@ __all__ = [
     "Rejected",
     "RemoteCodeError",
     "Software",
+    "TuningRecord",
     "UnknownGpuError",
+    "Workload",
+    "WorkloadError",
     "__version__",
     "detect",
     "load",
@@ -85,10 +93,11 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .capability import detect
-    from .capability.facts import Cpu, Gpu, Hub, HubKernel, Launch, Machine, Software
+    from .capability.facts import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
     from .errors import (
         AttentionUnavailableError,
         CudaloadError,
+        CudaloadWarning,
         DtypeUnsupportedError,
         FinetuneConfigError,
         LoadFailedError,
@@ -98,12 +107,14 @@ if TYPE_CHECKING:
         QuantizationError,
         RemoteCodeError,
         UnknownGpuError,
+        WorkloadError,
     )
     from .finetune import load_for_finetune, training_arguments
-    from .loaders import AppliedPlan, CudaloadWarning, Fallback, load
+    from .loaders import AppliedPlan, Fallback, load
     from .model_facts import ModelFacts, read_model_facts
     from .planner import plan
     from .plans import Decision, Plan, Rejected
+    from .policy.request import Workload
     from .tokenizers import tokenizer_for
 
 

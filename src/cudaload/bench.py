@@ -106,6 +106,10 @@ class _Variant:
     attn_implementation: str
     kwargs: dict[str, Any]
     is_plan: bool = False
+    is_bare: bool = False
+    """`from_pretrained(path)` with no arguments: what a user gets without cudaload."""
+    applied: str | None = None
+    """dtype/attention read back from the loaded model (how the bare variant is told apart)."""
     error: str | None = None
     model: Any = None
     runs: dict[str, list[float]] = field(default_factory=lambda: {"load_s": [], "prefill_s": [], "decode_tps": []})
@@ -115,7 +119,7 @@ class _Variant:
 
     @property
     def name(self) -> str:
-        return f"{self.dtype}/{self.attn_implementation}"
+        return "bare from_pretrained(path)" if self.is_bare else f"{self.dtype}/{self.attn_implementation}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -244,7 +248,7 @@ def _versions(torch: Any) -> dict[str, str | None]:
 
 def _variants(plan: Any) -> list[_Variant]:
     """The plan's own variant first, then every other dtype x attention, each with the plan's
-    other kwargs (device_map, ...) unchanged."""
+    other kwargs (device_map, ...) unchanged, then a bare `from_pretrained(path)`."""
     base = plan.from_pretrained_kwargs()
     attention = list(dict.fromkeys([*plan.attention_chain, *ATTENTION]))
     dtypes = list(dict.fromkeys([plan.dtype, *DTYPES]))
@@ -253,6 +257,7 @@ def _variants(plan: Any) -> list[_Variant]:
         for attn in attention:
             if (dtype, attn) != (plan.dtype, plan.attn_implementation):
                 variants.append(_Variant(dtype, attn, {**base, "dtype": dtype, "attn_implementation": attn}))
+    variants.append(_Variant("checkpoint", "default", {}, is_bare=True))
     return variants
 
 
@@ -278,6 +283,7 @@ def run_bench(
     model_dir: str | os.PathLike[str] | None = None,
     repeats: int | None = None,
     threads: int | None = None,
+    save: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure the plan and every alternative on this machine; return (and write to `out`) the result.
@@ -286,7 +292,12 @@ def run_bench(
     - `model_dir`: where the random-weight model is saved and reused (default: a temporary dir).
     - `repeats`: measured rounds (default 3, quick 1); each number is their median.
     - `threads`: torch CPU threads for the run (default: torch's, quick: 1), restored afterwards.
+    - `save`: store the measured grid as a tuning record in cudaload's cache; later plans of this
+      model shape on this machine (same CPU/GPUs, torch, threads) pick the measured winner.
     - `log`: called with a line per phase (e.g. `print` to stderr), for progress.
+
+    The plan is made as `load()` makes it (measured on this machine, for this run's prompt and
+    new-token counts), so the table compares what a user of cudaload gets.
     """
     os.environ["HF_HUB_OFFLINE"] = "1"  # a local model: nothing may reach the Hub
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -325,7 +336,7 @@ def run_bench(
         say(f"building the {work.name} model in {path}")
         _build_model(path, work.shape)
 
-        the_plan = make_plan(str(path), machine=machine)
+        the_plan = make_plan(str(path), workload=(work.prompt_tokens, work.new_tokens))
         variants = _variants(the_plan)
         on_cuda = bool(machine.gpus) and torch.cuda.is_available()
 
@@ -345,6 +356,7 @@ def run_bench(
             sync()
             return model, time.perf_counter() - start
 
+        path_for_record = _model_key(path) if save else ""
         rounds = work.warmup + work.repeats
         parameters = 0
         # Phase 1: load times, interleaved; each model is dropped before the next load.
@@ -363,6 +375,7 @@ def run_bench(
                     v.runs["load_s"].append(seconds)
                 if v.memory_bytes is None:
                     v.memory_bytes = int(model.get_memory_footprint())
+                    v.applied = f"{str(model.dtype).removeprefix('torch.')}/{model.config._attn_implementation}"
                 parameters = parameters or sum(int(p.numel()) for p in model.parameters())
                 del model
                 release()
@@ -402,6 +415,9 @@ def run_bench(
     baseline = _baseline(variants, the_plan)
     result = _result(work, machine, torch, date, the_plan, variants, baseline, on_cuda, parameters)
     result["workload"]["threads"] = work.threads or default_threads
+    if save:
+        saved = _save_record(path_for_record, machine, result, work.threads or default_threads)
+        result["tuning_record"] = str(saved) if saved else None
     result["wall_s"] = round(time.perf_counter() - started, 2)
     if out is not None:
         target = Path(out)
@@ -409,6 +425,33 @@ def run_bench(
         target.write_text(json.dumps(result, indent=2) + "\n")
         result["written_to"] = str(target)
     return result
+
+
+def _model_key(path: Path) -> str:
+    from .model_facts import read_model_facts
+
+    return read_model_facts(str(path)).shape_key
+
+
+def _save_record(model_key: str, machine: Any, result: dict[str, Any], threads: int) -> Path | None:
+    """Store the measured grid (every variant that ran, bare excluded) as a tuning record."""
+    from .capability.facts import TunedVariant, TuningRecord
+    from .capability.tuning import write_tuning_record
+
+    work = result["workload"]
+    record = TuningRecord(
+        model_key=model_key,
+        prompt_tokens=work["prompt_tokens"],
+        new_tokens=work["new_tokens"],
+        variants=tuple(
+            TunedVariant(r["dtype"], r["attn_implementation"], r["load_s"], r["prefill_s"], r["decode_tokens_per_s"])
+            for r in result["variants"]
+            if r["ok"] and not r["is_bare"]
+        ),
+        fingerprint=tuple(sorted(replace(machine, threads=threads).fingerprint().items())),
+        measured_at=result["date"][:10],
+    )
+    return write_tuning_record(record)
 
 
 def _measure(
@@ -483,6 +526,7 @@ def _result(
         "load": _median(baseline.runs["load_s"]) if baseline else None,
         "prefill": _median(baseline.runs["prefill_s"]) if baseline else None,
         "decode": _median(baseline.runs["decode_tps"]) if baseline else None,
+        "end_to_end": _end_to_end(baseline) if baseline else None,
     }
     rows: list[dict[str, Any]] = []
     for v in variants:
@@ -498,6 +542,8 @@ def _result(
                 "dtype": v.dtype,
                 "attn_implementation": v.attn_implementation,
                 "is_plan": v.is_plan,
+                "is_bare": v.is_bare,
+                "applied": v.applied,
                 "is_baseline": v is baseline,
                 "ok": ok,
                 "error": v.error,
@@ -506,6 +552,7 @@ def _result(
                 "prefill_tokens_per_s": work.prompt_tokens / prefill_s if prefill_s else None,
                 "decode_tokens_per_s": decode_tps,
                 "generate_s": _median(v.generate_s),
+                "end_to_end_s": _end_to_end(v),
                 "memory_bytes": v.memory_bytes,
                 "finite_logits": v.finite_logits,
                 "runs": {k: list(vals) for k, vals in v.runs.items()},
@@ -520,6 +567,7 @@ def _result(
                     "load": _ratio(load_s, base["load"]) if ok else None,
                     "prefill": _ratio(prefill_s, base["prefill"]) if ok else None,
                     "decode": _ratio(base["decode"], decode_tps) if ok else None,
+                    "end_to_end": _ratio(_end_to_end(v), base["end_to_end"]) if ok else None,
                 },
                 # The same ratios taken round by round (variant and plan ran seconds apart in each
                 # round), then the median: steadier when the machine drifts between rounds.
@@ -536,7 +584,10 @@ def _result(
         "load": min(done, key=lambda r: r["load_s"])["name"] if done else None,
         "prefill": min(done, key=lambda r: r["prefill_s"])["name"] if done else None,
         "decode": max(done, key=lambda r: r["decode_tokens_per_s"])["name"] if done else None,
+        "end_to_end": min(done, key=lambda r: r["end_to_end_s"])["name"] if done else None,
     }
+    plan_row = next(r for r in rows if r["is_plan"])
+    bare_row = next((r for r in rows if r["is_bare"]), None)
     shape = work.shape
     return {
         "benchmark": "cudaload.bench",
@@ -562,6 +613,7 @@ def _result(
             "prefill": "model(input_ids, use_cache=True, logits_to_keep=1)",
             "decode": "generate(do_sample=False, min_new_tokens=N, max_new_tokens=N): (N-1) decode steps / "
             "time from the first to the last token's logits",
+            "end_to_end": "load + generate() of the prompt and N new tokens (median load + median generate)",
         },
         "plan": {
             "kwargs": jsonable(dict(the_plan.kwargs)),
@@ -569,6 +621,7 @@ def _result(
             "variant": next(r["name"] for r in rows if r["is_plan"]),
             "decisions": [d.to_dict() for d in the_plan.decisions],
             "warnings": list(the_plan.warnings),
+            "timings": dict(the_plan.timings),
         },
         "baseline": baseline.name if baseline else None,
         "ratios": "plan_speedup = variant time / baseline time (decode: baseline tok/s / variant tok/s), "
@@ -576,7 +629,43 @@ def _result(
         ">1: the plan is faster, <1: the variant beats the plan",
         "variants": rows,
         "best": best,
+        "summary": _summary(
+            plan_row, bare_row, {k: next(r for r in rows if r["name"] == n) for k, n in best.items() if n}
+        ),
     }
+
+
+def _end_to_end(v: _Variant) -> float | None:
+    """The reference workload: one load, then generate() of the prompt (prefill + decode)."""
+    load_s, generate_s = _median(v.runs["load_s"]), _median(v.generate_s)
+    return load_s + generate_s if load_s is not None and generate_s is not None else None
+
+
+_SECONDS = {"load": "load_s", "prefill": "prefill_s", "end_to_end": "end_to_end_s"}
+
+
+def _seconds(row: dict[str, Any], metric: str) -> float | None:
+    """Seconds for `metric` (decode: seconds per token), comparable across rows."""
+    if metric == "decode":
+        tps = row["decode_tokens_per_s"]
+        return 1 / tps if tps else None
+    value = row[_SECONDS[metric]]
+    return float(value) if value is not None else None
+
+
+def _summary(plan: dict[str, Any], bare: dict[str, Any] | None, best: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per metric: the plan's time over the best variant's and over bare from_pretrained's
+    (1.00 = as fast; above 1 the plan is slower by that factor; below 1 it is faster)."""
+    out: dict[str, Any] = {}
+    for metric in ("load", "prefill", "decode", "end_to_end"):
+        mine = _seconds(plan, metric) if plan["ok"] else None
+        top = best.get(metric)
+        out[metric] = {
+            "best": top["name"] if top else None,
+            "plan_over_best": _ratio(mine, _seconds(top, metric)) if top else None,
+            "plan_over_bare": _ratio(mine, _seconds(bare, metric)) if bare and bare["ok"] else None,
+        }
+    return out
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -600,26 +689,39 @@ def format_report(result: dict[str, Any]) -> str:
         f"cudaload {versions['cudaload']}",
         f"plan: {plan_kwargs} (attention chain {' -> '.join(result['plan']['attention_chain'])})",
         "",
-        f"  {'variant':<26} {'load s':>7} {'prefill s':>9} {'prefill tok/s':>13} {'decode tok/s':>12} "
-        f"{'memory MiB':>10}   plan speed-up load/prefill/decode: of medians | paired",
+        f"  {'variant':<44} {'load s':>7} {'prefill s':>9} {'prefill tok/s':>13} {'decode tok/s':>12} "
+        f"{'end-to-end s':>12} {'memory MiB':>10}   plan speed-up load/prefill/decode/end-to-end: of medians | paired",
     ]
     for row in result["variants"]:
         mark = "*" if row["is_plan"] else " "
         label = row["name"] + (" (plan)" if row["is_plan"] else "")
+        if row.get("is_bare") and row.get("applied"):
+            label += f" = {row['applied']}"
         if not row["ok"]:
-            lines.append(f"{mark} {label:<26} failed: {row['error']}")
+            lines.append(f"{mark} {label:<44} failed: {row['error']}")
             continue
         s, paired = row["plan_speedup"], row["plan_speedup_paired"]
         memory = row["memory_bytes"] / 2**20 if row["memory_bytes"] else None
         flag = "" if row["finite_logits"] else "  (non-finite logits!)"
         lines.append(
-            f"{mark} {label:<26} {_fmt(row['load_s'], '7.3f')} {_fmt(row['prefill_s'], '9.3f')} "
+            f"{mark} {label:<44} {_fmt(row['load_s'], '7.3f')} {_fmt(row['prefill_s'], '9.3f')} "
             f"{_fmt(row['prefill_tokens_per_s'], '13.0f')} {_fmt(row['decode_tokens_per_s'], '12.1f')} "
+            f"{_fmt(row.get('end_to_end_s'), '12.3f')} "
             f"{_fmt(memory, '10.0f')}   {_fmt(s['load'], '.2f')} / {_fmt(s['prefill'], '.2f')} / "
-            f"{_fmt(s['decode'], '.2f')} | {_fmt(paired['load'], '.2f')} / {_fmt(paired['prefill'], '.2f')} / "
-            f"{_fmt(paired['decode'], '.2f')}{flag}"
+            f"{_fmt(s['decode'], '.2f')} / {_fmt(s.get('end_to_end'), '.2f')} | {_fmt(paired['load'], '.2f')} / "
+            f"{_fmt(paired['prefill'], '.2f')} / {_fmt(paired['decode'], '.2f')}{flag}"
         )
     lines.append("")
+    summary = result.get("summary")
+    if summary:
+        lines.append("the plan's time / the best variant's and / bare from_pretrained(path)'s (1.00 = as fast):")
+        for metric, row in summary.items():
+            lines.append(
+                f"  {metric:<11} {_fmt(row['plan_over_best'], '.2f')}x best ({row['best']}), "
+                f"{_fmt(row['plan_over_bare'], '.2f')}x bare"
+            )
+    if result.get("tuning_record"):
+        lines.append(f"tuning record saved: {result['tuning_record']} (plans of this model here now use it)")
     if result["mode"] == "quick":
         lines.append("quick mode: a smoke test on a tiny model; its numbers compare nothing")
     if result["baseline"] is None:

@@ -20,14 +20,15 @@ def _gib(n: int | None) -> str:
 
 
 def _backends(machine: Machine) -> dict[str, Any]:
-    from .model_facts import any_model
+    from .model_facts import reference_model
     from .policy.attention import decide_attention
     from .policy.precision import decide_dtype
 
-    model = any_model()
+    model = reference_model()
     dtype, _ = decide_dtype(machine, model, None)
     decision, chain = decide_attention(machine, model, dtype.value, None)
     return {
+        "model": model.source,
         "dtype": dtype.value,
         "dtype_reason": dtype.reason,
         "attention_chain": list(chain),
@@ -46,7 +47,38 @@ def _hub_reachability(machine: Machine) -> dict[str, str]:
     return report
 
 
+def _probe_lines(machine: Machine) -> list[str]:
+    probe = machine.dtype_probe
+    if probe is None:
+        why = "a GPU decides the dtype" if machine.gpus else "off (CUDALOAD_PROBE=0)"
+        return [f"  dtype probe: {why}"]
+    origin = "read from the cache" if probe.from_cache else f"measured now in {probe.cost_s:.2f} s"
+    lines = [
+        f"  dtype probe: F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, "
+        f"{probe.measured_at}, {origin}"
+    ]
+    for phase, timing, unit in (
+        (f"prefill ({probe.prefill_tokens} tokens)", probe.prefill, 1e3),
+        ("decode (1 token)", probe.decode, 1e3),
+    ):
+        fp32 = timing("float32") or 0.0
+        cells = []
+        for dtype in ("float32", "bfloat16", "float16"):
+            seconds = timing(dtype)
+            if seconds is None:
+                continue
+            ratio = f" ({fp32 / seconds:.2f}x fp32's speed)" if dtype != "float32" and seconds > 0 else ""
+            cells.append(f"{dtype} {seconds * unit:.3f} ms{ratio}")
+        lines.append(f"    {phase}: " + ", ".join(cells))
+    return lines
+
+
 def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
+    if not machine.gpus:
+        from .capability import measure_for
+        from .model_facts import reference_model
+
+        machine = measure_for(machine, reference_model())
     backends = _backends(machine)
     reachable = _hub_reachability(machine) if check_hub else None
     if as_json:
@@ -69,7 +101,8 @@ def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
         "",
         f"CPU: {cpu.model}, {cpu.cores} usable cores, {cpu.arch}, RAM {_gib(cpu.memory_available)} available",
         f"  ISA: {', '.join(sorted(cpu.flags)) or 'no AVX2/AVX512/AMX flags'}",
-        f"  fast bf16 (AMX): {'yes' if cpu.fast_bf16 else 'no'}",
+        f"  AMX-BF16: {'yes' if cpu.fast_bf16 else 'no'} (flags alone do not decide the dtype: it is measured)",
+        *_probe_lines(machine),
         "",
         "Software:",
         *(f"  {name} {version}" for name, version in sw.packages),
@@ -93,7 +126,7 @@ def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
             else "single process"
         ),
         "",
-        "What you get here:",
+        f"What you get here (for {backends['model']}):",
         f"  dtype: {backends['dtype']} - {backends['dtype_reason']}",
         f"  attention: {' -> '.join(backends['attention_chain'])} - {backends['attention_reason']}",
         *(f"  x {name}: {why}" for name, why in backends["unusable"].items()),
@@ -194,6 +227,11 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time the plan against every dtype x attention alternative here")
     bench.add_argument("--quick", action="store_true", help="a tiny model: a smoke test in seconds")
     bench.add_argument("--out", help="write the result JSON here")
+    bench.add_argument(
+        "--save",
+        action="store_true",
+        help="store the measurements as a tuning record: later plans of this model shape here use them",
+    )
 
     demo = sub.add_parser("demo", help="build a tiny model, plan and load it here, print the plan")
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
@@ -224,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "bench":
             from .bench import format_report, run_bench
 
-            print(format_report(run_bench(quick=args.quick, out=args.out)))
+            print(format_report(run_bench(quick=args.quick, out=args.out, save=args.save)))
         elif args.command == "demo":
             from .demo import run_demo
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "AttentionUnavailableError",
     "CudaloadError",
+    "CudaloadWarning",
     "DtypeUnsupportedError",
     "FinetuneConfigError",
     "LoadFailedError",
@@ -19,6 +20,7 @@ __all__ = [
     "QuantizationError",
     "RemoteCodeError",
     "UnknownGpuError",
+    "WorkloadError",
 ]
 
 
@@ -64,3 +66,11 @@ class LoadFailedError(CudaloadError, RuntimeError):
 
 class UnknownGpuError(CudaloadError, ValueError):
     """A simulated machine named a GPU the catalog does not know."""
+
+
+class WorkloadError(CudaloadError, ValueError):
+    """`workload=` names no known workload and is not a (prompt_tokens, new_tokens) pair."""
+
+
+class CudaloadWarning(UserWarning):
+    """A setting works but costs you (CPU offload, fp16 on a fragile family, an unwritable cache, ...)."""

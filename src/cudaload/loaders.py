@@ -10,14 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import CudaloadError, LoadFailedError, ModelConfigError
+from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError
 from .plans import Decision, Plan, Rejected
 
-__all__ = ["AppliedPlan", "CudaloadWarning", "Fallback", "load"]
-
-
-class CudaloadWarning(UserWarning):
-    """A setting works but costs you (CPU offload, fp16 on a fragile family, ...)."""
+__all__ = ["AppliedPlan", "Fallback", "load"]
 
 
 @dataclass(frozen=True)
@@ -210,7 +206,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
     """Load `plan.model` with `plan`, falling back along `plan.attention_chain`."""
     auto = _auto_class(model_class)
     fallbacks: list[Fallback] = []
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = dict(plan.timings)  # "probe" when planning measured this CPU
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
     chain = list(plan.attention_chain)
 

@@ -8,13 +8,13 @@ parameters by building the model on the meta device (no memory, no weights).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import ModelConfigError, RemoteCodeError
 from .upstream import FP16_FRAGILE_FAMILIES
 
-__all__ = ["ModelFacts", "any_model", "read_model_facts"]
+__all__ = ["ModelFacts", "any_model", "read_model_facts", "reference_model"]
 
 _DTYPE_NAMES = {
     "float32": "float32",
@@ -64,6 +64,24 @@ class ModelFacts:
         return sum(fan_in * fan_out * count for _, fan_in, fan_out, count in self.linear_shapes)
 
     @property
+    def shape_key(self) -> str:
+        """The model's shape as one string: architecture, sizes, linear layers and checkpoint dtype.
+
+        Two checkpoints with the same key run the same computation at the same speed, so a
+        benchmark of one (a tuning record) applies to the other.
+        """
+        linears = ",".join(f"{name}:{fan_in}x{fan_out}x{count}" for name, fan_in, fan_out, count in self.linear_shapes)
+        return (
+            f"{self.model_class} params={self.parameters} layers={self.num_layers} hidden={self.hidden_size} "
+            f"head_dim={self.head_dim} vocab={self.vocab_size} dtype={self.checkpoint_dtype} linears={linears}"
+        )
+
+    @property
+    def intermediate_size(self) -> int | None:
+        """The widest decoder projection (the MLP's), from the linear layers; None when unknown."""
+        return max((max(fan_in, fan_out) for _, fan_in, fan_out, _ in self.linear_shapes), default=None)
+
+    @property
     def fp16_fragile(self) -> bool:
         return self.model_type in FP16_FRAGILE_FAMILIES
 
@@ -80,6 +98,32 @@ def any_model() -> ModelFacts:
         supports_flex=True,
         parameters=0,
         checkpoint_dtype="bfloat16",
+    )
+
+
+def reference_model() -> ModelFacts:
+    """any_model() with the shape of Llama-3.2-1B (16 layers, hidden 2048, MLP 8192, vocab 128256):
+    a concrete size for "what dtype would a measured plan pick here?" (`cudaload doctor`)."""
+    layers = 16
+    shapes = (
+        ("down_proj", 8192, 2048, layers),
+        ("gate_proj", 2048, 8192, layers),
+        ("k_proj", 2048, 512, layers),
+        ("o_proj", 2048, 2048, layers),
+        ("q_proj", 2048, 2048, layers),
+        ("up_proj", 2048, 8192, layers),
+        ("v_proj", 2048, 512, layers),
+    )
+    return replace(
+        any_model(),
+        source="a Llama-3.2-1B-shaped model",
+        parameters=1_235_814_400,
+        head_dim=64,
+        num_layers=layers,
+        hidden_size=2048,
+        vocab_size=128_256,
+        linear_names=tuple(name for name, *_ in shapes),
+        linear_shapes=shapes,
     )
 
 

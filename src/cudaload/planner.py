@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from .capability.facts import Machine
@@ -10,6 +11,7 @@ from .errors import DtypeUnsupportedError, FinetuneConfigError, QuantizationErro
 from .model_facts import ModelFacts, read_model_facts
 from .plans import Plan
 from .policy import Request, make_plan
+from .policy.request import Workload, workload_from
 
 __all__ = ["plan", "split_overrides"]
 
@@ -38,6 +40,8 @@ def plan(
     gradient_checkpointing: bool = True,
     seq_len: int = 2048,
     batch_size: int = 1,
+    workload: str | tuple[int, int] | Workload | None = None,
+    probe: bool = True,
     **overrides: Any,
 ) -> Plan:
     """The from_pretrained settings for `model` on `machine` (default: this one). Loads no weights.
@@ -49,7 +53,14 @@ def plan(
     With `finetune=True` the plan also covers quantization (`quantize`: "4bit", "8bit", None
     or "auto"), LoRA (`lora`: LoraConfig overrides), gradient checkpointing, TrainingArguments
     flags and a memory estimate at `seq_len` x `batch_size`.
+
+    On a CPU the dtype is the one measured fastest here for `workload` ("balanced": load + a
+    512-token prompt + 128 new tokens; "prefill-heavy", "decode-heavy", or a (prompt_tokens,
+    new_tokens) pair): from a tuning record saved by `cudaload bench --save`, else a short matmul
+    probe of this CPU, cached per machine. `probe=False` (or CUDALOAD_PROBE=0) plans from the static
+    table instead. A machine you pass is planned as given: a simulated one has no measurements.
     """
+    chosen_workload = workload_from(workload)
     if not finetune and lora is not None:
         raise FinetuneConfigError("lora= only applies to a fine-tuning plan: pass finetune=True.")
     if finetune and quantize is not None and "quantization_config" in overrides:
@@ -57,6 +68,7 @@ def plan(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
             "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
         )
+    detected = machine is None
     if machine is None:
         from .capability import detect
 
@@ -83,4 +95,13 @@ def plan(
         if finetune
         else {}
     )
-    return make_plan(machine, facts, split_overrides(overrides, **training))
+    request = split_overrides(overrides, workload=chosen_workload, **training)
+    if detected:
+        from .capability import measure_for
+
+        machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None)
+    result = make_plan(machine, facts, request)
+    measured = machine.dtype_probe
+    if measured is not None and not measured.from_cache:
+        result = replace(result, timings={"probe": measured.cost_s})
+    return result

@@ -73,6 +73,8 @@ class Plan:
     """Settings the caller set: they never fall back."""
     extras: Mapping[str, Any] = field(default_factory=dict)
     """Plan facts that are not from_pretrained kwargs (fine-tuning settings, estimates)."""
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent planning on measurements: "probe" when the CPU dtype probe ran (not cached)."""
 
     def decision(self, setting: str) -> Decision:
         for d in self.decisions:
@@ -111,6 +113,7 @@ class Plan:
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "extras": jsonable(self.extras),
+            "timings": dict(self.timings),
         }
 
     def to_json(self) -> str:

@@ -9,14 +9,32 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from .cpu import probe_cpu
+from .dtype_probe import cached_dtype_probe, probe_enabled, shape_bucket, torch_threads
 from .facts import Cpu, Gpu, Hub, HubKernel, Launch, Machine, Software
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
 from .software import probe_hub, probe_software
+from .tuning import read_tuning_records
 
-__all__ = ["Cpu", "Gpu", "Hub", "HubKernel", "Launch", "Machine", "Software", "detect", "detect_uncached"]
+if TYPE_CHECKING:
+    from ..model_facts import ModelFacts
+
+__all__ = [
+    "Cpu",
+    "Gpu",
+    "Hub",
+    "HubKernel",
+    "Launch",
+    "Machine",
+    "Software",
+    "detect",
+    "detect_uncached",
+    "measure_for",
+]
 
 
 def detect_uncached(
@@ -43,3 +61,33 @@ def detect_uncached(
 def detect() -> Machine:
     """The machine this process runs on, read once (NVML, /proc, package metadata, env)."""
     return detect_uncached()
+
+
+def measure_for(
+    machine: Machine,
+    model: ModelFacts,
+    *,
+    probe: bool = True,
+    dtype_chosen: bool = False,
+    env: Mapping[str, str] | None = None,
+) -> Machine:
+    """`machine` with the measurements that planning `model` on it can use: the tuning records
+    saved for the model's shape (any fingerprint: the policy says why it ignores a stale one)
+    and, on a CPU-only machine, the dtype probe for the model's shape bucket (cached).
+
+    The probe is skipped when `probe` is False or CUDALOAD_PROBE=0, when the dtype was chosen
+    by the caller (`dtype_chosen`), and when a record of this model matches this machine. Under
+    a distributed launch only a cached probe is used, never a new one: every rank must plan the
+    same dtype, and ranks probing side by side would each measure the others' load (and could
+    disagree).
+    """
+    env = os.environ if env is None else env
+    machine = replace(machine, threads=torch_threads(env, machine.cpu.cores))
+    records = read_tuning_records(model.shape_key, env)
+    here = machine.fingerprint()
+    matched = any(dict(r.fingerprint) == here for r in records)
+    measured = None
+    if probe and probe_enabled(env) and not machine.gpus and not dtype_chosen and not matched:
+        bucket = shape_bucket(model.hidden_size, model.intermediate_size)
+        measured = cached_dtype_probe(machine, bucket, env, measure=not machine.launch.distributed)
+    return replace(machine, tuning=records, dtype_probe=measured)

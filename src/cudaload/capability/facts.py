@@ -8,7 +8,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Cpu", "Gpu", "Hub", "HubKernel", "Launch", "Machine", "Software"]
+__all__ = [
+    "DTYPES",
+    "Cpu",
+    "DtypeProbe",
+    "Gpu",
+    "Hub",
+    "HubKernel",
+    "Launch",
+    "Machine",
+    "Software",
+    "TunedVariant",
+    "TuningRecord",
+]
 
 GiB = 1024**3
 
@@ -145,6 +157,83 @@ class Launch:
         return self.strategy == "fsdp" or (self.strategy == "deepspeed" and self.zero_stage == 3)
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+"""The floating dtypes cudaload plans with and measures."""
+
+
+@dataclass(frozen=True)
+class DtypeProbe:
+    """`F.linear` timed on this machine's CPU per dtype: a prefill-shaped GEMM, a decode-shaped GEMV,
+    and the cast of a weight between dtypes (what loading a checkpoint in another dtype pays).
+
+    Seconds are medians over interleaved repetitions. The shape bucket (in_features x out_features)
+    comes from the model's hidden and intermediate sizes, rounded coarsely: the answer belongs to the
+    machine, so a new model of a similar size reuses it.
+    """
+
+    in_features: int
+    out_features: int
+    prefill_tokens: int
+    """Rows of the prefill GEMM (tokens in one forward)."""
+    prefill_s: tuple[tuple[str, float], ...]
+    """dtype -> seconds for one [prefill_tokens x in] @ [in x out]."""
+    decode_s: tuple[tuple[str, float], ...]
+    """dtype -> seconds for one [1 x in] @ [in x out], weights not in cache."""
+    cast_s: tuple[tuple[str, str, float], ...]
+    """(from dtype, to dtype, seconds) to cast one [out x in] weight."""
+    threads: int
+    measured_at: str
+    """ISO date of the measurement."""
+    fingerprint: tuple[tuple[str, str], ...] = ()
+    cost_s: float = 0.0
+    """Seconds this process spent probing (0 when read from the cache)."""
+    from_cache: bool = False
+
+    @property
+    def weight_elements(self) -> int:
+        return self.in_features * self.out_features
+
+    def prefill(self, dtype: str) -> float | None:
+        return dict(self.prefill_s).get(dtype)
+
+    def decode(self, dtype: str) -> float | None:
+        return dict(self.decode_s).get(dtype)
+
+    def cast(self, source: str, target: str) -> float:
+        if source == target:
+            return 0.0
+        for a, b, seconds in self.cast_s:
+            if (a, b) == (source, target):
+                return seconds
+        return 0.0
+
+
+@dataclass(frozen=True)
+class TunedVariant:
+    """One measured (dtype, attention) variant of a tuning record."""
+
+    dtype: str
+    attn_implementation: str
+    load_s: float
+    prefill_s: float
+    decode_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class TuningRecord:
+    """What `cudaload bench --save` measured for one model shape on one machine."""
+
+    model_key: str
+    """The model's shape (architecture, sizes, checkpoint dtype) as one string: see `model_key()`."""
+    prompt_tokens: int
+    new_tokens: int
+    variants: tuple[TunedVariant, ...]
+    fingerprint: tuple[tuple[str, str], ...]
+    measured_at: str
+    path: str = ""
+    """The file it was read from."""
+
+
 @dataclass(frozen=True)
 class Machine:
     gpus: tuple[Gpu, ...]
@@ -157,6 +246,29 @@ class Machine:
     warnings: tuple[str, ...] = ()
     gpu_notes: tuple[str, ...] = ()
     """Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...")."""
+    dtype_probe: DtypeProbe | None = None
+    """The CPU dtype measurement for the model being planned (None: not measured, e.g. simulated)."""
+    tuning: tuple[TuningRecord, ...] = ()
+    """Bench records for the model being planned's shape, matching this machine or not (the policy
+    judges whether each is stale)."""
+    threads: int | None = None
+    """torch CPU threads this process uses (measurements depend on it); None when unknown."""
+
+    def fingerprint(self) -> dict[str, str]:
+        """What a measurement on this machine depends on: if any of it changes, the numbers are stale.
+
+        CPU model, ISA flags, usable cores, torch's CPU threads, torch version and the GPUs; string
+        values, so a cached measurement can be compared field by field and say what differs.
+        """
+        cpu = self.cpu
+        return {
+            "cpu": cpu.model,
+            "isa": " ".join(sorted(cpu.flags)),
+            "cores": str(cpu.cores),
+            "threads": str(self.threads),
+            "torch": self.software.version("torch") or "none",
+            "gpus": ", ".join(f"{g.name} {g.sm}" for g in self.gpus) or "none",
+        }
 
     @property
     def weakest_gpu(self) -> Gpu | None:
@@ -183,12 +295,15 @@ class Machine:
         cpu_flags: Iterable[str] = ("avx2",),
         cpu_memory_gib: int = 64,
         launch: Launch | None = None,
+        dtype_probe: DtypeProbe | None = None,
+        tuning: Sequence[TuningRecord] = (),
     ) -> Machine:
         """A machine you don't have: catalog GPUs (by alias, e.g. "T4", "H100"), a package
         set (distribution -> version, added to torch/transformers/accelerate), Hub state.
 
         `gpu` may be a list of names for a mixed machine; `count` repeats a single name.
         `cached_kernels` names Hub kernel repos to treat as cached for this torch/CUDA.
+        A simulated machine has no measurements unless `dtype_probe` / `tuning` give them.
         """
         from ..catalog import lookup_gpu
         from ..upstream import FLASH_OPTIONS, TESTED_KERNELS_RANGE, hub_kernel_version
@@ -222,4 +337,14 @@ class Machine:
             memory_total=cpu_memory_gib * GiB,
             memory_available=cpu_memory_gib * GiB,
         )
-        return cls(gpus=gpus, cpu=cpu, software=software, hub=hub, launch=launch or Launch(), source="simulated")
+        return cls(
+            gpus=gpus,
+            cpu=cpu,
+            software=software,
+            hub=hub,
+            launch=launch or Launch(),
+            source="simulated",
+            dtype_probe=dtype_probe,
+            tuning=tuple(tuning),
+            threads=cpu.cores,
+        )

@@ -18,16 +18,24 @@ from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
-from .request import Request
+from .request import Request, Workload
+from .tuning import tune_on_gpu
 
-__all__ = ["Request", "make_plan"]
+__all__ = ["Request", "Workload", "make_plan"]
 
 
 def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     warnings: list[str] = list(machine.warnings)
-    dtype, dtype_warnings = decide_dtype(machine, model, request.dtype)
+    # Fine-tuning runs forward and backward over whole sequences: a prefill-shaped workload.
+    workload = (
+        Workload(prompt_tokens=request.seq_len * request.batch_size, new_tokens=0, include_load=False)
+        if request.training
+        else request.workload
+    )
+    dtype, dtype_warnings = decide_dtype(machine, model, request.dtype, workload)
     warnings += dtype_warnings
     attention, chain = decide_attention(machine, model, dtype.value, request.attn_implementation)
+    dtype, attention, chain = tune_on_gpu(machine, model, workload, dtype, attention, chain)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
     decisions = [dtype, attention]
     kwargs: dict[str, Any] = {

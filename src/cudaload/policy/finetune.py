@@ -82,8 +82,9 @@ def decide_training_arguments(
         else:
             add("optim", "adamw_torch_fused", "fused AdamW: one kernel per step on CUDA")
     else:
-        native = machine.cpu.fast_bf16 and dtype == "bfloat16"
-        add("bf16", native, "CPU autocast in bf16 (AMX)" if native else "no AMX: bf16 autocast is slower than fp32")
+        # The dtype decision already weighed bf16 on this CPU (measured, or by its ISA): follow it.
+        bf16 = dtype == "bfloat16"
+        add("bf16", bf16, f"CPU autocast in the plan's dtype ({dtype})" if bf16 else f"the plan's dtype is {dtype}")
         add("fp16", False, "fp16 on CPU is emulated")
         add(
             "optim",

@@ -1,12 +1,14 @@
-"""dtype: bf16 on sm80+, fp16 on older GPUs, fp32 for fp16-fragile families there; on CPU
-bf16 only where AMX makes it fast."""
+"""dtype: bf16 on sm80+, fp16 on older GPUs, fp32 for fp16-fragile families there; on CPU the
+dtype measured fastest for the workload on this CPU (the static ISA table only when unmeasured)."""
 
 from __future__ import annotations
 
-from ..capability.facts import Machine
+from ..capability.facts import DtypeProbe, Machine
 from ..errors import DtypeUnsupportedError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Rejected
+from .measured import Estimate, matching_record, probe_estimate, record_estimate
+from .request import Workload
 
 __all__ = ["decide_dtype", "normalise_dtype"]
 
@@ -50,18 +52,21 @@ def _user_dtype(machine: Machine, model: ModelFacts, dtype: str) -> tuple[Decisi
             "output). Prefer 'bfloat16' on sm80+ or 'float32'."
         )
     reason = "your choice"
-    if gpu is None and dtype == "bfloat16" and not machine.cpu.fast_bf16:
-        reason += " (no AMX here: prefill slower than fp32, decode can be faster as it is memory-bound)"
+    if gpu is None and machine.dtype_probe is not None and dtype != "float32":
+        ratios = _probe_ratios(machine.dtype_probe, dtype)
+        reason += f" ({ratios} here)" if ratios else ""
     return Decision("dtype", dtype, reason, source="user"), tuple(warnings)
 
 
-def decide_dtype(machine: Machine, model: ModelFacts, requested: str | None) -> tuple[Decision, tuple[str, ...]]:
+def decide_dtype(
+    machine: Machine, model: ModelFacts, requested: str | None, workload: Workload | None = None
+) -> tuple[Decision, tuple[str, ...]]:
     if requested is not None:
         return _user_dtype(machine, model, normalise_dtype(requested, model.checkpoint_dtype))
     ckpt = model.checkpoint_dtype
     gpu = machine.weakest_gpu
     if gpu is None:
-        return _cpu_dtype(machine), ()
+        return _cpu_dtype(machine, model, workload or Workload()), ()
     where = f"{gpu.name} ({gpu.sm})"
     if gpu.bf16:
         if ckpt == "float16":
@@ -101,13 +106,92 @@ def decide_dtype(machine: Machine, model: ModelFacts, requested: str | None) -> 
     ), ()
 
 
-def _cpu_dtype(machine: Machine) -> Decision:
-    """bf16 only with AMX; fp16 is never chosen for you on CPU (overflow risk with real weights).
+# fp16 is never chosen for you on CPU: real weights overflow it in some models. It is measured
+# all the same, so its rejection says what taking that risk would gain.
+_CPU_CANDIDATES = ("float32", "bfloat16")
 
-    Measured prefill, bf16 vs fp32 (benchmarks/README.md): 4.3x faster on an AMX Xeon, 1.4x
-    slower on an AVX512-BF16 Xeon without AMX, 4.1x slower on an AVX2 EPYC.
+
+def _speed(time: float, reference: float) -> str:
+    """How `time` compares with `reference`: "2.9x faster" / "1.4x slower"."""
+    if time <= 0 or reference <= 0:
+        return "as fast"
+    return f"{reference / time:.1f}x faster" if time <= reference else f"{time / reference:.1f}x slower"
+
+
+def _probe_ratios(probe: DtypeProbe, dtype: str) -> str | None:
+    """ "bf16 matmul 2.9x faster than fp32 at prefill, 1.9x faster at decode" from the probe."""
+    fp32, mine = probe.prefill("float32"), probe.prefill(dtype)
+    dec32, dec = probe.decode("float32"), probe.decode(dtype)
+    if not (fp32 and mine and dec32 and dec):
+        return None
+    short = {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+    return f"{short} matmul {_speed(mine, fp32)} than fp32 at prefill, {_speed(dec, dec32)} at decode"
+
+
+def _measured_choice(
+    estimates: dict[str, Estimate], source: str, workload: Workload, ignored: tuple[str, ...]
+) -> Decision:
+    """The candidate with the least estimated time; every other dtype rejected with its cost."""
+    best = min((d for d in _CPU_CANDIDATES if d in estimates), key=lambda d: estimates[d].total)
+    chosen = estimates[best]
+    rejected = []
+    for dtype, estimate in estimates.items():
+        if dtype == best:
+            continue
+        cost = f"est. {estimate.total:.2f} s, {_speed(estimate.total, chosen.total)} than {best}"
+        if dtype == "float16":
+            if estimate.total < chosen.total:
+                cost += ", but fp16 overflows in some models: pass dtype='float16' to take that trade"
+            else:
+                cost += "; fp16 also overflows in some models"
+        rejected.append(Rejected(dtype, cost))
+    note = "".join(f"; {why}" for why in ignored)
+    reason = f"fastest measured here: est. {chosen.total:.2f} s for {workload.describe()} ({source}){note}"
+    return Decision("dtype", best, reason, tuple(rejected))
+
+
+def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decision:
+    """The dtype with the least estimated time for `workload`, from (in order of preference) a
+    tuning record of this model measured on this machine, the CPU dtype probe, or, unmeasured,
+    the static ISA table."""
+    record, ignored = matching_record(machine, model)
+    if record is not None:
+        # The CPU attention chain starts with SDPA: compare dtypes on that link.
+        rows = {v.dtype: v for v in record.variants if v.attn_implementation == "sdpa"}
+        estimates = {d: record_estimate(v, record, workload) for d, v in rows.items()}
+        if any(d in estimates for d in _CPU_CANDIDATES):
+            source = (
+                f"this model's shape measured on this machine by `cudaload bench --save` on {record.measured_at}, "
+                f"{record.path}"
+            )
+            return _measured_choice(estimates, source, workload, ignored)
+    probe = machine.dtype_probe
+    if probe is not None:
+        estimates = {
+            d: e for d in ("float32", "bfloat16", "float16") if (e := probe_estimate(probe, model, d, workload))
+        }
+        ratios = _probe_ratios(probe, "bfloat16")
+        source = (
+            f"F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, probed on this CPU on "
+            f"{probe.measured_at}{' (cached)' if probe.from_cache else ''}"
+        )
+        if ratios:
+            source = f"{ratios}; {source}"
+        return _measured_choice(estimates, source, workload, ignored)
+    return _static_cpu_dtype(machine, ignored)
+
+
+def _static_cpu_dtype(machine: Machine, ignored: tuple[str, ...]) -> Decision:
+    """Unmeasured (probe off, or a simulated machine): bf16 only with AMX.
+
+    Measured prefill, bf16 vs fp32, on the project's machines (benchmarks/README.md): 4.3x faster
+    on an AMX Xeon, 1.4x slower on an AVX512-BF16 Xeon without AMX, 4.1x slower on an AVX2 EPYC,
+    but 2.35x faster on a Zen 4 EPYC with AVX512-BF16: flags are a guess, the probe measures.
     """
     cpu = machine.cpu
+    unmeasured = "not measured here (probe off or a simulated machine): static table by ISA flags, " + "".join(
+        f"{why}; " for why in ignored
+    )
     fp16 = (
         Rejected(
             "float16",
@@ -121,19 +205,20 @@ def _cpu_dtype(machine: Machine) -> Decision:
         return Decision(
             "dtype",
             "bfloat16",
-            "CPU has AMX-BF16: bf16 matmuls run on tiles (prefill measured 4.3x faster than fp32)",
+            unmeasured + "CPU has AMX-BF16: bf16 matmuls run on tiles (prefill measured 4.3x faster than fp32 on "
+            "an AMX Xeon)",
             (Rejected("float32", "2x the memory and slower on AMX"), fp16),
         )
     why_not = (
-        "AVX512-BF16 without AMX: prefill measured 1.4x slower than fp32"
+        "AVX512-BF16 without AMX: prefill measured 1.4x slower than fp32 on one such Xeon, 2.35x faster on a Zen 4 EPYC"
         if cpu.bf16_instructions
         else "no bf16 instructions: prefill measured 4.1x slower than fp32 (AVX2)"
     )
     return Decision(
         "dtype",
         "float32",
-        "CPU without AMX: fp32 matmuls are fastest for prefill; decode is memory-bound, so bf16 (half the "
-        "bytes) can win there (1.45x on an AVX2 EPYC, no gain on an AVX512-BF16 Xeon): pass dtype='bfloat16' "
+        unmeasured + "CPU without AMX: fp32 matmuls were fastest for prefill on most such CPUs measured; decode "
+        "is memory-bound, so bf16 (half the bytes) can win there (1.45x on an AVX2 EPYC): pass dtype='bfloat16' "
         "for decode-heavy use",
         (Rejected("bfloat16", why_not), fp16),
     )

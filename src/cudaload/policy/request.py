@@ -6,7 +6,56 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Request"]
+from ..errors import WorkloadError
+
+__all__ = ["WORKLOADS", "Request", "Workload", "workload_from"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The job a measured dtype choice is optimised for: one load, then a prompt of
+    `prompt_tokens` and `new_tokens` generated one at a time."""
+
+    prompt_tokens: int = 512
+    new_tokens: int = 128
+    include_load: bool = True
+    """Count loading (a checkpoint cast to another dtype pays a conversion)."""
+
+    def describe(self) -> str:
+        parts = ["load"] if self.include_load else []
+        parts.append(f"a {self.prompt_tokens}-token prompt")
+        if self.new_tokens:
+            parts.append(f"{self.new_tokens} new tokens")
+        return " + ".join(parts)
+
+
+WORKLOADS = {
+    "balanced": Workload(512, 128),
+    "prefill-heavy": Workload(2048, 16),
+    "decode-heavy": Workload(64, 512),
+}
+"""Named workloads for `plan(..., workload=...)`; "balanced" is the default."""
+
+
+def workload_from(value: object) -> Workload:
+    """A Workload from a name in WORKLOADS, a (prompt_tokens, new_tokens) pair, or a Workload."""
+    if value is None:
+        return WORKLOADS["balanced"]
+    if isinstance(value, Workload):
+        return value
+    if isinstance(value, str) and value in WORKLOADS:
+        return WORKLOADS[value]
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        and value[0] > 0
+    ):
+        return Workload(int(value[0]), int(value[1]))
+    raise WorkloadError(
+        f"workload={value!r} is not a workload cudaload knows. Pass one of {sorted(WORKLOADS)}, a "
+        "(prompt_tokens, new_tokens) pair of non-negative integers (prompt_tokens > 0), or leave it unset."
+    )
 
 
 @dataclass(frozen=True)
@@ -25,5 +74,7 @@ class Request:
     seq_len: int = 2048
     """Sequence length and batch the training-memory estimate assumes."""
     batch_size: int = 1
+    workload: Workload = field(default_factory=Workload)
+    """What a measured dtype choice optimises (fine-tuning uses seq_len x batch_size of prefill)."""
     passthrough: Mapping[str, Any] = field(default_factory=dict)
     """Other from_pretrained kwargs the caller gave: passed on untouched."""

@@ -1,0 +1,97 @@
+"""Tuning records: what `cudaload bench --save` measured for one model shape on one machine.
+
+A record holds the full measured grid (dtype x attention: load seconds, prefill seconds, decode
+tokens/s) with the machine fingerprint it was measured under, in cudaload's cache folder
+(`tuning/<model key hash>-<fingerprint hash>.json`). The planner reads every record for a model's
+shape; the policy uses one whose fingerprint matches this machine and says why it ignored the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .cache import cache_dir, read_json, write_json
+from .facts import TunedVariant, TuningRecord
+
+__all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
+
+SCHEMA = 1
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record_path(model_key: str, fingerprint: Mapping[str, str], env: Mapping[str, str] | None = None) -> Path:
+    return cache_dir(env) / "tuning" / f"{_hash(model_key)}-{_hash(json.dumps(dict(fingerprint), sort_keys=True))}.json"
+
+
+def _to_json(record: TuningRecord) -> dict[str, Any]:
+    return {
+        "kind": "cudaload-tuning-record",
+        "schema": SCHEMA,
+        "model_key": record.model_key,
+        "fingerprint": dict(record.fingerprint),
+        "measured_at": record.measured_at,
+        "prompt_tokens": record.prompt_tokens,
+        "new_tokens": record.new_tokens,
+        "variants": [
+            {
+                "dtype": v.dtype,
+                "attn_implementation": v.attn_implementation,
+                "load_s": v.load_s,
+                "prefill_s": v.prefill_s,
+                "decode_tokens_per_s": v.decode_tokens_per_s,
+            }
+            for v in record.variants
+        ],
+    }
+
+
+def _from_json(data: Mapping[str, Any], path: Path) -> TuningRecord | None:
+    try:
+        if data["kind"] != "cudaload-tuning-record" or data["schema"] != SCHEMA:
+            return None
+        return TuningRecord(
+            model_key=str(data["model_key"]),
+            prompt_tokens=int(data["prompt_tokens"]),
+            new_tokens=int(data["new_tokens"]),
+            variants=tuple(
+                TunedVariant(
+                    dtype=str(v["dtype"]),
+                    attn_implementation=str(v["attn_implementation"]),
+                    load_s=float(v["load_s"]),
+                    prefill_s=float(v["prefill_s"]),
+                    decode_tokens_per_s=float(v["decode_tokens_per_s"]),
+                )
+                for v in data["variants"]
+            ),
+            fingerprint=tuple(sorted((str(k), str(v)) for k, v in data["fingerprint"].items())),
+            measured_at=str(data["measured_at"]),
+            path=str(path),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def write_tuning_record(record: TuningRecord, env: Mapping[str, str] | None = None) -> Path | None:
+    """Store `record` in the cache (replacing the one for the same model shape and machine)."""
+    path = record_path(record.model_key, dict(record.fingerprint), env)
+    return path if write_json(path, _to_json(record)) else None
+
+
+def read_tuning_records(model_key: str, env: Mapping[str, str] | None = None) -> tuple[TuningRecord, ...]:
+    """Every readable record for this model shape, newest first; unreadable files are skipped."""
+    folder = cache_dir(env) / "tuning"
+    paths: Iterable[Path] = sorted(folder.glob(f"{_hash(model_key)}-*.json")) if folder.is_dir() else ()
+    records = []
+    for path in paths:
+        data = read_json(path)
+        record = _from_json(data, path) if data is not None else None
+        if record is not None and record.model_key == model_key:
+            records.append(record)
+    return tuple(sorted(records, key=lambda r: r.measured_at, reverse=True))
