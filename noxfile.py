@@ -25,8 +25,8 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
-    session.run("ruff", "check", "src", "tests", "benchmarks")
-    session.run("ruff", "format", "--check", "src", "tests", "benchmarks")
+    session.run("ruff", "check", "src", "tests", "benchmarks", "tools")
+    session.run("ruff", "format", "--check", "src", "tests", "benchmarks", "tools")
 
 
 @nox.session

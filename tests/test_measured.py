@@ -103,7 +103,8 @@ def test_the_workload_decides_when_prefill_and_decode_disagree() -> None:
     assert decode_heavy.dtype == "bfloat16"
     assert "64-token prompt + 512 new tokens" in decode_heavy.decision("dtype").reason
     # Fine-tuning is forward + backward over whole sequences: prefill-shaped.
-    assert plan_for(cpu(BF16_SLOW), training=True, quantize=None).dtype == "float32"
+    training = plan_for(cpu(BF16_SLOW), training=True, quantize=None, seq_len=1024, batch_size=2)
+    assert training.dtype == "float32" and "training steps over 2048 tokens" in training.decision("dtype").reason
 
 
 def test_fp16_is_never_chosen_on_cpu_but_its_rejection_says_what_it_would_gain() -> None:

@@ -28,7 +28,7 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     warnings: list[str] = list(machine.warnings)
     # Fine-tuning runs forward and backward over whole sequences: a prefill-shaped workload.
     workload = (
-        Workload(prompt_tokens=request.seq_len * request.batch_size, new_tokens=0, include_load=False)
+        Workload(prompt_tokens=request.seq_len * request.batch_size, new_tokens=0, include_load=False, training=True)
         if request.training
         else request.workload
     )

@@ -20,8 +20,12 @@ class Workload:
     new_tokens: int = 128
     include_load: bool = True
     """Count loading (a checkpoint cast to another dtype pays a conversion)."""
+    training: bool = False
+    """Fine-tuning steps: forward and backward over `prompt_tokens` (prefill-shaped), no generation."""
 
     def describe(self) -> str:
+        if self.training:
+            return f"training steps over {self.prompt_tokens} tokens (forward and backward, prefill-shaped)"
         parts = ["load"] if self.include_load else []
         parts.append(f"a {self.prompt_tokens}-token prompt")
         if self.new_tokens:
