@@ -64,6 +64,25 @@ def test_a_failing_flash_attention_falls_back_and_says_why(tiny_models) -> None:
         assert torch.isfinite(model(IDS).logits).all()
 
 
+def test_a_cached_hub_kernel_online_without_network_falls_back_cleanly(tiny_models, monkeypatch) -> None:
+    # kernels verifies a cached kernel's publisher on the Hub unless HF_HUB_OFFLINE is set; here the
+    # network is refused (conftest), as on a machine without one and the variable unset.
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    a100 = Machine.simulated("A100", packages={"kernels": "0.17.2"}, cached_kernels=["kernels-community/flash-attn2"])
+    plan = cudaload.plan(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16")
+    assert plan.attention_chain[0] == "kernels-community/flash-attn2"
+    assert "without network it fails" in plan.decision("attn_implementation").reason
+    model = load(plan)
+    applied = model.cudaload_plan
+    # Every Hub-kernel link failed (the cached one at the trust check) and was recorded; SDPA took over.
+    assert [f.option for f in applied.fallbacks] == list(plan.attention_chain[:-2])
+    assert plan.attention_chain[-2:] == ("sdpa", "eager")
+    assert applied.attn_implementation == "sdpa" and applied.verified is True
+
+
 def test_strict_raises_naming_the_option_and_the_cause(tiny_models) -> None:
     a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
     with pytest.raises(

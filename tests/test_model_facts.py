@@ -73,3 +73,41 @@ def test_remote_code_is_never_enabled_for_you(tmp_path: Path) -> None:
     (tmp_path / "configuration_x.py").write_text("raise SystemExit('remote code ran')\n")
     with pytest.raises(RemoteCodeError, match="trust_remote_code=True"):
         read_model_facts(str(tmp_path))
+
+
+def test_head_dims_and_redirected_flash_implementations_are_read_from_upstream() -> None:
+    from transformers import DeepseekV3Config, GptOssConfig, GptOssForCausalLM
+
+    gpt_oss = read_model_facts(
+        GptOssConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_local_experts=2,
+        )
+    )
+    # Held against the installed class: transformers replaces any other FA request with these.
+    assert gpt_oss.compatible_flash == tuple(GptOssForCausalLM._compatible_flash_implementations)
+    assert gpt_oss.head_dims == (16,)
+    mla = read_model_facts(
+        DeepseekV3Config(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=32,
+            moe_intermediate_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            n_routed_experts=2,
+            num_experts_per_tok=1,
+            first_k_dense_replace=1,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+        )
+    )
+    assert mla.qk_v_head_dims == (192, 128) and 192 in mla.head_dims and 128 in mla.head_dims
+    assert mla.compatible_flash is None

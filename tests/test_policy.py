@@ -122,19 +122,113 @@ def test_fp32_never_gets_flash_attention() -> None:
 
 
 def test_model_without_flash_support_never_gets_it() -> None:
-    model = replace(LLAMA_8B, supports_flash=False, supports_sdpa=False)
+    model = replace(LLAMA_8B, supports_flash=False, supports_sdpa=False, supports_flex=False)
     plan = plan_for(Machine.simulated("H100", packages=FA3), model)
     assert plan.attention_chain == ("eager",)
 
 
-def test_softcapping_models_skip_sdpa() -> None:
+def test_softcapping_models_skip_sdpa_and_get_every_kernel_that_softcaps() -> None:
+    # FA2 >= 2.6, FA3 (hopper/ applies softcap forward and backward) and FA4 take `softcap`;
+    # SDPA cannot; flex_attention can (transformers: "Try using `eager` or `flex_attention`").
     gemma2 = replace(LLAMA_8B, model_type="gemma2", softcap=50.0)
-    assert plan_for(Machine.simulated("T4"), gemma2).attention_chain == ("eager",)
-    assert plan_for(Machine.simulated("A100", packages=FA2), gemma2).attention_chain == ("flash_attention_2", "eager")
+    assert plan_for(Machine.simulated("T4"), gemma2).attention_chain == ("flex_attention", "eager")
+    assert plan_for(Machine.simulated("A100", packages=FA2), gemma2).attention_chain == (
+        "flash_attention_2",
+        "flex_attention",
+        "eager",
+    )
     hopper = plan_for(Machine.simulated("H100", packages={**FA2, **FA3, **FA4}), gemma2)
-    assert hopper.attention_chain == ("flash_attention_2", "eager")
-    rejected = {r.value: r.reason for r in hopper.decision("attn_implementation").rejected}
-    assert "softcapping" in rejected["flash_attention_3"] and "softcapping" in rejected["flash_attention_4"]
+    assert hopper.attention_chain == (
+        "flash_attention_3",
+        "flash_attention_4",
+        "flash_attention_2",
+        "flex_attention",
+        "eager",
+    )
+    old = plan_for(Machine.simulated("A100", packages={"flash-attn": "2.5.9"}), gemma2)
+    assert old.attention_chain == ("flex_attention", "eager")
+    reason = {r.value: r.reason for r in old.decision("attn_implementation").rejected}["flash_attention_2"]
+    assert "needs flash-attn >= 2.6.0 (installed: 2.5.9)" in reason
+    no_flex = plan_for(Machine.simulated("T4"), replace(gemma2, supports_flex=False))
+    assert no_flex.attention_chain == ("eager",)
+    on_cpu = plan_for(Machine.simulated(None), gemma2)
+    assert on_cpu.attention_chain == ("eager",)
+    assert "flex_attention" in {r.value for r in on_cpu.decision("attn_implementation").rejected}
+
+
+def test_flash_attn_older_than_transformers_accepts_is_rejected() -> None:
+    plan = plan_for(Machine.simulated("A100", packages={"flash-attn": "2.3.2"}))
+    assert plan.attention_chain[0] != "flash_attention_2"
+    reason = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}["flash_attention_2"]
+    assert "older than 2.3.3" in reason
+    assert (
+        plan_for(Machine.simulated("A100", packages={"flash-attn": "2.3.3"})).attention_chain[0] == "flash_attention_2"
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpu", "head_dims", "qk_v", "expected"),
+    [
+        ("A100", (512,), None, ("sdpa", "eager")),  # FA2/FA3 stop at 256
+        ("A100", (256,), None, ("flash_attention_2", "flash_attention_3", "sdpa", "eager")),
+        ("H100", (256, 512), None, ("sdpa", "eager")),  # a 512 global head anywhere rules FA out
+        ("B200", (192,), None, ("flash_attention_2", "sdpa", "eager")),  # FA4 on sm100: 8-128, 256, 192/128
+        ("B200", (128, 192), (192, 128), ("flash_attention_4", "flash_attention_2", "sdpa", "eager")),
+        ("B200", (64,), None, ("flash_attention_4", "flash_attention_2", "sdpa", "eager")),
+        ("H100", (192,), None, ("flash_attention_3", "flash_attention_4", "flash_attention_2", "sdpa", "eager")),
+    ],
+)
+def test_flash_attention_head_dim_limits(gpu, head_dims, qk_v, expected) -> None:
+    model = replace(LLAMA_8B, head_dims=head_dims, qk_v_head_dims=qk_v)
+    plan = plan_for(Machine.simulated(gpu, packages={**FA2, **FA3, **FA4}), model)
+    assert plan.attention_chain == expected
+
+
+@pytest.mark.parametrize(
+    ("fa4", "expected"),
+    [
+        ("4.0.0b1", ("flash_attention_2", "sdpa", "eager")),
+        ("4.0.0b5", ("flash_attention_2", "flash_attention_4", "sdpa", "eager")),
+        ("4.0.1", ("flash_attention_2", "flash_attention_4", "sdpa", "eager")),
+    ],
+)
+def test_fa4_reaches_sm120_from_4_0_0b5(fa4, expected) -> None:
+    plan = plan_for(Machine.simulated("RTX5090", packages={**FA2, "flash-attn-4": fa4}))
+    assert plan.attention_chain == expected
+    if fa4 == "4.0.0b1":
+        reason = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}["flash_attention_4"]
+        assert "before flash-attn-4 4.0.0b5 (installed: 4.0.0b1)" in reason
+    # transformers gates FA4 at major >= 9: never on Ampere, whatever the version.
+    ampere = plan_for(Machine.simulated("A100", packages={"flash-attn-4": "4.0.1"}))
+    assert "flash_attention_4" not in ampere.attention_chain
+
+
+GPT_OSS = replace(
+    LLAMA_8B,
+    model_type="gpt_oss",
+    model_class="GptOssForCausalLM",
+    compatible_flash=(
+        "kernels-community/vllm-flash-attn3",
+        "flash_attention_4",
+        "kernels-community/metal-flash-sdpa",
+        "kernels-community/aiter-flash-attn",
+    ),
+)
+
+
+def test_models_transformers_redirects_get_only_what_they_accept() -> None:
+    hopper = Machine.simulated("H100", packages={**FA2, **FA3, **FA4, **KERNELS})
+    plan = plan_for(hopper, GPT_OSS)
+    assert plan.attention_chain == ("kernels-community/vllm-flash-attn3", "flash_attention_4", "sdpa", "eager")
+    rejected = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}
+    assert "transformers would replace flash_attention_2" in rejected["flash_attention_2"]
+    assert "cannot check" in rejected["kernels-community/metal-flash-sdpa"]
+    # Offline with nothing cached, the Hub kernel is out and FA4 (installed) leads.
+    offline = Machine.simulated("H100", packages={**FA4, **KERNELS}, offline=True)
+    assert plan_for(offline, GPT_OSS).attention_chain == ("flash_attention_4", "sdpa", "eager")
+    with pytest.raises(AttentionUnavailableError, match="accepts only"):
+        plan_for(hopper, GPT_OSS, attn_implementation="flash_attention_2")
+    assert plan_for(hopper, GPT_OSS, attn_implementation="flash_attention_4").attn_implementation == "flash_attention_4"
 
 
 @pytest.mark.parametrize(
@@ -158,6 +252,22 @@ def test_checkpoint_dtype_on_ampere(ckpt, dtype) -> None:
     assert plan.dtype == dtype
     if ckpt == "float32":
         assert "downcast" in plan.decision("dtype").reason
+
+
+def test_fp16_fragile_family_with_an_fp16_checkpoint_gets_bf16_on_ampere() -> None:
+    # vLLM drops fp16 for these families on every GPU; an fp16 checkpoint is loaded as bf16.
+    gemma2 = replace(LLAMA_8B, model_type="gemma2", checkpoint_dtype="float16")
+    decision = plan_for(Machine.simulated("A100"), gemma2).decision("dtype")
+    assert decision.value == "bfloat16" and "fp16 checkpoint is loaded as bf16" in decision.reason
+    plain = replace(LLAMA_8B, checkpoint_dtype="float16")
+    assert plan_for(Machine.simulated("A100"), plain).dtype == "float16"  # other families keep their fp16
+
+
+def test_fp16_fragile_families_are_exactly_vllms() -> None:
+    from cudaload.upstream import FP16_FRAGILE_FAMILIES
+
+    # vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS (vLLM is not installed here to import it).
+    assert {"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"} == FP16_FRAGILE_FAMILIES
 
 
 def test_fp16_fragile_family_on_turing_is_kept_in_fp32_and_warned() -> None:

@@ -5,7 +5,8 @@
 Two kinds of block are regenerated, in a scratch folder holding the tiny model `tiny-qwen3`:
 - a ```text block whose first line is `$ COMMAND`: COMMAND is run in a shell, its output (stdout
   and stderr, as a terminal shows them) replaces the rest of the block;
-- a ```text block that follows a ```python block with only an "Output..." paragraph between them:
+- a ```text block that follows a ```python block directly or with only an "Output..." paragraph
+  between them:
   the Python block is run, its stdout replaces the block.
 Outputs are of this machine (timings and measured reasons included): say which machine in the page.
 """
@@ -54,7 +55,7 @@ def regenerate(page: Path, scratch: Path) -> None:
             replacement = command + "\n" + _run(command[2:], scratch, shell=True)
         elif kind == "text" and previous_python is not None:
             between = text[previous_end : match.start()].strip()
-            if between.startswith("Output") and "\n\n" not in between:
+            if not between or (between.startswith("Output") and "\n\n" not in between):
                 replacement = _run([sys.executable, "-c", previous_python], scratch)
         out.append(text[last : match.start()])
         out.append(f"```{kind}\n{replacement if replacement is not None else body}```")

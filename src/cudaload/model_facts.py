@@ -57,6 +57,14 @@ class ModelFacts:
     vocab_size: int | None = None
     conv1d: bool = False
     """Projections are transformers' Conv1D (GPT-2 style), not nn.Linear."""
+    head_dims: tuple[int, ...] = ()
+    """Every attention head dimension the config declares (head_dim, sliding/global variants, MLA's
+    query-key and value dims): a FlashAttention kernel must support each. Empty when unknown."""
+    qk_v_head_dims: tuple[int, int] | None = None
+    """(query-key, value) head dims when they differ (MLA, e.g. DeepSeek's 192/128)."""
+    compatible_flash: tuple[str, ...] | None = None
+    """The class's `_compatible_flash_implementations`: transformers replaces any other
+    FlashAttention request with the first of these it can run (modeling_utils.py)."""
 
     @property
     def linear_parameters(self) -> int:
@@ -228,6 +236,8 @@ def read_model_facts(
     hidden = getattr(text_config, "hidden_size", None)
     heads = getattr(text_config, "num_attention_heads", None)
     head_dim = getattr(text_config, "head_dim", None) or (hidden // heads if hidden and heads else None)
+    head_dims, qk_v = _head_dims(text_config, head_dim)
+    compatible = getattr(cls, "_compatible_flash_implementations", None)
     return ModelFacts(
         source=model if isinstance(model, str) else (getattr(config, "_name_or_path", "") or config.model_type),
         model_type=str(config.model_type),
@@ -249,4 +259,31 @@ def read_model_facts(
         linear_shapes=tuple((leaf, i, o, n) for (leaf, i, o), n in sorted(shapes.items())),
         vocab_size=getattr(text_config, "vocab_size", None),
         conv1d=any(type(m).__name__ == "Conv1D" for m in meta.modules()),
+        head_dims=head_dims,
+        qk_v_head_dims=qk_v,
+        compatible_flash=tuple(compatible) if compatible is not None else None,
     )
+
+
+# Config attributes that hold an attention head dimension (transformers 5.x configuration_*.py):
+# the usual one, sliding-window / global variants, and MLA's query-key and value dims.
+_HEAD_DIM_ATTRIBUTES = (
+    "head_dim",
+    "swa_head_dim",
+    "global_head_dim",
+    "attention_head_dim",
+    "qk_head_dim",
+    "v_head_dim",
+)
+
+
+def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tuple[int, int] | None]:
+    found = {int(v) for a in _HEAD_DIM_ATTRIBUTES if isinstance(v := getattr(config, a, None), int) and v > 0}
+    if head_dim:
+        found.add(int(head_dim))
+    qk, v = getattr(config, "qk_head_dim", None), getattr(config, "v_head_dim", None)
+    if qk is None and isinstance(getattr(config, "qk_nope_head_dim", None), int):
+        qk = config.qk_nope_head_dim + (getattr(config, "qk_rope_head_dim", 0) or 0)
+        found.add(int(qk))
+    pair = (int(qk), int(v)) if isinstance(qk, int) and isinstance(v, int) and qk != v else None
+    return tuple(sorted(found)), pair

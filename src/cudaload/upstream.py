@@ -12,11 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "FA4_MAJORS_WIDE",
+    "FA4_WIDE_VERSION",
+    "FLASH_ATTN_2_MIN_VERSION",
+    "FLASH_ATTN_2_SOFTCAP_MIN_VERSION",
     "FLASH_DISTRIBUTIONS",
+    "FLASH_MAX_HEAD_DIM",
     "FLASH_OPTIONS",
     "FP16_FRAGILE_FAMILIES",
     "TESTED_KERNELS_RANGE",
     "FlashOption",
+    "fa4_head_dims_ok",
     "flash_preference",
     "hub_kernel_version",
 ]
@@ -60,6 +66,30 @@ FLASH_OPTIONS: dict[str, FlashOption] = {
     )
 }
 
+# transformers' `is_flash_attn_2_available()` (utils/import_utils.py) accepts flash-attn >= 2.3.3 only;
+# `attn_logit_softcapping` reaches the kernel from flash-attn 2.6.0 (the `softcap` argument).
+FLASH_ATTN_2_MIN_VERSION = "2.3.3"
+FLASH_ATTN_2_SOFTCAP_MIN_VERSION = "2.6.0"
+
+# FlashAttention-4 builds by version (flash_attn/cute/interface.py): from 4.0.0b5 forward runs on
+# sm80-sm120 and backward on sm90-sm120; earlier betas on sm90/sm100 only. transformers gates FA4
+# at compute capability major >= 9 (FLASH_ATTENTION_COMPATIBILITY_MATRIX[4]), so sm80 never gets it.
+FA4_WIDE_VERSION = "4.0.0b5"
+FA4_MAJORS_WIDE = frozenset({9, 10, 11, 12})
+
+# Head dimensions: FA2 and FA3 support head_dim <= 256 (flash-attention README; a 512 head fails at
+# the first forward, flash-attention issue 2427). FA4 on sm100 takes 8-128, 256, or qk 192 with
+# v 128 (vLLM's fa_utils falls back to FA2 above 128 there).
+FLASH_MAX_HEAD_DIM = 256
+
+
+def fa4_head_dims_ok(head_dims: tuple[int, ...], qk_v: tuple[int, int] | None) -> bool:
+    """Whether FlashAttention-4 on sm100 runs every head dim of the model."""
+    if qk_v == (192, 128):
+        return True
+    return all(8 <= d <= 128 or d == 256 for d in head_dims)
+
+
 # (distribution, module) per implementation, for detection.
 FLASH_DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     name: (o.distribution, o.module) for name, o in FLASH_OPTIONS.items()
@@ -93,7 +123,6 @@ def hub_kernel_version(repo: str, torch_version: str | None) -> int | None:
 # Used for simulated machines; a detected machine reads the installed transformers' range.
 TESTED_KERNELS_RANGE = ("0.17.2", "0.18.0")
 
-# Families that overflow or produce garbage in fp16 (vLLM refuses fp16 for gemma3, plamo2 and
-# glm4: "Numerical instability. Please use bfloat16 or float32 instead."; Gemma 2/3 give empty
-# or NaN output in fp16 in transformers issues).
-FP16_FRAGILE_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "plamo2", "glm4"})
+# Families that overflow in fp16: exactly vLLM's `_FLOAT16_NOT_SUPPORTED_MODELS` (vllm/config/model.py:
+# "Numerical instability. Please use bfloat16 or float32 instead."), which vLLM applies on every GPU.
+FP16_FRAGILE_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"})

@@ -8,11 +8,22 @@ upstream does not build for. Several GPUs: the weakest decides.
 
 from __future__ import annotations
 
+from packaging.version import InvalidVersion, Version
+
 from ..capability.facts import Machine
 from ..errors import AttentionUnavailableError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Rejected
-from ..upstream import FLASH_OPTIONS, flash_preference
+from ..upstream import (
+    FA4_MAJORS_WIDE,
+    FA4_WIDE_VERSION,
+    FLASH_ATTN_2_MIN_VERSION,
+    FLASH_ATTN_2_SOFTCAP_MIN_VERSION,
+    FLASH_MAX_HEAD_DIM,
+    FLASH_OPTIONS,
+    fa4_head_dims_ok,
+    flash_preference,
+)
 from .kernels import kernels_status
 
 __all__ = ["decide_attention"]
@@ -24,35 +35,100 @@ def _hub_kernel(machine: Machine, repo: str) -> tuple[bool, str]:
         return False, why
     kernel = machine.hub.kernel(repo)
     if kernel is not None and kernel.cached:
-        return True, f"Hub kernel {repo} ({kernel.detail})"
+        if machine.hub.offline:
+            return True, f"Hub kernel {repo} ({kernel.detail})"
+        # kernels (hf_hub.py `_check_trust_remote_code`) verifies the publisher on the Hub unless
+        # HF_HUB_OFFLINE is set, even for a cached kernel: without network that load fails.
+        return True, (
+            f"Hub kernel {repo} ({kernel.detail}; online mode: `kernels` still asks the Hub to verify its "
+            "publisher, so without network it fails and the next link is used; HF_HUB_OFFLINE=1 uses the cache alone)"
+        )
     detail = kernel.detail if kernel is not None else "not in the local cache"
     if machine.hub.offline:
         return False, f"HF_HUB_OFFLINE is set and Hub kernel {repo} is {detail}"
     return True, f"Hub kernel {repo} (not cached: downloaded on first use)"
 
 
-def _flash(machine: Machine, model: ModelFacts, dtype: str, name: str) -> tuple[str | None, str]:
-    """(implementation to pass or None, reason) for one FlashAttention version."""
+def _at_least(installed: str, minimum: str) -> bool:
+    try:
+        return Version(installed) >= Version(minimum)
+    except InvalidVersion:
+        return False
+
+
+def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, installed: str | None) -> str | None:
+    """Why FlashAttention `name` cannot run this model here (None when it can). `installed` is the
+    package version, or None for the Hub kernel."""
     option = FLASH_OPTIONS[name]
     gpu = machine.weakest_gpu
     if gpu is None:
-        return None, "needs a CUDA GPU"
-    if gpu.capability[0] not in option.majors:
-        return None, f"no {name} kernels for {gpu.sm} ({gpu.name})"
+        return "needs a CUDA GPU"
+    fa4_wide = name == "flash_attention_4" and installed is not None and _at_least(installed, FA4_WIDE_VERSION)
+    majors = FA4_MAJORS_WIDE if fa4_wide else option.majors
+    if gpu.capability[0] not in majors:
+        note = ""
+        if name == "flash_attention_4" and gpu.capability[0] in FA4_MAJORS_WIDE:
+            note = f" before flash-attn-4 {FA4_WIDE_VERSION} (installed: {installed or 'none; the Hub kernel is v0'})"
+        return f"no {name} kernels for {gpu.sm} ({gpu.name}){note}"
     if dtype == "float32":
-        return None, "FlashAttention runs only in fp16/bf16; the dtype is float32"
+        return "FlashAttention runs only in fp16/bf16; the dtype is float32"
     if not model.supports_flash:
-        return None, f"{model.model_class} does not support FlashAttention"
-    if model.softcap and name != "flash_attention_2":
-        # transformers passes softcap only to kernels whose signature has it and raises otherwise;
-        # FA2 (2.6+) is the one known to apply it in forward and backward.
-        return None, f"attn_logit_softcapping={model.softcap}: only FlashAttention-2 is known to apply it"
-    if machine.software.has(option.distribution):
-        return name, f"{option.distribution} {machine.software.version(option.distribution)} installed"
-    ok, why = _hub_kernel(machine, option.hub_repo)
+        return f"{model.model_class} does not support FlashAttention"
+    if name == "flash_attention_2" and installed is not None and not _at_least(installed, FLASH_ATTN_2_MIN_VERSION):
+        return f"flash-attn {installed} is older than {FLASH_ATTN_2_MIN_VERSION}, the oldest transformers accepts"
+    softcap_too_old = installed is not None and not _at_least(installed, FLASH_ATTN_2_SOFTCAP_MIN_VERSION)
+    if model.softcap and name == "flash_attention_2" and softcap_too_old:
+        return (
+            f"attn_logit_softcapping={model.softcap} needs flash-attn >= {FLASH_ATTN_2_SOFTCAP_MIN_VERSION} "
+            f"(installed: {installed})"
+        )
+    too_big = [d for d in model.head_dims if d > FLASH_MAX_HEAD_DIM]
+    if too_big:
+        return f"head_dim {max(too_big)}: FlashAttention supports head dims up to {FLASH_MAX_HEAD_DIM}"
+    if (
+        name == "flash_attention_4"
+        and gpu.capability[0] == 10
+        and not fa4_head_dims_ok(model.head_dims, model.qk_v_head_dims)
+    ):
+        return (
+            f"head dims {list(model.head_dims)}: FlashAttention-4 on sm100 takes 8-128, 256 or 192/128 "
+            "(vLLM falls back to FA2 there)"
+        )
+    return None
+
+
+def _flash(machine: Machine, model: ModelFacts, dtype: str, name: str) -> tuple[str | None, str]:
+    """(implementation to pass or None, reason) for one FlashAttention version: the installed
+    package, else its `kernels-community` Hub kernel."""
+    option = FLASH_OPTIONS[name]
+    installed = machine.software.version(option.distribution)
+    if installed is not None:
+        why = _cannot_run(machine, model, dtype, name, installed)
+        return (None, why) if why else (name, f"{option.distribution} {installed} installed")
+    return _flash_hub(machine, model, dtype, name, f"{option.distribution} not installed; ")
+
+
+def _flash_hub(machine: Machine, model: ModelFacts, dtype: str, name: str, prefix: str = "") -> tuple[str | None, str]:
+    """The Hub kernel of FlashAttention `name`, when it can run here and can be fetched."""
+    repo = FLASH_OPTIONS[name].hub_repo
+    why = _cannot_run(machine, model, dtype, name, None)
+    if why:
+        return None, why
+    ok, detail = _hub_kernel(machine, repo)
     if ok:
-        return option.hub_repo, f"{option.distribution} not installed; {why}"
-    return None, f"{option.distribution} not installed and its Hub kernel is unusable: {why}"
+        return repo, f"{prefix}{detail}"
+    return None, f"{prefix}its Hub kernel is unusable: {detail}"
+
+
+def _compatible_entry(machine: Machine, model: ModelFacts, dtype: str, entry: str) -> tuple[str | None, str]:
+    """One entry of the model's `_compatible_flash_implementations`: a FlashAttention name or a
+    Hub kernel repository."""
+    if entry in FLASH_OPTIONS:
+        return _flash(machine, model, dtype, entry)
+    for name, option in FLASH_OPTIONS.items():
+        if option.hub_repo == entry:
+            return _flash_hub(machine, model, dtype, name, f"{model.model_class} asks for this Hub kernel; ")
+    return None, "a Hub kernel cudaload cannot check for this GPU (not a CUDA FlashAttention build it knows)"
 
 
 def _sdpa(model: ModelFacts) -> tuple[bool, str]:
@@ -63,6 +139,19 @@ def _sdpa(model: ModelFacts) -> tuple[bool, str]:
     return True, "torch SDPA: fused attention on every device"
 
 
+def _is_flash(implementation: str) -> bool:
+    """A FlashAttention option by name or a Hub kernel repository (org/name), as transformers sees it."""
+    return implementation.startswith("flash_attention") or "/" in implementation
+
+
+def _redirected(model: ModelFacts, option: str) -> str:
+    accepted = ", ".join(model.compatible_flash or ())
+    return (
+        f"{model.model_class} accepts only [{accepted}]: transformers would replace {option} with one of them "
+        "(`_compatible_flash_implementations`)"
+    )
+
+
 def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -> Decision:
     def refuse(why: str) -> AttentionUnavailableError:
         return AttentionUnavailableError(
@@ -70,8 +159,16 @@ def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -
             "(e.g. 'sdpa') or leave attn_implementation unset to let cudaload choose."
         )
 
+    compatible = model.compatible_flash
+    if compatible is not None and requested not in compatible and _is_flash(requested):
+        raise refuse(_redirected(model, requested))
     if requested in FLASH_OPTIONS:
         impl, why = _flash(machine, model, dtype, requested)
+        if impl is None:
+            raise refuse(why)
+        return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
+    if compatible is not None and requested in compatible:
+        impl, why = _compatible_entry(machine, model, dtype, requested)
         if impl is None:
             raise refuse(why)
         return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
@@ -103,24 +200,44 @@ def decide_attention(
     chain: list[str] = []
     reasons: dict[str, str] = {}
     rejected: list[Rejected] = []
-    for name in order:
-        impl, why = _flash(machine, model, dtype, name)
+
+    def consider(option: str, impl: str | None, why: str) -> None:
         if impl is None:
-            rejected.append(Rejected(name, why))
+            rejected.append(Rejected(option, why))
         else:
             chain.append(impl)
             reasons[impl] = why
+
+    if model.compatible_flash is None:
+        for name in order:
+            consider(name, *_flash(machine, model, dtype, name))
+    else:
+        # transformers replaces any other FlashAttention request with one of these: plan only them,
+        # in the model author's order (modeling_utils.py, `_compatible_flash_implementations`).
+        for name in order:
+            if name not in model.compatible_flash:
+                rejected.append(Rejected(name, _redirected(model, name)))
+        for entry in model.compatible_flash:
+            consider(entry, *_compatible_entry(machine, model, dtype, entry))
     ok, why = _sdpa(model)
     if ok:
         chain.append("sdpa")
         reasons["sdpa"] = why
     else:
         rejected.append(Rejected("sdpa", why))
+        # transformers' own advice when a kernel cannot softcap: "Try using `eager` or `flex_attention`".
+        if model.supports_flex:
+            if gpu is not None:
+                consider("flex_attention", "flex_attention", "torch flex_attention: fused, applies what SDPA cannot")
+            else:
+                rejected.append(
+                    Rejected("flex_attention", "not planned on a CPU: it needs torch.compile there (unverified)")
+                )
     chain.append("eager")
     reasons["eager"] = "the reference implementation: works everywhere, slowest"
 
     choice = chain[0]
-    if choice.startswith(("flash_attention", "kernels-community/")):
+    if _is_flash(choice):
         where = f"{gpu.name} ({gpu.sm})" if gpu else ""
         reason = f"fastest supported on {where}: {reasons[choice]}"
     else:

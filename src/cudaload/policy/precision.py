@@ -69,6 +69,17 @@ def decide_dtype(
         return _cpu_dtype(machine, model, workload or Workload()), ()
     where = f"{gpu.name} ({gpu.sm})"
     if gpu.bf16:
+        if ckpt == "float16" and model.fp16_fragile:
+            return Decision(
+                "dtype",
+                "bfloat16",
+                f"{model.model_type} is numerically unstable in fp16 (vLLM refuses fp16 for it on every GPU), so "
+                f"the fp16 checkpoint is loaded as bf16, which {where} runs natively",
+                (
+                    Rejected("float16", f"{model.model_type}: numerical instability in fp16 (empty or NaN output)"),
+                    Rejected("float32", "2x memory, no gain"),
+                ),
+            ), ()
         if ckpt == "float16":
             return Decision(
                 "dtype",
