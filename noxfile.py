@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "tests_newest", "lint", "typecheck", "docs"]
 nox.options.default_venv_backend = "venv"
 
 INSTALL = ("-c", "constraints/tested.txt", "-e", ".[dev,finetune,kernels]")
@@ -19,6 +19,14 @@ def _install(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     _install(session)
+    session.run("pytest", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+
+
+@nox.session
+def tests_newest(session: nox.Session) -> None:
+    """The suite on the newest releases the registry resolves (no constraints file): what users get."""
+    session.install("torch==2.13.0")
+    session.install("-e", ".[dev,finetune,kernels]")
     session.run("pytest", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -47,7 +49,9 @@ def test_qlora_on_cpu(tiny_models) -> None:
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert plan.extras["trainable_parameters"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
-    assert base.is_gradient_checkpointing
+    # transformers 5.23 renamed is_gradient_checkpointing (the old name warns).
+    renamed = hasattr(base, "is_activation_checkpointing")
+    assert base.is_activation_checkpointing if renamed else base.is_gradient_checkpointing
 
     # Gradients reach the first layer through the frozen 4-bit weights of the later ones.
     ids = _batch()
@@ -131,10 +135,57 @@ def test_an_already_quantized_model_is_not_quantized_again(tiny_models, tmp_path
 
 
 def test_training_arguments_are_the_plans_and_yours_win(tiny_models) -> None:
+    from transformers import TrainingArguments
+
     model = load_for_finetune(str(tiny_models["llama"]), quantize=None)
     args = training_arguments(model, output_dir="out", optim="sgd")
     assert args["optim"] == "sgd" and args["output_dir"] == "out"
-    assert args["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
+    # transformers 5.23 renamed TrainingArguments' gradient_checkpointing_kwargs (the old name warns).
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    name = "activation_checkpointing" if "activation_checkpointing_kwargs" in fields else "gradient_checkpointing"
+    assert args[f"{name}_kwargs"] == {"use_reentrant": False}
     assert args["bf16"] == (model.cudaload_plan.plan.kwargs["dtype"] == "bfloat16")
     with pytest.raises(FinetuneConfigError, match="not a fine-tuning plan"):
         training_arguments(cudaload.plan(str(tiny_models["llama"])))
+
+
+def test_moe_experts_are_said_to_be_left_out_and_can_be_adapted(tmp_path) -> None:
+    # transformers 5 fuses each MoE layer's experts into 3-D parameters: target_modules reach
+    # attention only; peft's target_parameters adapts the experts when asked.
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+    )
+    path = tmp_path / "moe"
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    experts = ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+
+    planned = cudaload.plan(str(path), finetune=True, quantize=None).decision("lora")
+    assert "fused experts" not in planned.reason and "linear projections" in planned.reason
+    (offer,) = planned.rejected
+    assert "target_parameters" in offer.reason and str(experts) in offer.value
+
+    model = load_for_finetune(str(path), quantize=None, lora={"target_parameters": experts})
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert any(".mlp.experts." in n and "lora_" in n for n in trainable)
+    assert "fused experts" in model.cudaload_plan.plan.decision("lora").reason
+    ids = torch.randint(0, 128, (1, 8))
+    model.train()
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+    assert model.cudaload_plan.plan.extras["lora"]["lora_dropout"] == 0.0  # peft's ParamWrapper needs it
+    with pytest.raises(FinetuneConfigError, match="peft adapts parameters only without dropout"):
+        cudaload.plan(str(path), finetune=True, quantize=None, lora={"target_parameters": experts, "lora_dropout": 0.1})
+    with pytest.raises(FinetuneConfigError, match="match no fused expert weight"):
+        cudaload.plan(str(path), finetune=True, quantize=None, lora={"target_parameters": ["mlp.nope"]})

@@ -111,3 +111,26 @@ def test_head_dims_and_redirected_flash_implementations_are_read_from_upstream()
     )
     assert mla.qk_v_head_dims == (192, 128) and 192 in mla.head_dims and 128 in mla.head_dims
     assert mla.compatible_flash is None
+
+
+def test_without_a_config_dtype_the_weights_say(tiny_models, tmp_path: Path) -> None:
+    # transformers' dtype="auto" reads the weights when the config has no dtype; so does cudaload,
+    # from the safetensors header.
+    import shutil
+
+    from cudaload import Machine, ModelConfigError, plan
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_models["qwen3"], folder)  # saved in bf16
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    assert read_model_facts(str(folder)).checkpoint_dtype == "bfloat16"
+    a100 = Machine.simulated("A100")
+    assert plan(str(folder), machine=a100, dtype="auto").dtype == "bfloat16"  # the checkpoint's, not fp32
+    assert plan(str(folder), machine=a100, finetune=True, quantize=None).dtype == "bfloat16"
+    # A config.json that transformers itself cannot build is a config error that says what to fix.
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "auto"}))
+    with pytest.raises(ModelConfigError, match=r"could not build the config .* Fix that value in config\.json"):
+        read_model_facts(str(folder))

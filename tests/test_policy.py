@@ -107,6 +107,9 @@ def test_kernels_version_mismatch_is_reported() -> None:
     plan = plan_for(Machine.simulated("A100", packages={"kernels": "0.19.1"}))
     reasons = " ".join(r.reason for r in plan.decision("attn_implementation").rejected)
     assert "kernels 0.19.1 is installed but transformers 5.22.2 accepts only [0.17.2, 0.18.0)" in reasons
+    newer = Machine.simulated("A100", packages={"kernels": "0.17.2", "transformers": "5.24.0"})
+    reasons = " ".join(r.reason for r in plan_for(newer).decision("attn_implementation").rejected)
+    assert "kernels 0.17.2 is installed but transformers 5.24.0 accepts only [0.18.2, 0.19.0)" in reasons
 
 
 def test_mixed_gpus_plan_for_the_weakest() -> None:

@@ -89,6 +89,16 @@ def test_finetune_table(gpu, count, launch, size, asked, quantize, device_map, b
         assert "quantization_config" not in plan.kwargs
 
 
+@pytest.mark.parametrize(
+    ("transformers", "name"), [("5.22.2", "gradient_checkpointing"), ("5.24.0", "activation_checkpointing")]
+)
+def test_checkpointing_argument_follows_transformers(transformers, name) -> None:
+    machine = Machine.simulated("A100", packages={**BNB, "transformers": transformers})
+    args = finetune(machine, llama(8)).extras["training_arguments"]
+    assert args[name] is True and args[f"{name}_kwargs"] == {"use_reentrant": False}
+    assert not ({"gradient_checkpointing", "activation_checkpointing"} - {name}) & set(args)
+
+
 def test_auto_says_how_it_estimated() -> None:
     plan = finetune(Machine.simulated("T4", packages=BNB))
     reason = plan.decision("quantize").reason

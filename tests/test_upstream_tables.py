@@ -4,7 +4,7 @@ that changes them fails here instead of misleading users."""
 from __future__ import annotations
 
 from cudaload.capability.software import probe_software
-from cudaload.upstream import FLASH_OPTIONS, TESTED_KERNELS_RANGE, hub_kernel_version
+from cudaload.upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
 
 
 def test_flash_tables_match_transformers() -> None:
@@ -22,7 +22,11 @@ def test_flash_tables_match_transformers() -> None:
 
 
 def test_kernels_range_matches_the_installed_transformers() -> None:
+    import transformers
     from transformers.utils import import_utils
 
-    assert (import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION) == TESTED_KERNELS_RANGE
-    assert probe_software().kernels_range == TESTED_KERNELS_RANGE
+    installed = (import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION)
+    assert probe_software().kernels_range == installed
+    minor = ".".join(transformers.__version__.split(".")[:2])
+    assert minor in KERNELS_RANGES, f"transformers {minor}: add its kernels range {installed} to KERNELS_RANGES"
+    assert KERNELS_RANGES[minor] == installed

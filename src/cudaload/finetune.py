@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -25,7 +26,11 @@ def _prepare(model: Any, checkpointing: bool) -> None:
     for param in model.parameters():
         param.requires_grad_(False)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:  # the old name, deprecated (FutureWarning) since 5.23
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         # With the embeddings frozen, the checkpointed blocks' inputs need grads for the
         # backward to reach the adapters.
         model.enable_input_require_grads()
@@ -76,7 +81,11 @@ def load_for_finetune(
     planned = time.perf_counter() - start
     base = apply_plan(the_plan, model_class=model_class, strict=strict, verify=True, training=True)
     _prepare(base, gradient_checkpointing)
-    peft_model = get_peft_model(base, LoraConfig(**the_plan.extras["lora"]))
+    with warnings.catch_warnings():
+        # peft (<= 0.21.2) reads the deprecated `is_gradient_checkpointing`, a FutureWarning on
+        # transformers >= 5.23 that the caller cannot act on.
+        warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
+        peft_model = get_peft_model(base, LoraConfig(**the_plan.extras["lora"]))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     applied = base.cudaload_plan
     peft_model.cudaload_plan = replace(

@@ -8,6 +8,7 @@ parameters by building the model on the meta device (no memory, no weights).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,6 +63,10 @@ class ModelFacts:
     query-key and value dims): a FlashAttention kernel must support each. Empty when unknown."""
     qk_v_head_dims: tuple[int, int] | None = None
     """(query-key, value) head dims when they differ (MLA, e.g. DeepSeek's 192/128)."""
+    expert_parameters: tuple[str, ...] = ()
+    """Fused MoE expert weights (3-D nn.Parameters such as `mlp.experts.gate_up_proj`, named from the
+    layer down): transformers 5 fuses experts, so `target_modules` cannot reach them; peft's
+    `target_parameters` can."""
     compatible_flash: tuple[str, ...] | None = None
     """The class's `_compatible_flash_implementations`: transformers replaces any other
     FlashAttention request with the first of these it can run (modeling_utils.py)."""
@@ -158,6 +163,14 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
                 "repository's code, then pass trust_remote_code=True yourself if you trust it."
             ) from exc
         raise ModelConfigError(f"Could not read the config of {name!r}: {exc}") from exc
+    except (AttributeError, TypeError, KeyError) as exc:
+        # transformers fails inside the config class on values it cannot take (e.g. "dtype": "auto"
+        # in config.json makes 5.22 look up torch.auto): the file is the problem, not the network.
+        raise ModelConfigError(
+            f"transformers could not build the config of {name!r} from its config.json: "
+            f'{type(exc).__name__}: {exc}. Fix that value in config.json (a "dtype" key can be removed: '
+            "the weights' dtype is then used)."
+        ) from exc
     except OSError as exc:
         raise ModelConfigError(
             f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
@@ -212,6 +225,10 @@ def read_model_facts(
     config = _load_config(model, trust_remote_code, revision)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     checkpoint_dtype = _normalise_dtype(getattr(config, "dtype", None))
+    if checkpoint_dtype not in ("float32", "float16", "bfloat16"):
+        # No (or "auto") dtype in the config: transformers' dtype="auto" then reads the weights
+        # (`_get_dtype` in modeling_utils.py); so do we, from the safetensors header alone.
+        checkpoint_dtype = _weights_dtype(model, revision)
     cls = _model_class(config, auto_class)
     meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
     import torch
@@ -231,6 +248,13 @@ def read_model_facts(
             continue
         shapes[key] = shapes.get(key, 0) + 1
     linear = sorted({leaf for leaf, _, _ in shapes})
+    experts = sorted(
+        {
+            re.sub(r"^.*?\.\d+\.", "", name)
+            for name, param in meta.named_parameters()
+            if param.ndim == 3 and ".experts." in f".{name}"
+        }
+    )
     quant = getattr(config, "quantization_config", None)
     quant_method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
     hidden = getattr(text_config, "hidden_size", None)
@@ -261,8 +285,70 @@ def read_model_facts(
         conv1d=any(type(m).__name__ == "Conv1D" for m in meta.modules()),
         head_dims=head_dims,
         qk_v_head_dims=qk_v,
+        expert_parameters=tuple(experts),
         compatible_flash=tuple(compatible) if compatible is not None else None,
     )
+
+
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def _weights_dtype(model: Any, revision: str | None) -> str | None:
+    """The floating dtype holding most of the weights, read from a safetensors header (the first
+    8 bytes give the JSON header's length; no tensor is read). None when there is no local file."""
+    import json
+    import struct
+
+    from transformers import PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):
+        return None
+    path = _weights_file(str(model), revision)
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+    except (OSError, ValueError, struct.error):
+        return None
+    counts: dict[str, int] = {}
+    for name, entry in header.items():
+        dtype = _SAFETENSORS_DTYPES.get(entry.get("dtype", "")) if name != "__metadata__" else None
+        if dtype is not None:
+            size = 1
+            for dim in entry.get("shape", ()):
+                size *= int(dim)
+            counts[dtype] = counts.get(dtype, 0) + size
+    return max(counts, key=lambda d: counts[d]) if counts else None
+
+
+def _weights_file(model: str, revision: str | None) -> str | None:
+    """A local safetensors file of `model` (a folder, or a Hub id already in the cache)."""
+    import json
+    import os
+    from pathlib import Path
+
+    from huggingface_hub import try_to_load_from_cache
+
+    def find(name: str) -> str | None:
+        if os.path.isdir(model):
+            candidate = os.path.join(model, name)
+            return candidate if os.path.isfile(candidate) else None
+        cached = try_to_load_from_cache(model, name, revision=revision)
+        return cached if isinstance(cached, str) else None
+
+    single = find("model.safetensors")
+    if single is not None:
+        return single
+    index = find("model.safetensors.index.json")
+    if index is None:
+        return None
+    try:
+        weight_map = json.loads(Path(index).read_text())["weight_map"]
+        return find(next(iter(weight_map.values())))
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
 
 
 # Config attributes that hold an attention head dimension (transformers 5.x configuration_*.py):

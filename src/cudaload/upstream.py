@@ -20,6 +20,7 @@ __all__ = [
     "FLASH_MAX_HEAD_DIM",
     "FLASH_OPTIONS",
     "FP16_FRAGILE_FAMILIES",
+    "KERNELS_RANGES",
     "TESTED_KERNELS_RANGE",
     "FlashOption",
     "fa4_head_dims_ok",
@@ -119,9 +120,17 @@ def hub_kernel_version(repo: str, torch_version: str | None) -> int | None:
     return {"kernels-community/vllm-flash-attn3": 1, "kernels-community/flash-attn4": 0}.get(repo)
 
 
-# `kernels` versions transformers 5.22.x accepts: [KERNELS_MIN_VERSION, KERNELS_MAX_VERSION).
-# Used for simulated machines; a detected machine reads the installed transformers' range.
-TESTED_KERNELS_RANGE = ("0.17.2", "0.18.0")
+# `kernels` versions each transformers minor accepts: [KERNELS_MIN_VERSION, KERNELS_MAX_VERSION).
+# A detected machine reads the installed transformers' range; these are for simulated machines
+# and for the test that holds them against the installed transformers.
+KERNELS_RANGES: dict[str, tuple[str, str]] = {
+    "5.22": ("0.17.2", "0.18.0"),
+    "5.23": ("0.18.2", "0.19.0"),
+    "5.24": ("0.18.2", "0.19.0"),
+    "5.25": ("0.19.1", "0.20.0"),
+}
+# The tested set's (transformers 5.22.x, constraints/tested.txt).
+TESTED_KERNELS_RANGE = KERNELS_RANGES["5.22"]
 
 # Families that overflow in fp16: exactly vLLM's `_FLOAT16_NOT_SUPPORTED_MODELS` (vllm/config/model.py:
 # "Numerical instability. Please use bfloat16 or float32 instead."), which vLLM applies on every GPU.

@@ -306,7 +306,7 @@ class Machine:
         A simulated machine has no measurements unless `dtype_probe` / `tuning` give them.
         """
         from ..catalog import lookup_gpu
-        from ..upstream import FLASH_OPTIONS, TESTED_KERNELS_RANGE, hub_kernel_version
+        from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
 
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
         gpus = tuple(lookup_gpu(name).as_gpu(i) for i, name in enumerate(names))
@@ -314,7 +314,8 @@ class Machine:
         software = Software(
             packages=tuple(sorted(versions.items())),
             torch_cuda="12.8" if gpus else None,
-            kernels_range=TESTED_KERNELS_RANGE,
+            # the simulated transformers' range (None, i.e. unchecked, for a minor not in the table)
+            kernels_range=KERNELS_RANGES.get(".".join(versions["transformers"].split(".")[:2])),
         )
         cached = set(cached_kernels)
         hub = Hub(

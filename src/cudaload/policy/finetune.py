@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from ..capability.facts import Machine
 from ..errors import FinetuneConfigError
 from ..model_facts import ModelFacts
@@ -43,19 +45,72 @@ def lora_targets(model: ModelFacts, requested: Any) -> tuple[str, ...]:
     return names
 
 
+def _expert_targets(model: ModelFacts, requested: Any) -> list[str] | None:
+    """peft `target_parameters` for fused MoE experts: validated against the model's."""
+    if requested is None:
+        return None
+    names = [requested] if isinstance(requested, str) else list(requested)
+    unknown = [n for n in names if n not in model.expert_parameters]
+    if unknown:
+        found = list(model.expert_parameters) or "none (not a fused-expert MoE)"
+        raise FinetuneConfigError(
+            f"LoRA target_parameters {unknown} match no fused expert weight of {model.model_class}. Its expert "
+            f"parameters are {found}."
+        )
+    return names
+
+
 def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple[Decision, dict[str, Any]]:
     overrides = dict(overrides or {})
     targets = lora_targets(model, overrides.pop("target_modules", None))
+    experts = _expert_targets(model, overrides.pop("target_parameters", None))
     config: dict[str, Any] = {**LORA_DEFAULTS, **overrides, "target_modules": list(targets)}
+    if experts is not None:
+        # peft's ParamWrapper (the LoRA layer for a parameter) raises "does not work with
+        # lora_dropout != 0" (peft/tuners/lora/layer.py): checked here, before any weight loads.
+        if overrides.get("lora_dropout", 0) != 0:
+            raise FinetuneConfigError(
+                f"lora target_parameters={experts} with lora_dropout={overrides['lora_dropout']}: peft adapts "
+                "parameters only without dropout. Pass lora_dropout=0, or drop target_parameters."
+            )
+        config["lora_dropout"] = 0.0
+        config["target_parameters"] = experts
     config.setdefault("task_type", TASK_TYPES.get(model.auto_class, "CAUSAL_LM"))
     if model.conv1d:
         config["fan_in_fan_out"] = True  # GPT-2's Conv1D stores weights transposed
-    yours = sorted(overrides)
-    reason = (
-        f"r={config['r']}, alpha={config['lora_alpha']}, dropout={config['lora_dropout']} on every projection "
-        f"({', '.join(targets)})" + (f"; yours: {', '.join(yours)}" if yours else "")
+    yours = sorted([*overrides, *(["target_parameters"] if experts is not None else [])])
+    where = f"every projection ({', '.join(targets)})"
+    rejected: tuple[Rejected, ...] = ()
+    if model.expert_parameters:
+        # transformers 5 fuses each MoE layer's experts into 3-D parameters: nn.Linear names reach
+        # attention (and any dense MLP) only. peft >= 0.17 adapts parameters via target_parameters.
+        where = f"the linear projections ({', '.join(targets)})"
+        if experts is not None:
+            where += f" and the fused experts ({', '.join(experts)})"
+        else:
+            rejected = (
+                Rejected(
+                    f"target_parameters={list(model.expert_parameters)}",
+                    "the MoE experts are fused parameters, not linear layers, so they are not adapted; pass "
+                    f"lora={{'target_parameters': {list(model.expert_parameters)}}} to adapt them too (peft "
+                    "target_parameters)",
+                ),
+            )
+    reason = f"r={config['r']}, alpha={config['lora_alpha']}, dropout={config['lora_dropout']} on {where}" + (
+        f"; yours: {', '.join(yours)}" if yours else ""
     )
-    return Decision("lora", config, reason, source="user" if yours else "auto"), config
+    return Decision("lora", config, reason, rejected, source="user" if yours else "auto"), config
+
+
+def checkpointing_argument(machine: Machine) -> str:
+    """TrainingArguments' name for checkpointing: transformers 5.23 renamed `gradient_checkpointing`
+    (and `_kwargs`) to `activation_checkpointing`; the old names still work but warn (FutureWarning)."""
+    version = machine.software.version("transformers")
+    try:
+        renamed = version is not None and Version(version).release >= (5, 23)
+    except InvalidVersion:
+        renamed = False
+    return "activation_checkpointing" if renamed else "gradient_checkpointing"
 
 
 def decide_training_arguments(
@@ -99,8 +154,9 @@ def decide_training_arguments(
             "without it Trainer under torchrun on a CPU-only machine runs each rank alone "
             "(world size 1, no gradient averaging)",
         )
+    name = checkpointing_argument(machine)
     add(
-        "gradient_checkpointing",
+        name,
         checkpointing,
         "recompute activations in the backward: memory grows with layers, not with layers x activations"
         if checkpointing
@@ -108,7 +164,7 @@ def decide_training_arguments(
     )
     if checkpointing:
         add(
-            "gradient_checkpointing_kwargs",
+            f"{name}_kwargs",
             {"use_reentrant": False},
             "non-reentrant checkpointing works with frozen inputs and DDP (the reentrant default does not)",
         )
