@@ -44,6 +44,7 @@ _EXPORTS = {
     "PlacementError": "cudaload.errors",
     "QuantizationError": "cudaload.errors",
     "RemoteCodeError": "cudaload.errors",
+    "SettingError": "cudaload.errors",
     "UnknownGpuError": "cudaload.errors",
     "WorkloadError": "cudaload.errors",
     "Workload": "cudaload.policy.request",
@@ -76,6 +77,7 @@ __all__ = [
     "QuantizationError",
     "Rejected",
     "RemoteCodeError",
+    "SettingError",
     "Software",
     "TuningRecord",
     "UnknownGpuError",
@@ -106,6 +108,7 @@ if TYPE_CHECKING:
         PlacementError,
         QuantizationError,
         RemoteCodeError,
+        SettingError,
         UnknownGpuError,
         WorkloadError,
     )

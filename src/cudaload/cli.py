@@ -7,6 +7,7 @@ import dataclasses
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from .capability.facts import GiB, Launch, Machine
@@ -74,12 +75,17 @@ def _probe_lines(machine: Machine) -> list[str]:
 
 
 def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
-    if not machine.gpus:
-        from .capability import measure_for
-        from .model_facts import reference_model
+    from .capability import measure_for
+    from .model_facts import reference_model
+    from .policy.devices import usable_machine
 
-        machine = measure_for(machine, reference_model())
-    backends = _backends(machine)
+    # What a plan may use here: GPUs this torch cannot drive are reported and planned around.
+    usable, device_warnings = usable_machine(machine)
+    machine = replace(
+        measure_for(machine, reference_model(), on_cpu=not usable.gpus),
+        warnings=(*machine.warnings, *device_warnings),
+    )
+    backends = _backends(replace(machine, gpus=usable.gpus))
     reachable = _hub_reachability(machine) if check_hub else None
     if as_json:
         return json.dumps(
@@ -156,6 +162,8 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
     """The machine to plan for: simulated when any simulation flag is given, this one under a
     simulated launch with only --world-size, else None (this machine as detected)."""
     launch = _launch(args, parser)
+    if args.count < 1:
+        parser.error(f"--count {args.count}: a simulated machine has at least one GPU (drop --gpu for a CPU)")
     if args.count != 1 and not args.gpu:
         parser.error("--count needs --gpu: it repeats a simulated GPU")
     if not (args.gpu or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):

@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .errors import SettingError
+
 __all__ = ["build_tiny_model", "run_demo", "save_random_qwen3", "save_tiny_tokenizer"]
+
+MARKER = ".cudaload-demo"
+"""The file that marks a folder as a tiny model cudaload built (and may reuse)."""
 
 
 def save_tiny_tokenizer(directory: str | Path, vocab_size: int) -> Any:
@@ -41,8 +46,14 @@ def save_random_qwen3(directory: str | Path, *, dtype: str = "bfloat16", **confi
 def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
     """Save a ~0.1M-parameter Qwen3 causal LM (random weights) and a tokenizer, if not there yet."""
     path = Path(directory)
-    if (path / "config.json").exists():
+    marker = path / MARKER
+    if marker.exists() and (path / "config.json").exists():
         return path
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise SettingError(
+            f"{str(path)!r} exists and is not a tiny model cudaload built (no {MARKER} file in it): cudaload never "
+            "writes into a folder it did not make. Pick a new or empty folder."
+        )
     config = save_random_qwen3(
         path,
         dtype=dtype,
@@ -59,6 +70,7 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
         pad_token_id=None,
     )
     save_tiny_tokenizer(path, config.vocab_size)
+    (path / MARKER).write_text("a random-weight model built by cudaload.demo.build_tiny_model\n")
     return path
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "PlacementError",
     "QuantizationError",
     "RemoteCodeError",
+    "SettingError",
     "UnknownGpuError",
     "WorkloadError",
 ]
@@ -68,7 +69,11 @@ class UnknownGpuError(CudaloadError, ValueError):
     """A simulated machine named a GPU the catalog does not know."""
 
 
-class WorkloadError(CudaloadError, ValueError):
+class SettingError(CudaloadError, ValueError):
+    """A setting has the wrong type or an impossible value (e.g. use_kernels="yes")."""
+
+
+class WorkloadError(SettingError):
     """`workload=` names no known workload and is not a (prompt_tokens, new_tokens) pair."""
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from .capability.facts import Machine
-from .errors import DtypeUnsupportedError, FinetuneConfigError, QuantizationError
+from .errors import DtypeUnsupportedError, FinetuneConfigError, ModelConfigError, QuantizationError, SettingError
 from .model_facts import ModelFacts, read_model_facts
 from .plans import Plan
 from .policy import Request, make_plan
@@ -18,9 +19,28 @@ __all__ = ["plan", "split_overrides"]
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
 
+def _flag(name: str, value: Any, allow_none: bool) -> None:
+    """Only a real bool (or None, "decide for me") counts: 1, "yes" or "False" must not."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return
+    raise SettingError(
+        f"{name}={value!r} ({type(value).__name__}): pass True or False"
+        + (", or leave it unset to let cudaload decide." if allow_none else ".")
+    )
+
+
 def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
     """Turn from_pretrained-style kwargs into a Request; unknown keys pass through untouched."""
     rest = dict(overrides)
+    _flag("use_kernels", rest.get("use_kernels"), allow_none=True)
+    if "trust_remote_code" in rest:
+        _flag("trust_remote_code", rest["trust_remote_code"], allow_none=False)
+    attn = rest.get("attn_implementation")
+    if attn is not None and not isinstance(attn, str):
+        raise SettingError(
+            f"attn_implementation={attn!r} ({type(attn).__name__}): pass a name such as 'sdpa', 'eager', "
+            "'flash_attention_2' or a Hub kernel repo, or leave it unset."
+        )
     if "torch_dtype" in rest:  # transformers' old name for dtype
         if "dtype" in rest:
             raise DtypeUnsupportedError("Both dtype= and torch_dtype= were given; pass only dtype=.")
@@ -61,6 +81,16 @@ def plan(
     table instead. A machine you pass is planned as given: a simulated one has no measurements.
     """
     chosen_workload = workload_from(workload)
+    if not isinstance(model, (str, os.PathLike, ModelFacts)):
+        from transformers import PretrainedConfig
+
+        if not isinstance(model, PretrainedConfig):
+            raise ModelConfigError(
+                f"plan() takes a local path, a Hub id, a PretrainedConfig or ModelFacts, not "
+                f"{type(model).__name__} ({model!r:.60})."
+            )
+    if isinstance(model, (str, os.PathLike)) and not str(model).strip():
+        raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
     if not finetune and lora is not None:
         raise FinetuneConfigError("lora= only applies to a fine-tuning plan: pass finetune=True.")
     if finetune and quantize is not None and "quantization_config" in overrides:
@@ -68,21 +98,6 @@ def plan(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
             "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
         )
-    detected = machine is None
-    if machine is None:
-        from .capability import detect
-
-        machine = detect()
-    facts = (
-        model
-        if isinstance(model, ModelFacts)
-        else read_model_facts(
-            model,
-            auto_class=model_class,
-            trust_remote_code=bool(overrides.get("trust_remote_code", False)),
-            revision=overrides.get("revision"),
-        )
-    )
     training = (
         dict(
             training=True,
@@ -95,11 +110,29 @@ def plan(
         if finetune
         else {}
     )
+    # Validated before anything is read: a bad flag must not reach the config loader.
     request = split_overrides(overrides, workload=chosen_workload, **training)
+    detected = machine is None
+    if machine is None:
+        from .capability import detect
+
+        machine = detect()
+    facts = (
+        model
+        if isinstance(model, ModelFacts)
+        else read_model_facts(
+            str(model) if isinstance(model, os.PathLike) else model,
+            auto_class=model_class,
+            trust_remote_code=overrides.get("trust_remote_code", False) is True,
+            revision=overrides.get("revision"),
+        )
+    )
     if detected:
         from .capability import measure_for
+        from .policy.devices import usable_machine
 
-        machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None)
+        on_cpu = not usable_machine(machine)[0].gpus
+        machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
     result = make_plan(machine, facts, request)
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:

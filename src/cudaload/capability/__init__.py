@@ -69,6 +69,7 @@ def measure_for(
     *,
     probe: bool = True,
     dtype_chosen: bool = False,
+    on_cpu: bool | None = None,
     env: Mapping[str, str] | None = None,
 ) -> Machine:
     """`machine` with the measurements that planning `model` on it can use: the tuning records
@@ -76,7 +77,9 @@ def measure_for(
     and, on a CPU-only machine, the dtype probe for the model's shape bucket (cached).
 
     The probe is skipped when `probe` is False or CUDALOAD_PROBE=0, when the dtype was chosen
-    by the caller (`dtype_chosen`), and when a record of this model matches this machine. Under
+    by the caller (`dtype_chosen`), and when a record of this model matches this machine. `on_cpu`
+    says the plan runs on the CPU (default: no GPU seen; the planner also passes True when torch
+    cannot drive the GPUs it sees). Under
     a distributed launch only a cached probe is used, never a new one: every rank must plan the
     same dtype, and ranks probing side by side would each measure the others' load (and could
     disagree).
@@ -87,7 +90,8 @@ def measure_for(
     here = machine.fingerprint()
     matched = any(dict(r.fingerprint) == here for r in records)
     measured = None
-    if probe and probe_enabled(env) and not machine.gpus and not dtype_chosen and not matched:
+    cpu_plan = not machine.gpus if on_cpu is None else on_cpu
+    if probe and probe_enabled(env) and cpu_plan and not dtype_chosen and not matched:
         bucket = shape_bucket(model.hidden_size, model.intermediate_size)
         measured = cached_dtype_probe(machine, bucket, env, measure=not machine.launch.distributed)
     return replace(machine, tuning=records, dtype_probe=measured)

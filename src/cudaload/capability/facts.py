@@ -146,6 +146,8 @@ class Launch:
     strategy: str | None = None
     """"ddp", "fsdp" or "deepspeed" when known; None for a single process."""
     zero_stage: int | None = None
+    problems: tuple[str, ...] = ()
+    """Launch variables that are present but invalid (negative, non-numeric, rank >= world size)."""
 
     @property
     def distributed(self) -> bool:

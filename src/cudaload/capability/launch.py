@@ -11,15 +11,21 @@ __all__ = ["read_launch"]
 _TRUE = {"1", "true", "yes", "on"}
 
 
-def _int(env: Mapping[str, str], *names: str) -> int | None:
-    for name in names:
-        value = env.get(name)
-        if value is not None and value.strip().lstrip("-").isdigit():
-            return int(value)
-    return None
-
-
 def read_launch(env: Mapping[str, str]) -> Launch:
+    problems: list[str] = []
+
+    def _int(*names: str) -> int | None:
+        """The first of `names` that is set, as a non-negative int; a malformed one is a problem."""
+        for name in names:
+            value = env.get(name)
+            if value is None or not value.strip():
+                continue
+            if value.strip().isdigit():
+                return int(value)
+            problems.append(f"{name}={value!r} is not a non-negative integer")
+            return None
+        return None
+
     if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env:
         launcher: str | None = "torchrun"
     elif any(k.startswith("ACCELERATE_") for k in env) and "RANK" in env:
@@ -31,10 +37,12 @@ def read_launch(env: Mapping[str, str]) -> Launch:
     else:
         launcher = None
 
-    world_size = _int(env, "WORLD_SIZE", "SLURM_NTASKS") or 1
-    rank = _int(env, "RANK", "SLURM_PROCID") or 0
-    local_rank = _int(env, "LOCAL_RANK", "SLURM_LOCALID") or 0
-    local_world_size = _int(env, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or min(world_size, 1 + local_rank)
+    world_size = _int("WORLD_SIZE", "SLURM_NTASKS") or 1
+    rank = _int("RANK", "SLURM_PROCID") or 0
+    local_rank = _int("LOCAL_RANK", "SLURM_LOCALID") or 0
+    local_world_size = _int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or min(world_size, 1 + local_rank)
+    if rank >= world_size:
+        problems.append(f"RANK={rank} is not below WORLD_SIZE={world_size}")
 
     strategy: str | None = None
     zero_stage: int | None = None
@@ -42,7 +50,7 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         strategy = "fsdp"
     elif env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE or "DEEPSPEED_ZERO_STAGE" in env:
         strategy = "deepspeed"
-        zero_stage = _int(env, "ACCELERATE_DEEPSPEED_ZERO_STAGE", "DEEPSPEED_ZERO_STAGE")
+        zero_stage = _int("ACCELERATE_DEEPSPEED_ZERO_STAGE", "DEEPSPEED_ZERO_STAGE")
     elif world_size > 1:
         strategy = "ddp"
     return Launch(
@@ -53,4 +61,5 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         local_world_size=max(local_world_size, 1),
         strategy=strategy,
         zero_stage=zero_stage,
+        problems=tuple(problems),
     )

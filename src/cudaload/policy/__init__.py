@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..capability.facts import Machine
+from ..errors import PlacementError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Plan, Rejected
 from .attention import decide_attention
+from .devices import usable_machine
 from .finetune import decide_lora, decide_training_arguments
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
@@ -25,7 +27,13 @@ __all__ = ["Request", "Workload", "make_plan"]
 
 
 def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
-    warnings: list[str] = list(machine.warnings)
+    machine, device_warnings = usable_machine(machine)
+    warnings: list[str] = [*machine.warnings, *device_warnings]
+    if machine.launch.problems:
+        raise PlacementError(
+            "The distributed launch variables are invalid: " + "; ".join(machine.launch.problems) + ". Fix them "
+            "(torchrun and accelerate set them for you), or unset them for a single process."
+        )
     # Fine-tuning runs forward and backward over whole sequences: a prefill-shaped workload.
     workload = (
         Workload(prompt_tokens=request.seq_len * request.batch_size, new_tokens=0, include_load=False, training=True)

@@ -8,6 +8,7 @@ from typing import Any
 from ..capability.facts import GiB, Machine
 from ..errors import PlacementError
 from ..plans import Decision, Rejected
+from .devices import check_device_map
 
 __all__ = ["HEADROOM", "TRAINING_SHARE", "decide_placement"]
 
@@ -36,12 +37,7 @@ def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decis
             f"device_map='auto' was asked under WORLD_SIZE={launch.world_size}: transformers refuses to train a "
             "model loaded with device_map='auto' in any distributed mode. Leave device_map unset."
         )
-    wants_cuda = (isinstance(device_map, str) and device_map.startswith("cuda")) or isinstance(device_map, int)
-    if wants_cuda and not machine.gpus:
-        raise PlacementError(
-            f"device_map={device_map!r} was asked, but this process sees no CUDA GPU. Use device_map='cpu' or "
-            "leave it unset."
-        )
+    check_device_map(machine, device_map)
     return Decision("device_map", device_map, "your choice", source="user")
 
 

@@ -1,0 +1,110 @@
+"""Which GPUs a plan may use, and whether a device_map the user gave names devices that exist.
+
+Pure: every fact comes from the Machine. A GPU that NVML sees but this torch cannot drive (a
+CPU-only torch build, or a CUDA build newer than the driver supports) is planned around, loudly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from ..capability.facts import Machine
+from ..errors import PlacementError
+
+__all__ = ["check_device_map", "usable_machine"]
+
+# The oldest Linux driver each CUDA major runs on with minor-version compatibility (NVIDIA's
+# "CUDA Compatibility" guide, table "CUDA Toolkit and Minimum Required Driver Version").
+MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+INSTALL_CUDA_TORCH = (
+    "install a CUDA build of torch that this driver supports (https://pytorch.org/get-started/locally/, e.g. "
+    "pip install torch --index-url https://download.pytorch.org/whl/cu128)"
+)
+
+
+def _gpu_unusable(machine: Machine) -> str | None:
+    """Why this torch cannot use the GPUs NVML sees (None when it can, or there are none)."""
+    if not machine.gpus:
+        return None
+    software = machine.software
+    names = ", ".join(sorted({g.name for g in machine.gpus}))
+    torch = software.version("torch") or "?"
+    if software.torch_cuda is None:
+        return f"{len(machine.gpus)} NVIDIA GPU(s) ({names}) are present, but torch {torch} is a CPU-only build"
+    if software.driver is None:
+        return None
+    try:
+        major = Version(software.torch_cuda).release[0]
+        needed = MIN_DRIVER.get(major)
+        too_old = needed is not None and Version(software.driver) < Version(needed)
+    except InvalidVersion:
+        return None
+    if too_old:
+        return (
+            f"torch {torch} is built for CUDA {software.torch_cuda}, which needs NVIDIA driver >= {needed}, and "
+            f"this machine has {software.driver}"
+        )
+    return None
+
+
+def usable_machine(machine: Machine) -> tuple[Machine, tuple[str, ...]]:
+    """`machine` as the plan may use it: without GPUs torch cannot drive (plus the warning why)."""
+    why = _gpu_unusable(machine)
+    if why is None:
+        return machine, ()
+    warning = f"{why}: planned for the CPU. To use the GPU, {INSTALL_CUDA_TORCH}."
+    return replace(machine, gpus=()), (warning,)
+
+
+def _cuda_index(value: Any, where: str) -> int | None:
+    """The CUDA ordinal a device_map value names; None for a non-CUDA place ("cpu", "disk")."""
+    if isinstance(value, bool):
+        raise PlacementError(f"device_map {where}={value!r}: a device is 'cpu', 'disk', 'cuda:N' or an int N.")
+    if isinstance(value, int):
+        if value < 0:
+            raise PlacementError(f"device_map {where}={value}: a GPU index is 0 or more.")
+        return value
+    text = str(value)  # also a torch.device
+    if text in ("cpu", "disk", "meta"):
+        return None
+    if text == "cuda":
+        return 0
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return int(text[5:])
+    raise PlacementError(
+        f"device_map {where}={value!r} is not a device: use 'cpu', 'disk', 'cuda:N' or an int N "
+        "(or 'auto' / 'balanced' / 'sequential' for the whole map)."
+    )
+
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device_map(machine: Machine, device_map: Any) -> None:
+    """Refuse a device_map that names a GPU this process does not see, or is not a device map."""
+    if isinstance(device_map, str) and device_map in STRATEGIES:
+        return
+    if isinstance(device_map, dict):
+        items = [(f"[{key!r}]", value) for key, value in device_map.items()]
+        if not items:
+            raise PlacementError("device_map={} places nothing: leave it unset, or map modules to devices.")
+    elif isinstance(device_map, (str, int)) or type(device_map).__name__ == "device":
+        items = [("", device_map)]
+    else:
+        raise PlacementError(
+            f"device_map={device_map!r} ({type(device_map).__name__}) is not a device map: pass 'auto', a device "
+            "('cpu', 'cuda:0', 0) or a dict of module name -> device."
+        )
+    seen = len(machine.gpus)
+    for where, value in items:
+        index = _cuda_index(value, where)
+        if index is not None and index >= seen:
+            found = f"{seen} GPU(s) (cuda:0..cuda:{seen - 1})" if seen else "no CUDA GPU"
+            raise PlacementError(
+                f"device_map{where}={value!r} names cuda:{index}, but this process sees {found}. Use a visible "
+                "device, 'cpu', or leave device_map unset (check CUDA_VISIBLE_DEVICES)."
+            )

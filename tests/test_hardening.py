@@ -1,0 +1,139 @@
+"""Bad input and broken machines get a cudaload error or a recorded, warned plan: never a foreign
+exception, never a silently changed setting. Facts are passed in; no mocks."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import cudaload
+from cudaload import Machine, ModelConfigError, PlacementError, SettingError
+from cudaload.capability.launch import read_launch
+from cudaload.cli import main
+from cudaload.demo import build_tiny_model
+from cudaload.model_facts import any_model
+from cudaload.policy import Request, make_plan
+
+MODEL = replace(any_model(), parameters=1_000_000, hidden_size=64, num_layers=2, vocab_size=256)
+
+
+def plan_for(machine: Machine, **request):
+    return make_plan(machine, MODEL, Request(**request))
+
+
+def test_gpus_a_cpu_only_torch_cannot_drive_are_planned_around_loudly() -> None:
+    a100 = Machine.simulated("A100")
+    cpu_torch = replace(a100, software=replace(a100.software, torch_cuda=None), source="nvml")
+    plan = plan_for(cpu_torch)
+    assert plan.kwargs["device_map"] == "cpu"
+    (warning,) = [w for w in plan.warnings if "CPU-only build" in w]
+    assert "NVIDIA A100" in warning and "install a CUDA build of torch" in warning
+    # An explicit GPU placement on that machine is refused, not passed on to fail inside torch.
+    with pytest.raises(PlacementError, match="sees no CUDA GPU"):
+        plan_for(cpu_torch, device_map="cuda:0")
+
+
+def test_a_torch_cuda_build_newer_than_the_driver_is_planned_around() -> None:
+    a100 = Machine.simulated("A100")
+    old_driver = replace(a100, software=replace(a100.software, torch_cuda="12.8", driver="470.82.01"))
+    plan = plan_for(old_driver)
+    assert plan.kwargs["device_map"] == "cpu"
+    assert any("needs NVIDIA driver >= 525.60.13, and this machine has 470.82.01" in w for w in plan.warnings)
+    fine = replace(a100, software=replace(a100.software, torch_cuda="12.8", driver="550.54.15"))
+    assert plan_for(fine).kwargs["device_map"] == "cuda:0"
+
+
+@pytest.mark.parametrize("device_map", ["cuda:5", 5, {"": 5}, torch.device("cuda", 5), {"model": "cuda:1"}])
+def test_a_device_map_naming_a_gpu_this_process_does_not_see_is_refused(device_map) -> None:
+    with pytest.raises(PlacementError, match=r"names cuda:\d, but this process sees 1 GPU"):
+        plan_for(Machine.simulated("A100"), device_map=device_map)
+
+
+@pytest.mark.parametrize("device_map", [{"": 0}, 0, "cuda", torch.device("cuda")])
+def test_a_gpu_device_map_on_a_cpu_machine_is_refused(device_map) -> None:
+    with pytest.raises(PlacementError, match="no CUDA GPU"):
+        plan_for(Machine.simulated(None), device_map=device_map)
+
+
+@pytest.mark.parametrize("device_map", ["gpu", -1, {"": "cuda:x"}, 1.5, {}, True])
+def test_a_malformed_device_map_is_refused(device_map) -> None:
+    with pytest.raises(PlacementError):
+        plan_for(Machine.simulated("A100"), device_map=device_map)
+
+
+@pytest.mark.parametrize("device_map", ["cpu", "auto", {"": "cpu"}, {"model": 0, "lm_head": "cpu"}, "cuda:0", 0])
+def test_valid_device_maps_are_honoured_exactly(device_map) -> None:
+    plan = plan_for(Machine.simulated("A100"), device_map=device_map)
+    assert plan.kwargs["device_map"] == device_map and plan.decision("device_map").source == "user"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("use_kernels", 1), ("use_kernels", "yes"), ("trust_remote_code", "False")]
+)
+def test_flags_must_be_real_booleans(tiny_models, name, value) -> None:
+    with pytest.raises(SettingError, match=f"{name}={value!r}"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated(None), **{name: value})
+
+
+def test_a_non_string_attention_is_a_setting_error(tiny_models) -> None:
+    with pytest.raises(SettingError, match="attn_implementation=2"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated(None), attn_implementation=2)
+
+
+@pytest.mark.parametrize("model", [None, 123, "", b"bytes"])
+def test_inputs_that_are_not_models_are_refused_before_any_lookup(model) -> None:
+    with pytest.raises(ModelConfigError, match="plan\\(\\)"):
+        cudaload.plan(model, machine=Machine.simulated(None))
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK='-1'"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "abc"}, "LOCAL_RANK='abc'"),
+        ({"RANK": "3", "WORLD_SIZE": "2"}, "RANK=3 is not below WORLD_SIZE=2"),
+    ],
+)
+def test_invalid_launch_variables_are_refused_with_their_names(env, problem) -> None:
+    launch = read_launch(env)
+    assert any(problem in p for p in launch.problems)
+    with pytest.raises(PlacementError, match="launch variables are invalid"):
+        plan_for(Machine.simulated("A100", count=2, launch=launch))
+
+
+def test_a_valid_launch_has_no_problems() -> None:
+    launch = read_launch({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"})
+    assert launch.problems == () and launch.local_rank == 1
+    assert plan_for(Machine.simulated("A100", count=2, launch=launch)).kwargs["device_map"] == {"": 1}
+
+
+@pytest.mark.parametrize("count", ["0", "-1"])
+def test_cli_count_must_be_positive(count, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "x", "--gpu", "T4", "--count", count])
+    assert exit_info.value.code == 2 and "at least one GPU" in capsys.readouterr().err
+
+
+def test_demo_never_writes_into_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    theirs = tmp_path / "my-model"
+    theirs.mkdir()
+    (theirs / "model.safetensors").write_bytes(b"precious")
+    with pytest.raises(SettingError, match="never writes into a folder it did not make"):
+        build_tiny_model(theirs)
+    assert (theirs / "model.safetensors").read_bytes() == b"precious"
+    ours = build_tiny_model(tmp_path / "fresh")
+    assert build_tiny_model(ours) == ours  # built once, then reused
+    assert main(["demo", "--dir", str(theirs)]) == 2
+
+
+def test_doctor_flags_gpus_this_torch_cannot_use() -> None:
+    from cudaload.cli import _doctor
+
+    a100 = Machine.simulated("A100")
+    cpu_torch = replace(a100, software=replace(a100.software, torch_cuda=None), source="nvml")
+    report = _doctor(cpu_torch, as_json=False)
+    assert "CPU-only build: planned for the CPU" in report.split("Warnings:")[1]
+    assert "attention: sdpa -> eager" in report  # what you get here is the CPU's, not the A100's
