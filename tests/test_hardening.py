@@ -137,3 +137,78 @@ def test_doctor_flags_gpus_this_torch_cannot_use() -> None:
     report = _doctor(cpu_torch, as_json=False)
     assert "CPU-only build: planned for the CPU" in report.split("Warnings:")[1]
     assert "attention: sdpa -> eager" in report  # what you get here is the CPU's, not the A100's
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_broken_checkpoints_are_load_errors_that_name_the_cause(tiny_models, tmp_path: Path) -> None:
+    from cudaload import LoadFailedError
+
+    no_weights = _copy(tiny_models["llama"], tmp_path / "no-weights")
+    (no_weights / "model.safetensors").unlink()
+    with pytest.raises(LoadFailedError, match=r"a config\.json without weights"):
+        cudaload.load(str(no_weights))
+
+    truncated = _copy(tiny_models["llama"], tmp_path / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(LoadFailedError, match="truncated or corrupt"):
+        cudaload.load(str(truncated))
+
+    import json
+
+    mismatch = _copy(tiny_models["llama"], tmp_path / "mismatch")
+    config = json.loads((mismatch / "config.json").read_text())
+    (mismatch / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    with pytest.raises(LoadFailedError, match=r"shapes disagree with its config\.json"):
+        cudaload.load(str(mismatch))
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [{"r": 0}, {"r": "8"}, {"r": True}, {"lora_alpha": -1}, {"lora_dropout": 1.5}, {"lora_dropout": "0.1"}, ["r", 8]],
+)
+def test_lora_numbers_are_checked_before_the_base_model_loads(tiny_models, lora) -> None:
+    from cudaload import FinetuneConfigError
+
+    with pytest.raises(FinetuneConfigError, match="lora"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated(None), finetune=True, lora=lora)
+
+
+@pytest.mark.parametrize("max_memory", [{}, "20GiB", {0: "lots"}, {0: -5}, {5: "10GiB"}, {"gpu": "1GiB"}])
+def test_malformed_max_memory_is_refused(max_memory) -> None:
+    with pytest.raises(PlacementError, match="max_memory"):
+        plan_for(Machine.simulated("A100"), max_memory=max_memory)
+
+
+def test_valid_max_memory_is_honoured() -> None:
+    plan = plan_for(Machine.simulated("A100"), max_memory={0: "20GiB", "cpu": 2**34})
+    assert plan.kwargs["max_memory"] == {0: "20GiB", "cpu": 2**34}
+
+
+def test_doctor_json_has_lists_not_python_reprs() -> None:
+    import json
+
+    from cudaload.cli import _doctor
+
+    report = json.loads(_doctor(Machine.simulated(None, cpu_flags=("avx2", "avx512f")), as_json=True))
+    assert report["machine"]["cpu"]["flags"] == ["avx2", "avx512f"]
+    assert "frozenset" not in json.dumps(report)
+
+
+def test_nan_weights_are_not_blamed_on_attention(tiny_models, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from cudaload import LoadFailedError
+
+    broken = _copy(tiny_models["llama"], tmp_path / "nan")
+    weights = load_file(broken / "model.safetensors")
+    weights["model.norm.weight"] = torch.full_like(weights["model.norm.weight"], float("nan"))
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(LoadFailedError, match=r"every attention option .* gave non-finite logits .* not attention"):
+        cudaload.load(str(broken))

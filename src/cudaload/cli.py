@@ -12,6 +12,7 @@ from typing import Any
 
 from .capability.facts import GiB, Launch, Machine
 from .errors import CudaloadError
+from .plans import jsonable
 
 __all__ = ["main"]
 
@@ -89,9 +90,8 @@ def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
     reachable = _hub_reachability(machine) if check_hub else None
     if as_json:
         return json.dumps(
-            {"machine": dataclasses.asdict(machine), "backends": backends, "hub_reachable": reachable},
+            jsonable({"machine": dataclasses.asdict(machine), "backends": backends, "hub_reachable": reachable}),
             indent=2,
-            default=str,
         )
     sw = machine.software
     lines = ["cudaload doctor", "", "GPUs (as this process sees them):"]

@@ -87,6 +87,28 @@ def _attention_related(exc: BaseException, option: str) -> bool:
     return any(k in text for k in (option.lower(), "flash", "attn", "attention", "kernel", "sdpa"))
 
 
+def _load_error(model: str, exc: BaseException) -> LoadFailedError:
+    """A from_pretrained failure that no attention fallback can fix, named by its likely cause."""
+    text = str(exc)
+    kind = type(exc).__name__
+    if (
+        "size mismatch" in text
+        or "mismatched_sizes" in text
+        or ("shape" in text.lower() and "mismatch" in text.lower())
+    ):
+        hint = "the checkpoint's tensor shapes disagree with its config.json: the files belong to different models"
+    elif kind == "SafetensorError" or "header" in text.lower() or "incomplete" in text.lower():
+        hint = "the weights file is truncated or corrupt: download or save it again"
+    elif isinstance(exc, ImportError):
+        hint = "the checkpoint needs a package that is not installed (see the message): install it"
+    elif isinstance(exc, OSError):
+        hint = "a file the model needs is missing or unreadable (a config.json without weights?): check the folder"
+    else:
+        hint = "see the cause above"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return LoadFailedError(f"Loading {model} failed: {kind}: {first}. Likely cause: {hint}.")
+
+
 def _auto_class(name: str) -> Any:
     import transformers
 
@@ -115,6 +137,7 @@ def input_device(model: Any) -> Any:
     return model.device
 
 
+NON_FINITE = "the test forward gave non-finite logits"
 _PASSED = ("passed", None)
 _SKIPPED = ("skipped", None)
 
@@ -144,7 +167,7 @@ def _verify(model: Any, training: bool) -> tuple[str, BaseException | None]:
     if logits is None:
         return _SKIPPED
     if not torch.isfinite(logits).all():
-        return "the test forward gave non-finite logits", None
+        return NON_FINITE, None
     return _PASSED
 
 
@@ -212,6 +235,13 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
 
     def give_up(option: str, phase: str, cause: str) -> LoadFailedError:
         tried = "".join(f"\n  {f.option} ({f.phase}): {f.error}" for f in fallbacks)
+        if cause == NON_FINITE and len(fallbacks) + 1 == len(chain) and all(f.error == NON_FINITE for f in fallbacks):
+            # Every attention option, eager included, gave NaN/inf: attention is not the problem.
+            return LoadFailedError(
+                f"{plan.model} loaded, but every attention option ({', '.join(chain)}) gave non-finite logits in "
+                f"{plan.dtype}: the weights or the dtype are the problem, not attention. Check the checkpoint for "
+                "NaN/inf weights; with float16, try dtype='bfloat16' (sm80+) or 'float32' (fp16 overflow)."
+            )
         why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
         return LoadFailedError(
             f"Loading {plan.model} with attn_implementation={option!r} failed at {phase}: {cause}. "
@@ -229,8 +259,10 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
         except Exception as exc:
             timings[f"load[{option}]"] = time.perf_counter() - start
             last = index == len(chain) - 1
-            if isinstance(exc, CudaloadError) or not _attention_related(exc, option):
+            if isinstance(exc, CudaloadError):
                 raise
+            if not _attention_related(exc, option):
+                raise _load_error(plan.model, exc) from exc
             if not can_fall_back or last:
                 raise give_up(option, "load", _describe(exc)) from exc
             fallbacks.append(Fallback(option, "load", _describe(exc)))

@@ -13,7 +13,7 @@ from ..errors import PlacementError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Plan, Rejected
 from .attention import decide_attention
-from .devices import usable_machine
+from .devices import check_max_memory, usable_machine
 from .finetune import decide_lora, decide_training_arguments
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
@@ -100,6 +100,7 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     if placement.value is not None:
         kwargs["device_map"] = placement.value
     if request.max_memory is not None:
+        check_max_memory(machine, request.max_memory)
         kwargs["max_memory"] = dict(request.max_memory)
         decisions.append(Decision("max_memory", kwargs["max_memory"], "your choice", source="user"))
     elif max_memory is not None:

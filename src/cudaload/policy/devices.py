@@ -6,6 +6,7 @@ CPU-only torch build, or a CUDA build newer than the driver supports) is planned
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -14,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from ..capability.facts import Machine
 from ..errors import PlacementError
 
-__all__ = ["check_device_map", "usable_machine"]
+__all__ = ["check_device_map", "check_max_memory", "usable_machine"]
 
 # The oldest Linux driver each CUDA major runs on with minor-version compatibility (NVIDIA's
 # "CUDA Compatibility" guide, table "CUDA Toolkit and Minimum Required Driver Version").
@@ -99,12 +100,38 @@ def check_device_map(machine: Machine, device_map: Any) -> None:
             f"device_map={device_map!r} ({type(device_map).__name__}) is not a device map: pass 'auto', a device "
             "('cpu', 'cuda:0', 0) or a dict of module name -> device."
         )
-    seen = len(machine.gpus)
     for where, value in items:
-        index = _cuda_index(value, where)
-        if index is not None and index >= seen:
-            found = f"{seen} GPU(s) (cuda:0..cuda:{seen - 1})" if seen else "no CUDA GPU"
+        _cuda_index_checked(machine, value, f"device_map{where}={value!r}")
+
+
+_SIZE = r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$"
+
+
+def check_max_memory(machine: Machine, max_memory: Any) -> None:
+    """Refuse a max_memory that is not {device: bytes or "<n>GiB"} over devices this process sees."""
+    import re
+
+    if not isinstance(max_memory, Mapping) or not max_memory:
+        raise PlacementError(
+            f"max_memory={max_memory!r}: pass a dict of device -> size, e.g. {{0: '20GiB', 'cpu': '64GiB'}}."
+        )
+    for device, size in max_memory.items():
+        _cuda_index_checked(machine, device, f"max_memory[{device!r}]")
+        ok = (isinstance(size, int) and not isinstance(size, bool) and size >= 0) or (
+            isinstance(size, str) and re.match(_SIZE, size.upper()) is not None
+        )
+        if not ok:
             raise PlacementError(
-                f"device_map{where}={value!r} names cuda:{index}, but this process sees {found}. Use a visible "
-                "device, 'cpu', or leave device_map unset (check CUDA_VISIBLE_DEVICES)."
+                f"max_memory[{device!r}]={size!r}: a size is a number of bytes or a string like '20GiB' or '500MB'."
             )
+
+
+def _cuda_index_checked(machine: Machine, value: Any, where: str) -> None:
+    index = _cuda_index(value, where)
+    seen = len(machine.gpus)
+    if index is not None and index >= seen:
+        found = f"{seen} GPU(s) (cuda:0..cuda:{seen - 1})" if seen else "no CUDA GPU"
+        raise PlacementError(
+            f"{where} names cuda:{index}, but this process sees {found}. Use a visible device, 'cpu', or leave "
+            "it unset (check CUDA_VISIBLE_DEVICES)."
+        )

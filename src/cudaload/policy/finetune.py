@@ -60,8 +60,25 @@ def _expert_targets(model: ModelFacts, requested: Any) -> list[str] | None:
     return names
 
 
+def _check_lora_numbers(overrides: Mapping[str, Any]) -> None:
+    """r, lora_alpha and lora_dropout checked here, before the base model loads (peft would only
+    refuse them after)."""
+    r = overrides.get("r", 1)
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+        raise FinetuneConfigError(f"lora r={r!r}: the LoRA rank is a positive integer (e.g. 8, 16, 64).")
+    alpha = overrides.get("lora_alpha", 1)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha <= 0:
+        raise FinetuneConfigError(f"lora lora_alpha={alpha!r}: a positive number (commonly 2 x r).")
+    dropout = overrides.get("lora_dropout", 0.0)
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise FinetuneConfigError(f"lora lora_dropout={dropout!r}: a probability in [0, 1).")
+
+
 def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple[Decision, dict[str, Any]]:
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise FinetuneConfigError(f"lora={overrides!r}: pass a dict of LoraConfig arguments, e.g. {{'r': 8}}.")
     overrides = dict(overrides or {})
+    _check_lora_numbers(overrides)
     targets = lora_targets(model, overrides.pop("target_modules", None))
     experts = _expert_targets(model, overrides.pop("target_parameters", None))
     config: dict[str, Any] = {**LORA_DEFAULTS, **overrides, "target_modules": list(targets)}
