@@ -212,3 +212,38 @@ def test_nan_weights_are_not_blamed_on_attention(tiny_models, tmp_path: Path) ->
     save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(LoadFailedError, match=r"every attention option .* gave non-finite logits .* not attention"):
         cudaload.load(str(broken))
+
+
+def test_an_nvml_binding_failing_with_a_foreign_error_is_a_note_not_a_crash() -> None:
+    from cudaload.capability.gpus import probe_gpus
+
+    class Broken:
+        name = "nvml"
+
+        def __init__(self) -> None:
+            raise OSError("libnvidia-ml.so.1: wrong ELF class")
+
+    report = probe_gpus({}, [Broken])
+    assert report.gpus == () and "failed unexpectedly: OSError: libnvidia-ml.so.1" in report.notes[0]
+
+
+def test_malformed_cli_versions_are_usage_errors(capsys) -> None:
+    for spec in ("flash-attn==abc", "==2.8.3", "flash-attn"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["plan", "x", "--gpu", "A100", "--with", spec])
+        assert exit_info.value.code == 2 and "--with" in capsys.readouterr().err
+
+
+def test_messages_describe_the_real_cause(tiny_models, tmp_path: Path) -> None:
+    from cudaload import DtypeUnsupportedError
+
+    # dtype="auto" on a T4 with a bf16 checkpoint: say "auto", not "bfloat16 was asked".
+    with pytest.raises(DtypeUnsupportedError, match="dtype='auto' means the checkpoint's bfloat16"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated("T4"), dtype="auto")
+    # A local folder with a broken config.json is not "offline or a wrong id".
+    folder = tmp_path / "bad-config"
+    folder.mkdir()
+    (folder / "config.json").write_text("")
+    with pytest.raises(ModelConfigError) as info:
+        cudaload.plan(str(folder), machine=Machine.simulated(None))
+    assert "offline" not in str(info.value) and "config.json" in str(info.value)

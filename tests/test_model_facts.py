@@ -134,3 +134,36 @@ def test_without_a_config_dtype_the_weights_say(tiny_models, tmp_path: Path) -> 
     (folder / "config.json").write_text(json.dumps({**config, "dtype": "auto"}))
     with pytest.raises(ModelConfigError, match=r"could not build the config .* Fix that value in config\.json"):
         read_model_facts(str(folder))
+
+
+def test_custom_code_models_plan_and_load_when_trusted(tiny_models, tmp_path: Path) -> None:
+    import shutil
+
+    import cudaload
+
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny_models["llama"], folder)
+    (folder / "configuration_tiny.py").write_text(
+        "from transformers import LlamaConfig\n\n\nclass TinyConfig(LlamaConfig):\n    model_type = 'tiny_custom'\n"
+    )
+    (folder / "modeling_tiny.py").write_text(
+        "from transformers import LlamaForCausalLM\n\nfrom .configuration_tiny import TinyConfig\n\n\n"
+        "class TinyForCausalLM(LlamaForCausalLM):\n    config_class = TinyConfig\n"
+    )
+    config = json.loads((folder / "config.json").read_text())
+    config |= {
+        "model_type": "tiny_custom",
+        "architectures": ["TinyForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_tiny.TinyConfig",
+            "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM",
+        },
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+
+    with pytest.raises(RemoteCodeError, match="trust_remote_code=True"):
+        cudaload.plan(str(folder), machine=cudaload.Machine.simulated(None))
+    planned = cudaload.plan(str(folder), machine=cudaload.Machine.simulated(None), trust_remote_code=True)
+    assert planned.extras["model_class"] == "TinyForCausalLM" and planned.kwargs["trust_remote_code"] is True
+    model = cudaload.load(planned)
+    assert type(model).__name__ == "TinyForCausalLM" and model.cudaload_plan.verified is True

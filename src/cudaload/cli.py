@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from .capability.facts import GiB, Launch, Machine
 from .errors import CudaloadError
 from .plans import jsonable
@@ -175,8 +177,12 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
     packages = {}
     for spec in args.packages:
         name, sep, version = spec.partition("==")
-        if not sep:
+        if not sep or not name:
             parser.error(f"--with expects PKG==VERSION, got {spec!r}")
+        try:
+            Version(version)
+        except InvalidVersion:
+            parser.error(f"--with {spec!r}: {version!r} is not a version (e.g. flash-attn==2.8.3)")
         packages[name] = version
     return Machine.simulated(
         args.gpu.split(",") if args.gpu and "," in args.gpu else args.gpu,

@@ -162,7 +162,10 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
                 "trust_remote_code was not passed. cudaload never enables remote code for you: read the "
                 "repository's code, then pass trust_remote_code=True yourself if you trust it."
             ) from exc
-        raise ModelConfigError(f"Could not read the config of {name!r}: {exc}") from exc
+        raise ModelConfigError(
+            f"Could not read the config of {name!r}: {exc}. Check that config.json is valid JSON written by "
+            "save_pretrained()."
+        ) from exc
     except (AttributeError, TypeError, KeyError) as exc:
         # transformers fails inside the config class on values it cannot take (e.g. "dtype": "auto"
         # in config.json makes 5.22 look up torch.auto): the file is the problem, not the network.
@@ -172,6 +175,13 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
             "the weights' dtype is then used)."
         ) from exc
     except OSError as exc:
+        import os
+
+        if os.path.isdir(name):
+            raise ModelConfigError(
+                f"{name!r} is a local folder, but its config.json is missing or unreadable: {exc}. Save the model "
+                "there with save_pretrained(), or pass the folder that holds config.json."
+            ) from exc
         raise ModelConfigError(
             f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
             "could not be fetched from the Hub (offline, not cached, or a wrong id). Pass a local path, "
@@ -179,7 +189,23 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
         ) from exc
 
 
-def _model_class(config: Any, auto_class: str) -> type:
+def _remote_class(reference: str, source: str, revision: str | None) -> type:
+    """The custom class `reference` ("modeling_x.XForCausalLM") from the model's own code: only
+    called once the caller passed trust_remote_code=True, as from_pretrained would then do."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    try:
+        return get_class_from_dynamic_module(reference, source, revision=revision)
+    except Exception as exc:  # the custom code itself failed: the model's problem, said as such
+        raise ModelConfigError(
+            f"trust_remote_code=True: the model's custom class {reference} could not be imported from {source!r}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _model_class(
+    config: Any, auto_class: str, trust_remote_code: bool = False, source: str = "", revision: str | None = None
+) -> type:
     import transformers
 
     auto = getattr(transformers, auto_class, None)
@@ -188,9 +214,13 @@ def _model_class(config: Any, auto_class: str) -> type:
             f"model_class={auto_class!r}: transformers has no such Auto class. Pass the name of one, e.g. "
             "'AutoModelForCausalLM' or 'AutoModelForSequenceClassification'."
         )
+    auto_map = getattr(config, "auto_map", None) or {}
+    # With trust_remote_code=True, from_pretrained prefers the repository's class to the library's.
+    if trust_remote_code and auto_class in auto_map and source:
+        reference = auto_map[auto_class]
+        return _remote_class(reference if isinstance(reference, str) else reference[0], source, revision)
     if type(config) in auto._model_mapping:
         return auto._model_mapping[type(config)]  # type: ignore[no-any-return]
-    auto_map = getattr(config, "auto_map", None) or {}
     if auto_class in auto_map:
         raise RemoteCodeError(
             f"{config.model_type!r} is implemented by custom code in its repository ({auto_map[auto_class]}), "
@@ -229,7 +259,8 @@ def read_model_facts(
         # No (or "auto") dtype in the config: transformers' dtype="auto" then reads the weights
         # (`_get_dtype` in modeling_utils.py); so do we, from the safetensors header alone.
         checkpoint_dtype = _weights_dtype(model, revision)
-    cls = _model_class(config, auto_class)
+    source = model if isinstance(model, str) else str(getattr(config, "_name_or_path", "") or "")
+    cls = _model_class(config, auto_class, trust_remote_code, source, revision)
     meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
     import torch
 

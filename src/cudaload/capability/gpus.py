@@ -220,6 +220,9 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
             if exc.no_driver:
                 break
             continue
+        except Exception as exc:  # a broken NVML binding or driver library: report it, try the next probe
+            notes.append(f"{getattr(factory, 'name', factory)}: failed unexpectedly: {type(exc).__name__}: {exc}")
+            continue
         if candidate.name == "torch":
             # torch.cuda already applied CUDA_VISIBLE_DEVICES and CUDA's order.
             gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")

@@ -37,12 +37,13 @@ def normalise_dtype(value: object, checkpoint: str | None) -> str:
     return _ALIASES[name]
 
 
-def _user_dtype(machine: Machine, model: ModelFacts, dtype: str) -> tuple[Decision, tuple[str, ...]]:
+def _user_dtype(machine: Machine, model: ModelFacts, dtype: str, asked: str) -> tuple[Decision, tuple[str, ...]]:
     gpu = machine.weakest_gpu
     warnings: list[str] = []
     if gpu is not None and dtype == "bfloat16" and not gpu.bf16:
+        what = "dtype='bfloat16' was asked" if asked != "auto" else "dtype='auto' means the checkpoint's bfloat16"
         raise DtypeUnsupportedError(
-            f"dtype='bfloat16' was asked, but bfloat16 needs compute capability 8.0 or newer and "
+            f"{what}, but bfloat16 needs compute capability 8.0 or newer and "
             f"{gpu.name} (cuda:{gpu.index}) has {gpu.capability[0]}.{gpu.capability[1]}. Use dtype='float16' "
             "(or 'float32'), or leave dtype unset to let cudaload choose."
         )
@@ -62,7 +63,8 @@ def decide_dtype(
     machine: Machine, model: ModelFacts, requested: str | None, workload: Workload | None = None
 ) -> tuple[Decision, tuple[str, ...]]:
     if requested is not None:
-        return _user_dtype(machine, model, normalise_dtype(requested, model.checkpoint_dtype))
+        asked = str(requested).removeprefix("torch.")
+        return _user_dtype(machine, model, normalise_dtype(requested, model.checkpoint_dtype), asked)
     ckpt = model.checkpoint_dtype
     gpu = machine.weakest_gpu
     if gpu is None:
