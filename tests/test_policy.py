@@ -39,14 +39,7 @@ ATTENTION_TABLE = [
     ("A10G", FA2, (), False, ("flash_attention_2", "sdpa", "eager"), "bfloat16"),
     ("A100", {}, (), False, ("sdpa", "eager"), "bfloat16"),
     ("A100", {**FA2, **FA3}, (), False, ("flash_attention_2", "flash_attention_3", "sdpa", "eager"), "bfloat16"),
-    (
-        "L4",
-        KERNELS,
-        (),
-        False,
-        ("kernels-community/flash-attn2", "kernels-community/vllm-flash-attn3", "sdpa", "eager"),
-        "bfloat16",
-    ),
+    ("L4", KERNELS, (), False, ("sdpa", "eager"), "bfloat16"),  # online, nothing cached, no consent to fetch
     ("RTX4090", KERNELS, (), True, ("sdpa", "eager"), "bfloat16"),  # offline, nothing cached
     (
         "RTX4090",
@@ -80,6 +73,21 @@ def test_attention_and_dtype_table(gpu, packages, cached, offline, chain, dtype)
     assert plan.attention_chain == chain
     assert plan.kwargs["attn_implementation"] == chain[0]
     assert plan.kwargs["dtype"] == dtype
+
+
+def test_hub_code_is_fetched_only_with_consent() -> None:
+    # One rule for every kind of Hub code: cached (fetched before) or an explicit opt-in.
+    l4 = Machine.simulated("L4", packages=KERNELS)
+    without = plan_for(l4)
+    rejected = {r.value: r.reason for r in without.decision("attn_implementation").rejected}
+    assert "pass hub_kernels=True" in rejected["kernels-community/flash-attn2"]
+    hub_chain = ("kernels-community/flash-attn2", "kernels-community/vllm-flash-attn3", "sdpa", "eager")
+    assert plan_for(l4, hub_kernels=True).attention_chain == hub_chain
+    assert plan_for(l4, use_kernels=True).attention_chain == hub_chain  # use_kernels is Hub code already
+    cached = Machine.simulated("L4", packages=KERNELS, cached_kernels=["kernels-community/flash-attn2"])
+    assert plan_for(cached).attention_chain == ("kernels-community/flash-attn2", "sdpa", "eager")
+    named = plan_for(l4, attn_implementation="kernels-community/flash-attn2")  # naming it is consent
+    assert named.attention_chain == ("kernels-community/flash-attn2",)
 
 
 @pytest.mark.parametrize("catalog_gpu", KNOWN_GPUS, ids=lambda g: g.aliases[0])
@@ -221,7 +229,7 @@ GPT_OSS = replace(
 
 def test_models_transformers_redirects_get_only_what_they_accept() -> None:
     hopper = Machine.simulated("H100", packages={**FA2, **FA3, **FA4, **KERNELS})
-    plan = plan_for(hopper, GPT_OSS)
+    plan = plan_for(hopper, GPT_OSS, hub_kernels=True)
     assert plan.attention_chain == ("kernels-community/vllm-flash-attn3", "flash_attention_4", "sdpa", "eager")
     rejected = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}
     assert "transformers would replace flash_attention_2" in rejected["flash_attention_2"]

@@ -220,6 +220,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--offline", action="store_true", help="simulate HF_HUB_OFFLINE=1")
     plan.add_argument(
+        "--hub-kernels",
+        action="store_true",
+        help="allow Hub attention kernels that are not cached (downloads and runs their code)",
+    )
+    plan.add_argument(
         "--cached-kernel",
         action="append",
         default=[],
@@ -264,6 +269,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .planner import plan
 
             overrides = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
+            if args.hub_kernels:
+                overrides["hub_kernels"] = True
             if args.finetune:
                 overrides |= {
                     "finetune": True,

@@ -62,6 +62,7 @@ def plan(
     batch_size: int = 1,
     workload: str | tuple[int, int] | Workload | None = None,
     probe: bool = True,
+    hub_kernels: bool | None = None,
     **overrides: Any,
 ) -> Plan:
     """The from_pretrained settings for `model` on `machine` (default: this one). Loads no weights.
@@ -79,6 +80,9 @@ def plan(
     new_tokens) pair): from a tuning record saved by `cudaload bench --save`, else a short matmul
     probe of this CPU, cached per machine. `probe=False` (or CUDALOAD_PROBE=0) plans from the static
     table instead. A machine you pass is planned as given: a simulated one has no measurements.
+
+    Hub code needs consent: a `kernels-community` attention kernel that is not in the local cache
+    is planned only with `hub_kernels=True` (or `use_kernels=True`, itself opt-in Hub code).
     """
     chosen_workload = workload_from(workload)
     if not isinstance(model, (str, os.PathLike, ModelFacts)):
@@ -111,7 +115,8 @@ def plan(
         else {}
     )
     # Validated before anything is read: a bad flag must not reach the config loader.
-    request = split_overrides(overrides, workload=chosen_workload, **training)
+    _flag("hub_kernels", hub_kernels, allow_none=True)
+    request = split_overrides(overrides, workload=chosen_workload, hub_kernels=hub_kernels, **training)
     detected = machine is None
     if machine is None:
         from .capability import detect

@@ -42,7 +42,8 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     )
     dtype, dtype_warnings = decide_dtype(machine, model, request.dtype, workload)
     warnings += dtype_warnings
-    attention, chain = decide_attention(machine, model, dtype.value, request.attn_implementation)
+    hub_code = request.hub_kernels is True or request.use_kernels is True
+    attention, chain = decide_attention(machine, model, dtype.value, request.attn_implementation, hub_code)
     dtype, attention, chain = tune_on_gpu(machine, model, workload, dtype, attention, chain)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
     decisions = [dtype, attention]

@@ -187,10 +187,29 @@ def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -
     return Decision("attn_implementation", requested, "your choice (passed to transformers as is)", source="user")
 
 
+def _consent_needed(machine: Machine, link: str) -> bool:
+    """A Hub-kernel link whose code is not in the local cache: using it downloads and runs code."""
+    if "/" not in link:
+        return False
+    kernel = machine.hub.kernel(link)
+    return kernel is None or not kernel.cached
+
+
+NO_CONSENT = (
+    "not in the local cache, and fetching it downloads and runs code from the Hub: pass hub_kernels=True "
+    "(or use_kernels=True) to allow Hub code"
+)
+
+
 def decide_attention(
-    machine: Machine, model: ModelFacts, dtype: str, requested: str | None
+    machine: Machine, model: ModelFacts, dtype: str, requested: str | None, hub_code: bool = False
 ) -> tuple[Decision, tuple[str, ...]]:
-    """The attention decision and its fallback chain (the first link is the choice)."""
+    """The attention decision and its fallback chain (the first link is the choice).
+
+    Hub code runs only with consent: a Hub kernel is planned when it is already cached (it was
+    fetched before) or `hub_code` is True (hub_kernels=True or use_kernels=True), as `use_kernels`
+    itself is opt-in. Naming a Hub kernel as `attn_implementation` is consent for that kernel.
+    """
     if requested is not None:
         decision = _explicit(machine, model, dtype, requested)
         return decision, (requested,)
@@ -219,6 +238,10 @@ def decide_attention(
                 rejected.append(Rejected(name, _redirected(model, name)))
         for entry in model.compatible_flash:
             consider(entry, *_compatible_entry(machine, model, dtype, entry))
+    if not hub_code:
+        for link in [link for link in chain if _consent_needed(machine, link)]:
+            chain.remove(link)
+            rejected.append(Rejected(link, NO_CONSENT))
     ok, why = _sdpa(model)
     if ok:
         chain.append("sdpa")

@@ -69,6 +69,8 @@ class Request:
     device_map: Any = None
     max_memory: Mapping[Any, Any] | None = None
     use_kernels: bool | None = None
+    hub_kernels: bool | None = None
+    """Consent to download Hub attention kernels (code) that are not cached; None/False: cached only."""
     quantize: str | None = None
     """None (no quantization), "4bit", "8bit" or "auto" (fine-tuning only)."""
     training: bool = False
