@@ -247,3 +247,16 @@ def test_messages_describe_the_real_cause(tiny_models, tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError) as info:
         cudaload.plan(str(folder), machine=Machine.simulated(None))
     assert "offline" not in str(info.value) and "config.json" in str(info.value)
+
+
+def test_a_gptq_checkpoint_without_its_package_names_the_package(tiny_models, tmp_path: Path) -> None:
+    import json
+
+    from cudaload import LoadFailedError
+
+    gptq = _copy(tiny_models["llama"], tmp_path / "gptq")
+    config = json.loads((gptq / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}
+    (gptq / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LoadFailedError, match=r"requires optimum .* needs a package that is not installed"):
+        cudaload.load(str(gptq))
