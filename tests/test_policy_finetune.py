@@ -105,7 +105,9 @@ def test_auto_says_how_it_estimated() -> None:
     assert "does not fit" in reason and "GiB" in reason and "activations" in reason
     estimate = plan.extras["memory_estimate"]
     assert estimate["4bit"]["total"] < estimate["8bit"]["total"] < estimate["16bit"]["total"]
-    assert estimate["4bit"]["lora"] == estimate["16bit"]["lora"] > 0
+    # QLoRA on CUDA trains with paged 8-bit AdamW (~10 bytes per LoRA parameter), 16-bit LoRA with
+    # fp32 AdamW (16 bytes): the same adapters cost less optimizer state under 4-bit.
+    assert 0 < estimate["4bit"]["lora"] < estimate["16bit"]["lora"]
 
 
 def test_auto_without_bitsandbytes_is_plain_lora_with_a_warning() -> None:
@@ -168,7 +170,8 @@ def test_quantization_and_placement_agree_on_what_fits() -> None:
     # bf16 weights of 17.9 GiB: above 80% of an A10G's 22 GiB (the inference weights budget) but the
     # whole training estimate is under the 90% training budget, so: no 4-bit, and on one GPU.
     model = replace(llama(8), parameters=int(17.9 * 2**30 / 2))
-    plan = finetune(Machine.simulated("A10G", packages=BNB), model, seq_len=256)
+    # seq_len 128: the logits path of the loss (12 bytes per logit, 128K vocabulary) must stay small.
+    plan = finetune(Machine.simulated("A10G", packages=BNB), model, seq_len=128)
     assert plan.decision("quantize").value is None
     assert plan.kwargs["device_map"] == "cuda:0"
     assert "to train" in plan.decision("device_map").reason

@@ -1,11 +1,45 @@
-"""Training-memory estimates: weights + LoRA (weights, grads, Adam states) + activations.
+"""Training-memory estimates for LoRA / QLoRA: weights + LoRA (weights, grads, optimizer state) +
+activations (checkpointed layer inputs, one layer's saved tensors, the loss's logits) + overhead.
 
-Rough by design, and said so: the aim is "does bf16 LoRA fit, or do we need 4-bit?", not a
-byte-exact forecast. Activations follow Korthikanti et al. 2022 ("Reducing Activation
-Recomputation"): with full gradient checkpointing each layer keeps its input (2·s·b·h bytes
-in 16-bit) and one layer at a time is recomputed (~34·s·b·h bytes, without the s² term that
-fused/flash attention avoids); the fp32 logits for the loss add 4·s·b·vocab (often the
-largest single tensor for small models with big vocabularies).
+Rough by design: the question is "does 16-bit LoRA fit, or is 4-bit needed?", not a byte-exact
+forecast. Every term is derived from the code that allocates it (the versions tested here:
+transformers 5.22.2, peft 0.21.2, bitsandbytes 0.50.2, torch 2.13; paths relative to
+site-packages) and was checked on CPU by measuring peak RSS (benchmarks/finetune_memory.py).
+Notation: s·b = tokens per step, h = hidden size, V = vocabulary, d = bytes per element of the
+plan's dtype (2 in bf16/fp16, 4 in fp32).
+
+weights
+    16-bit: parameters x d. 4-bit (nf4, double quantization, QLoRA): linear layers at
+    4 + 8/64 + 32/(64·256) = 4.127 bits (bitsandbytes/nn/modules.py:230-231: blocks of 64;
+    functional.py:938-940: their absmax re-quantized to uint8 in blocks of 256 with an fp32
+    scale each), the rest (embeddings, lm_head, norms) in d. 8-bit (LLM.int8): one int8 per
+    weight plus one fp32 scale per output row (nn/modules.py:743, `CB, SCB`).
+lora
+    r·(fan_in + fan_out) parameters per wrapped layer, kept in fp32 (peft/mapping_func.py:110,
+    `autocast_adapter_dtype=True`; peft/tuners/tuners_utils.py:2705-2745 upcasts bf16/fp16
+    adapters to fp32): 4 bytes of weight + 4 of gradient + the optimizer's state. AdamW in
+    torch (adamw_torch, adamw_torch_fused): exp_avg + exp_avg_sq in fp32, 8 bytes.
+    paged_adamw_8bit (QLoRA on CUDA; transformers/trainer_optimizer.py:253-289 builds
+    bitsandbytes' AdamW with optim_bits=8, is_paged=True): bitsandbytes/optim/optimizer.py:502-529
+    keeps two uint8 states (2 bytes) plus an fp32 absmax per block of 256 for each
+    (8/256 bytes), so 2.03125 bytes per parameter; a tensor under `min_8bit_size` = 4096
+    elements (optim/adamw.py:20) keeps fp32 states (8 bytes). The two 256-entry quantization
+    maps are shared by all parameters (`name2qmap`). Paged states (>= 1e5 elements,
+    optimizer.py:383-391) are CUDA unified memory: resident on the GPU unless evicted, so counted.
+activations
+    The logits, for the loss (see `logits_bytes_per_element`): 12·s·b·V bytes in every dtype,
+    usually the largest single term for models with big vocabularies.
+    Each decoder layer's saved tensors (see `layer_bytes_per_token`): for a Llama-style layer
+    8h + 4·d·q + 3·d·I + (m + d)·(sum of the LoRA-wrapped layers' fan_in), ~66·h bytes
+    per token for Llama-3-8B in bf16 with LoRA on every projection (Korthikanti et al. 2022
+    count 34·h for a GPT layer with trained weights; frozen LoRA bases save less in the
+    linear layers, but each adapter saves its own dropped-out copy of its input).
+    With gradient checkpointing (non-reentrant) each layer keeps only its input (d·h per token)
+    and one layer is recomputed at a time during the backward, after the logits' buffers are
+    freed: kept + max(one layer, logits). Without it every layer's saved tensors stay until the
+    backward reaches them: layers x layer + logits.
+overhead
+    1 GiB on a GPU (CUDA context and allocator slack); nothing on CPU.
 """
 
 from __future__ import annotations
@@ -14,10 +48,24 @@ from dataclasses import dataclass
 
 from ..model_facts import ModelFacts
 
-__all__ = ["TrainingMemory", "estimate_training_memory", "lora_parameters", "weight_bytes"]
+__all__ = [
+    "TrainingMemory",
+    "estimate_training_memory",
+    "layer_bytes_per_token",
+    "logits_bytes_per_element",
+    "lora_parameters",
+    "lora_tensor_bytes",
+    "planned_optimizer",
+    "weight_bytes",
+]
 
 CUDA_OVERHEAD = 1 << 30  # CUDA context + allocator slack
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = 4
+# bitsandbytes 8-bit optimizers (bitsandbytes/optim/optimizer.py:502-529, optim/adamw.py:20).
+BNB_MIN_8BIT_SIZE = 4096
+BNB_STATE_BLOCK = 256
+LLAMA_STYLE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None) -> int:
@@ -25,10 +73,14 @@ def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None) -> int:
     if quantize is None:
         return model.parameters * BYTES[dtype]
     linear = model.linear_parameters
-    rest = model.parameters - linear
-    # nf4 with double quantization: 4 bits + ~0.127 bits of scales per weight (QLoRA paper).
-    bits = 4.127 if quantize == "4bit" else 8.0 + 32 / 64  # int8 + per-row fp32 scale, approx
-    return int(linear * bits / 8) + rest * BYTES[dtype]
+    rest = (model.parameters - linear) * BYTES[dtype]
+    if quantize == "4bit":
+        # nf4: 4 bits; absmax per block of 64 as uint8 (double quantization): 8/64; an fp32 scale per
+        # 256 of those blocks: 32/(64·256). 4.127 bits per weight, as the QLoRA paper says.
+        return int(linear * (4 + 8 / 64 + 32 / (64 * 256)) / 8) + rest
+    # LLM.int8: int8 weights (CB) and one fp32 scale per output row (SCB).
+    rows = sum(fan_out * count for _, _, fan_out, count in model.linear_shapes)
+    return linear + FP32 * rows + rest
 
 
 def lora_parameters(model: ModelFacts, r: int, targets: tuple[str, ...]) -> int:
@@ -37,11 +89,106 @@ def lora_parameters(model: ModelFacts, r: int, targets: tuple[str, ...]) -> int:
     )
 
 
+def planned_optimizer(quantize: str | None, on_gpu: bool) -> str:
+    """The `optim` the plan's TrainingArguments choose (policy/finetune.py, decide_training_arguments)."""
+    if not on_gpu:
+        return "adamw_torch"
+    return "paged_adamw_8bit" if quantize is not None else "adamw_torch_fused"
+
+
+def lora_tensor_bytes(numel: int, optim: str) -> int:
+    """Bytes for one trainable fp32 LoRA tensor: weight + gradient + the optimizer's state."""
+    weight_and_grad = 2 * FP32 * numel
+    if optim.endswith("8bit") and numel >= BNB_MIN_8BIT_SIZE:
+        blocks = -(-numel // BNB_STATE_BLOCK)
+        return weight_and_grad + 2 * numel + 2 * FP32 * blocks  # two uint8 states + two fp32 absmax per block
+    return weight_and_grad + 2 * FP32 * numel  # exp_avg + exp_avg_sq in fp32
+
+
+def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False) -> int:
+    """Peak bytes per logit (per token x vocabulary entry) of the causal-LM loss and its backward.
+
+    The model computes logits for every position in training (`logits_to_keep=0`,
+    transformers/models/qwen3/modeling_qwen3.py:480-481; the same in modeling_llama.py:467-468):
+    one tensor of s·b x V in the dtype (d bytes). `ForCausalLMLoss`
+    (transformers/loss/loss_utils.py:51-73) upcasts it with `logits.float()` (line 61: a new fp32
+    tensor when d < 4, the same tensor in fp32), shifts the labels rather than the logits (lines
+    65-66: no copy), and calls `cross_entropy` (line 42), which is log_softmax (an fp32 output,
+    saved for the backward) + nll_loss. The upcast copy is saved by nothing (a dtype cast saves
+    no tensor), so it dies with the loss function.
+
+    forward peak  = d (logits) + 4 (fp32 copy, when d < 4) + 4 (log-probs) = 10 in bf16, 8 in fp32
+    backward peak = 4 (saved log-probs) + 4 (nll_loss's gradient, dense) + 4 (log_softmax's
+                    gradient, the fp32 logits' gradient) = 12; cast back to d only after the
+                    log-probs and their gradient are freed.
+
+    `Trainer.compute_loss` drops the model's outputs (and so the logits) before the backward
+    (transformers/trainer.py:2144, 2189, 2062, 2098), so the peak is 12 bytes in every dtype. A
+    loop that keeps `outputs` alive through `backward()` holds the d-byte logits too:
+    `outputs_kept=True` -> 12 + d. Measured on CPU (peak RSS growth per extra logit, vocabulary
+    64000 vs 32000 at 512 tokens): bf16 10.0 forward / 12.0 backward / 14.0 with the outputs kept;
+    fp32 8.0 / 12.0 / 16.0.
+    """
+    d = BYTES[dtype]
+    forward = d + (FP32 if d < FP32 else 0) + FP32
+    backward = 3 * FP32 + (d if outputs_kept else 0)
+    return max(forward, backward)
+
+
+def layer_bytes_per_token(
+    model: ModelFacts, dtype: str, quantize: str | None, targets: tuple[str, ...], on_gpu: bool
+) -> int:
+    """Bytes one decoder layer saves for the backward, per token (frozen base, LoRA on `targets`).
+
+    Frozen base linears save no activation (torch saves the input of a matmul only for the
+    weight's gradient; bitsandbytes' MatMul4Bit saves only the weight,
+    bitsandbytes/autograd/_functions.py:357-358), except LLM.int8, which saves its input
+    (_functions.py:186-187). Llama-style layer (transformers/models/qwen3/modeling_qwen3.py,
+    modeling_llama.py), with q = attention width, I = MLP width:
+
+    - two RMSNorms save the fp32 upcast of their input (modeling_qwen3.py:60-63): 2 x 4h;
+    - fused attention (SDPA / flash) saves q, k, v and its output: d·4q, with k and v repeated to
+      every head as transformers does when a padding mask is passed
+      (integrations/sdpa_attention.py:113-118; without a mask GQA keeps them narrower);
+    - the SwiGLU MLP (modeling_qwen3.py:81) saves act_fn's input and both operands of the product:
+      3·d·I;
+    - each LoRA adapter (peft/tuners/lora/layer.py:1100-1102: `lora_B(lora_A(dropout(x)))` with x
+      cast to the fp32 adapter dtype) saves its dropout mask (bool on CUDA: 1 byte; on CPU torch's
+      dropout saves a float noise tensor: 4 bytes) and the input of lora_A (d: autocast casts it to
+      the compute dtype; fp32 without autocast): (m + d) x fan_in per adapter. The plan's default
+      lora_dropout is 0.05; with 0 there is no mask and no copy in 16-bit.
+
+    Other layer shapes fall back to Korthikanti et al. 2022 (34·h bytes in 16-bit, scaled by d/2)
+    plus the adapters' inputs. Not counted: Qwen3's q/k norms (4 x (q + kv), ~4% of a layer),
+    the rotary cos/sin and softmax statistics (per token, not per channel).
+    """
+    hidden = model.hidden_size or 0
+    layers = model.num_layers or 0
+    if not layers or not hidden:
+        return 0
+    d = BYTES[dtype]
+    mask = 1 if on_gpu else FP32
+    adapters = sum(fan_in * count for name, fan_in, _, count in model.linear_shapes if name in targets)
+    lora = (mask + d) * adapters // layers
+    shapes = {name: (fan_in, fan_out) for name, fan_in, fan_out, _ in model.linear_shapes}
+    if not all(name in shapes for name in LLAMA_STYLE):
+        return 17 * hidden * d + lora
+    attention = shapes["o_proj"][0]
+    inter = shapes["up_proj"][1]
+    base = 2 * FP32 * hidden + 4 * d * attention + 3 * d * inter
+    if quantize == "8bit":
+        # MatMul8bitLt saves its input: the norms' outputs (shared by q/k/v and by gate/up), the
+        # attention output and the MLP product.
+        base += d * (2 * hidden + attention + inter)
+    return base + lora
+
+
 @dataclass(frozen=True)
 class TrainingMemory:
     weights: int
     lora: int
-    """LoRA weights, gradients and AdamW states, all fp32: 16 bytes per parameter."""
+    """LoRA weights and gradients (fp32) and the optimizer's state: 16 bytes per parameter with
+    AdamW in fp32, ~10 with paged 8-bit AdamW."""
     activations: int
     overhead: int
 
@@ -70,19 +217,30 @@ def estimate_training_memory(
     batch: int = 1,
     checkpointing: bool = True,
     on_gpu: bool = True,
+    optim: str | None = None,
 ) -> TrainingMemory:
-    hidden = model.hidden_size or 0
-    layers = model.num_layers or 0
-    act_bytes = BYTES[dtype]
+    """Peak training memory of one LoRA step. `optim` is TrainingArguments' optimizer name; None
+    means the one the plan chooses (`planned_optimizer`)."""
+    optim = optim or planned_optimizer(quantize, on_gpu)
     tokens = seq_len * batch
-    per_layer_full = 34 * tokens * hidden * act_bytes // 2
-    # Checkpointing keeps each layer's input and recomputes one layer at a time.
-    kept = layers * tokens * hidden * act_bytes + per_layer_full
-    activations = kept if checkpointing else layers * per_layer_full
-    activations += 4 * tokens * (model.vocab_size or 0)
+    layers = model.num_layers or 0
+    layer = layer_bytes_per_token(model, dtype, quantize, targets, on_gpu) * tokens
+    logits = logits_bytes_per_element(dtype) * tokens * (model.vocab_size or 0)
+    if checkpointing:
+        # Non-reentrant checkpointing keeps each layer's input; the backward frees the logits'
+        # buffers (lm_head and the loss come first) before it recomputes the last layer.
+        kept = layers * tokens * (model.hidden_size or 0) * BYTES[dtype]
+        activations = kept + max(layer, logits)
+    else:
+        activations = layers * layer + logits
+    lora = sum(
+        (lora_tensor_bytes(r * fan_in, optim) + lora_tensor_bytes(r * fan_out, optim)) * count
+        for name, fan_in, fan_out, count in model.linear_shapes
+        if name in targets
+    )
     return TrainingMemory(
         weights=weight_bytes(model, dtype, quantize),
-        lora=16 * lora_parameters(model, r, targets),
+        lora=int(lora),
         activations=activations,
         overhead=CUDA_OVERHEAD if on_gpu else 0,
     )
