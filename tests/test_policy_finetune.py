@@ -8,40 +8,11 @@ import pytest
 
 from cudaload import FinetuneConfigError, Machine, MissingPackageError, PlacementError, QuantizationError
 from cudaload.capability.facts import Launch
-from cudaload.model_facts import ModelFacts, any_model
+from cudaload.model_facts import ModelFacts
 from cudaload.policy import Request, make_plan
+from model_shapes import PROJ, llama
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
-PROJ = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
-
-
-def llama(billions: float) -> ModelFacts:
-    """A Llama-shaped model of about `billions` parameters (8B: hidden 4096, 32 layers)."""
-    scale = billions / 8.0
-    layers = max(1, round(32 * scale))
-    shapes = (
-        ("q_proj", 4096, 4096, layers),
-        ("k_proj", 4096, 1024, layers),
-        ("v_proj", 4096, 1024, layers),
-        ("o_proj", 4096, 4096, layers),
-        ("gate_proj", 4096, 14336, layers),
-        ("up_proj", 4096, 14336, layers),
-        ("down_proj", 14336, 4096, layers),
-    )
-    linear = sum(i * o * n for _, i, o, n in shapes)
-    return replace(
-        any_model(),
-        source=f"llama-{billions}b",
-        model_class="LlamaForCausalLM",
-        parameters=linear + 2 * 128256 * 4096,
-        checkpoint_dtype="bfloat16",
-        head_dim=128,
-        num_layers=layers,
-        hidden_size=4096,
-        linear_names=PROJ,
-        linear_shapes=shapes,
-        vocab_size=128256,
-    )
 
 
 def finetune(machine: Machine, model: ModelFacts | None = None, **request):
