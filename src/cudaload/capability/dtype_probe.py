@@ -51,6 +51,8 @@ read memory as a real decode step does, not cache."""
 MAX_COPIES = 32
 """Small buckets stop here: a small model's weights sit in cache when it decodes, too."""
 REPEATS = 3
+BUDGET_S = 1.0
+"""After the warm-up and one measured round, no further round starts past this many seconds."""
 SCHEMA = 2  # 2: decode working set capped at MAX_COPIES weights
 
 
@@ -105,6 +107,8 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
         decode: dict[str, list[float]] = {name: [] for name in dtypes}
         casts: dict[tuple[str, str], list[float]] = {(a, b): [] for a in dtypes for b in dtypes if a != b}
         for rep in range(REPEATS + 1):  # the first round warms up oneDNN/BLAS and is dropped
+            if rep >= 2 and time.perf_counter() - started > BUDGET_S:
+                break  # a loaded or slow machine: fewer rounds rather than a long stall
             for name in dtypes:
                 x, token = inputs[name]
                 w = weights[name][0]
@@ -122,7 +126,7 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
         threads = torch.get_num_threads()
 
     def median(values: list[float]) -> float:
-        return statistics.median(values[1:])
+        return statistics.median(values[1:])  # every list has the warm-up and >= 1 measured round
 
     return DtypeProbe(
         in_features=k,
