@@ -67,4 +67,4 @@ def test_torchrun_trainer_is_data_parallel_on_cpu(tiny_models, tmp_path: Path) -
     for report in reports:
         assert report["world_size"] == 2 and report["use_cpu"] is True
         assert "DISTRIBUTED" in report["parallel_mode"]
-        assert report["identical"] is True and report["steps"] == 3
+        assert report["identical"] is True and report["changed"] is True and report["steps"] == 3

@@ -27,6 +27,8 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
     ddp = DistributedDataParallel(model, find_unused_parameters=args.get("ddp_find_unused_parameters", True))
 
     trainable = [p for p in model.parameters() if p.requires_grad]
+    # lora_A starts random and non-zero: "changed" must compare with a snapshot, not with zero.
+    before = torch.cat([p.detach().flatten().float() for p in trainable]).clone()
     optimizer = torch.optim.AdamW(trainable, lr=1e-2)
     ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
     losses = []
@@ -49,7 +51,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         "training_arguments": args,
         "losses": losses,
         "lora_identical_across_ranks": all(torch.equal(gathered[0], g) for g in gathered),
-        "lora_changed": bool(flat.abs().sum() > 0),
+        "lora_changed": not torch.equal(before, flat),
         "quantized": "quantization_config" in plan.kwargs,
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))

@@ -41,6 +41,7 @@ def main(model_path: str, out_dir: str) -> None:
             seed=0,
         )
     )
+    before = torch.cat([p.detach().flatten().float() for p in model.parameters() if p.requires_grad]).clone()
     trainer = Trainer(model=model, args=args, train_dataset=Rows(seed=0))
     trainer.train()
     flat = torch.cat([p.detach().flatten().float() for p in model.parameters() if p.requires_grad])
@@ -56,6 +57,8 @@ def main(model_path: str, out_dir: str) -> None:
         "parallel_mode": str(args.parallel_mode),
         "use_cpu": args.use_cpu,
         "identical": identical,
+        # Identical ranks prove nothing if nothing trained: compare with the snapshot too.
+        "changed": not torch.equal(before, flat),
         "steps": trainer.state.global_step,
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report))
