@@ -77,12 +77,11 @@ def measure_for(
     and, on a CPU-only machine, the dtype probe for the model's shape bucket (cached).
 
     The probe is skipped when `probe` is False or CUDALOAD_PROBE=0, when the dtype was chosen
-    by the caller (`dtype_chosen`), and when a record of this model matches this machine. `on_cpu`
-    says the plan runs on the CPU (default: no GPU seen; the planner also passes True when torch
-    cannot drive the GPUs it sees). Under
-    a distributed launch only a cached probe is used, never a new one: every rank must plan the
-    same dtype, and ranks probing side by side would each measure the others' load (and could
-    disagree).
+    by the caller (`dtype_chosen`), and when a record of this model matches this machine.
+    `on_cpu` says the plan runs on the CPU (default: no GPU seen; the planner also passes True
+    when torch cannot drive the GPUs it sees). Under a distributed launch only a cached probe is
+    used, never a new one: every rank must plan the same dtype, and ranks probing side by side
+    would each measure the others' load (and could disagree).
     """
     env = os.environ if env is None else env
     machine = replace(machine, threads=torch_threads(env, machine.cpu.cores))
