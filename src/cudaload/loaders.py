@@ -105,8 +105,7 @@ def _load_error(model: str, exc: BaseException) -> LoadFailedError:
         hint = "a file the model needs is missing or unreadable (a config.json without weights?): check the folder"
     else:
         hint = "see the cause above"
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return LoadFailedError(f"Loading {model} failed: {kind}: {first}. Likely cause: {hint}.")
+    return LoadFailedError(f"Loading {model} failed: {_describe(exc)}. Likely cause: {hint}.")
 
 
 def _auto_class(name: str) -> Any:

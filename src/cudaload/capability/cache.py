@@ -8,6 +8,7 @@ caller measures again next time, and is warned once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..errors import CudaloadWarning
 
-__all__ = ["cache_dir", "read_json", "write_json"]
+__all__ = ["cache_dir", "cache_key", "read_json", "write_json"]
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -28,6 +29,12 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     if env.get("XDG_CACHE_HOME"):
         return Path(env["XDG_CACHE_HOME"]) / "cudaload"
     return Path.home() / ".cache" / "cudaload"
+
+
+def cache_key(value: str | Mapping[str, Any]) -> str:
+    """A short stable file-name key for a string or a JSON-able mapping (keys sorted)."""
+    text = value if isinstance(value, str) else json.dumps(dict(value), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

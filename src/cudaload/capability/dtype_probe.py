@@ -18,8 +18,6 @@ once per machine. `CUDALOAD_PROBE=0` (or `plan(..., probe=False)`) turns it off.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import statistics
@@ -30,7 +28,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from .cache import cache_dir, read_json, write_json
+from .cache import cache_dir, cache_key, read_json, write_json
 from .facts import DTYPES, DtypeProbe, Machine
 
 __all__ = [
@@ -187,8 +185,7 @@ def cached_dtype_probe(
     measured now and written back (a corrupt or foreign file is replaced); None when it is not
     cached and `measure` is False."""
     expected = {**machine.fingerprint(), "bucket": f"{bucket[0]}x{bucket[1]}"}
-    key = hashlib.sha256(json.dumps(expected, sort_keys=True).encode()).hexdigest()[:16]
-    path = cache_dir(env) / "probes" / f"cpu-dtype-{key}.json"
+    path = cache_dir(env) / "probes" / f"cpu-dtype-{cache_key(expected)}.json"
     data = read_json(path)
     cached = _from_json(data, expected) if data is not None else None
     if cached is not None or not measure:

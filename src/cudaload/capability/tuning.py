@@ -8,13 +8,11 @@ shape; the policy uses one whose fingerprint matches this machine and says why i
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .cache import cache_dir, read_json, write_json
+from .cache import cache_dir, cache_key, read_json, write_json
 from .facts import TunedVariant, TuningRecord
 
 __all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
@@ -22,12 +20,8 @@ __all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
 SCHEMA = 1
 
 
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def record_path(model_key: str, fingerprint: Mapping[str, str], env: Mapping[str, str] | None = None) -> Path:
-    return cache_dir(env) / "tuning" / f"{_hash(model_key)}-{_hash(json.dumps(dict(fingerprint), sort_keys=True))}.json"
+    return cache_dir(env) / "tuning" / f"{cache_key(model_key)}-{cache_key(fingerprint)}.json"
 
 
 def _to_json(record: TuningRecord) -> dict[str, Any]:
@@ -87,7 +81,7 @@ def write_tuning_record(record: TuningRecord, env: Mapping[str, str] | None = No
 def read_tuning_records(model_key: str, env: Mapping[str, str] | None = None) -> tuple[TuningRecord, ...]:
     """Every readable record for this model shape, newest first; unreadable files are skipped."""
     folder = cache_dir(env) / "tuning"
-    paths: Iterable[Path] = sorted(folder.glob(f"{_hash(model_key)}-*.json")) if folder.is_dir() else ()
+    paths: Iterable[Path] = sorted(folder.glob(f"{cache_key(model_key)}-*.json")) if folder.is_dir() else ()
     records = []
     for path in paths:
         data = read_json(path)

@@ -3,7 +3,7 @@ dtype measured fastest for the workload on this CPU (the static ISA table only w
 
 from __future__ import annotations
 
-from ..capability.facts import DtypeProbe, Machine
+from ..capability.facts import DTYPES, DtypeProbe, Machine
 from ..errors import DtypeUnsupportedError
 from ..model_facts import ModelFacts
 from ..plans import Decision, Rejected
@@ -180,9 +180,7 @@ def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decis
             return _measured_choice(estimates, source, workload, ignored)
     probe = machine.dtype_probe
     if probe is not None:
-        estimates = {
-            d: e for d in ("float32", "bfloat16", "float16") if (e := probe_estimate(probe, model, d, workload))
-        }
+        estimates = {d: e for d in DTYPES if (e := probe_estimate(probe, model, d, workload))}
         ratios = _probe_ratios(probe, "bfloat16")
         source = (
             f"F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, probed on this CPU on "
