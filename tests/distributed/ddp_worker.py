@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from worker_exit import exit_without_teardown
 
 import cudaload
 
@@ -60,3 +61,4 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    exit_without_teardown()

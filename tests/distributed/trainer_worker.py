@@ -4,13 +4,13 @@ parallel (world size 2, gradients averaged), not each rank alone. Writes rank-<N
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainingArguments
+from worker_exit import exit_without_teardown
 
 import cudaload
 
@@ -71,9 +71,4 @@ def main(model_path: str, out_dir: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:3])
-    # Skip interpreter teardown: the DDP Reducer kept alive by Trainer is destroyed there, and its
-    # ProcessGroupGloo destructor can join a gloo thread that waits for the GIL the main thread
-    # holds (seen as a hang after both ranks wrote their reports). Everything is written by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_teardown()

@@ -77,11 +77,10 @@ class Cpu:
 
     @property
     def fast_bf16(self) -> bool:
-        """bf16 matmuls beat fp32 here: AMX tiles only.
-
-        Measured (benchmarks/README.md): a Xeon with AMX ran a bf16 prefill 4.3x faster
-        than fp32; a Xeon with AVX512-BF16 but no AMX ran it 1.4x slower; an AVX2 EPYC
-        4.1x slower.
+        """The static table's guess that bf16 beats fp32 here (AMX tiles), used only when the
+        dtype is not measured: flags do not decide it (benchmarks/README.md: AMX Xeon bf16 4.3x
+        faster, an AVX512-BF16 Xeon 1.4x slower, a Zen 4 EPYC with the same flag 2.35x faster,
+        an AVX2 EPYC 4.1x slower).
         """
         return "amx_bf16" in self.flags
 
