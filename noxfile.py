@@ -45,7 +45,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    session.install("-c", "constraints/tested.txt", "mkdocs")
+    session.install("-c", "constraints/tested.txt", "mkdocs", "mkdocs-material", "mkdocstrings[python]")
     session.run("mkdocs", "build", "--strict", "-d", "site")
 
 
