@@ -3,17 +3,27 @@
 `read_model_facts()` reads the config (local path, hub id through the cache, or a
 `PretrainedConfig`), resolves the model class the Auto class would pick, and counts
 parameters by building the model on the meta device (no memory, no weights).
+
+Building that meta model imports torch and the modeling code (seconds). For a local folder the
+facts are cached per config.json, Auto class and transformers version, so planning a model seen
+before reads JSON only (see `_cached_facts`).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
 import re
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelConfigError, RemoteCodeError
 from .upstream import FP16_FRAGILE_FAMILIES
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["ModelFacts", "any_model", "read_model_facts", "reference_model"]
 
@@ -175,8 +185,6 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
             "the weights' dtype is then used)."
         ) from exc
     except OSError as exc:
-        import os
-
         if os.path.isdir(name):
             raise ModelConfigError(
                 f"{name!r} is a local folder, but its config.json is missing or unreadable: {exc}. Save the model "
@@ -252,13 +260,31 @@ def read_model_facts(
     revision: str | None = None,
 ) -> ModelFacts:
     """Facts about `model` (a path, a hub id or a PretrainedConfig) from its config alone."""
+    cache = _facts_cache_file(model, auto_class) if not trust_remote_code else None
+    if cache is not None:
+        cached = _cached_facts(cache, str(model))
+        if cached is not None:
+            return cached
+    facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision)
+    if cache is not None:
+        from .capability.cache import write_json
+
+        write_json(cache, {"schema": _FACTS_SCHEMA, "dtype_from_weights": dtype_from_weights, "facts": asdict(facts)})
+    return facts
+
+
+def _read_model_facts(
+    model: Any, auto_class: str, trust_remote_code: bool, revision: str | None
+) -> tuple[ModelFacts, bool]:
+    """The facts, and whether the checkpoint dtype came from the weights rather than the config."""
     config = _load_config(model, trust_remote_code, revision)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     checkpoint_dtype = _normalise_dtype(getattr(config, "dtype", None))
-    if checkpoint_dtype not in ("float32", "float16", "bfloat16"):
+    dtype_from_weights = checkpoint_dtype not in ("float32", "float16", "bfloat16")
+    if dtype_from_weights:
         # No (or "auto") dtype in the config: transformers' dtype="auto" then reads the weights
         # (`_get_dtype` in modeling_utils.py); so do we, from the safetensors header alone.
-        checkpoint_dtype = _weights_dtype(model, revision)
+        checkpoint_dtype = None if not isinstance(model, str) else _weights_dtype(model, revision)
     source = model if isinstance(model, str) else str(getattr(config, "_name_or_path", "") or "")
     cls = _model_class(config, auto_class, trust_remote_code, source, revision)
     meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
@@ -293,7 +319,7 @@ def read_model_facts(
     head_dim = getattr(text_config, "head_dim", None) or (hidden // heads if hidden and heads else None)
     head_dims, qk_v = _head_dims(text_config, head_dim)
     compatible = getattr(cls, "_compatible_flash_implementations", None)
-    return ModelFacts(
+    facts = ModelFacts(
         source=model if isinstance(model, str) else (getattr(config, "_name_or_path", "") or config.model_type),
         model_type=str(config.model_type),
         model_class=cls.__name__,
@@ -319,22 +345,19 @@ def read_model_facts(
         expert_parameters=tuple(experts),
         compatible_flash=tuple(compatible) if compatible is not None else None,
     )
+    return facts, dtype_from_weights
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
-def _weights_dtype(model: Any, revision: str | None) -> str | None:
+def _weights_dtype(model: str, revision: str | None) -> str | None:
     """The floating dtype holding most of the weights, read from a safetensors header (the first
     8 bytes give the JSON header's length; no tensor is read). None when there is no local file."""
     import json
     import struct
 
-    from transformers import PretrainedConfig
-
-    if isinstance(model, PretrainedConfig):
-        return None
-    path = _weights_file(str(model), revision)
+    path = _weights_file(model, revision)
     if path is None:
         return None
     try:
@@ -357,15 +380,14 @@ def _weights_dtype(model: Any, revision: str | None) -> str | None:
 def _weights_file(model: str, revision: str | None) -> str | None:
     """A local safetensors file of `model` (a folder, or a Hub id already in the cache)."""
     import json
-    import os
     from pathlib import Path
-
-    from huggingface_hub import try_to_load_from_cache
 
     def find(name: str) -> str | None:
         if os.path.isdir(model):
             candidate = os.path.join(model, name)
             return candidate if os.path.isfile(candidate) else None
+        from huggingface_hub import try_to_load_from_cache
+
         cached = try_to_load_from_cache(model, name, revision=revision)
         return cached if isinstance(cached, str) else None
 
@@ -404,3 +426,59 @@ def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tupl
         found.add(int(qk))
     pair = (int(qk), int(v)) if isinstance(qk, int) and isinstance(v, int) and qk != v else None
     return tuple(sorted(found)), pair
+
+
+# The facts cache. A local folder's facts depend on its config.json, the Auto class, the installed
+# transformers (its classes and their `_supports_*` flags) and this code; the key holds all four.
+# Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
+# the config): it is then re-read from the safetensors header, which costs no import.
+_FACTS_SCHEMA = 1
+
+
+def _facts_cache_file(model: Any, auto_class: str) -> Path | None:
+    """The cache file for a local folder's facts, or None (a Hub id, a config object, no config.json)."""
+    if not isinstance(model, str) or not os.path.isdir(model):
+        return None
+    try:
+        with open(os.path.join(model, "config.json"), "rb") as handle:
+            config_hash = hashlib.sha256(handle.read()).hexdigest()
+    except OSError:
+        return None
+    from . import __version__
+    from .capability.cache import cache_dir, cache_key
+    from .capability.software import installed_versions
+
+    transformers_version = installed_versions().get("transformers")
+    if transformers_version is None:
+        return None
+    key = cache_key(
+        {
+            "schema": _FACTS_SCHEMA,
+            "config": config_hash,
+            "auto_class": auto_class,
+            "transformers": transformers_version,
+            "cudaload": __version__,
+        }
+    )
+    return cache_dir() / "model-facts" / f"{key}.json"
+
+
+def _cached_facts(path: Path, source: str) -> ModelFacts | None:
+    from .capability.cache import read_json
+
+    data = read_json(path)
+    if data is None or data.get("schema") != _FACTS_SCHEMA:
+        return None
+    try:
+        fields = {f.name: data["facts"][f.name] for f in dataclass_fields(ModelFacts)}
+    except (KeyError, TypeError):
+        return None
+    fields["source"] = source
+    for name in ("linear_names", "head_dims", "expert_parameters"):
+        fields[name] = tuple(fields[name])
+    fields["linear_shapes"] = tuple(tuple(shape) for shape in fields["linear_shapes"])
+    for name in ("qk_v_head_dims", "compatible_flash"):
+        fields[name] = tuple(fields[name]) if fields[name] is not None else None
+    if data.get("dtype_from_weights"):
+        fields["checkpoint_dtype"] = _weights_dtype(source, None)
+    return ModelFacts(**fields)

@@ -1,0 +1,145 @@
+"""What cudaload costs before any weight is read: detection and planning stay off torch and
+transformers where cached facts answer, and those shortcuts agree with the real imports."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cudaload.capability.software import PACKAGES, installed_versions
+from cudaload.model_facts import read_model_facts
+
+
+def _fresh_process(code: str, cache: Path) -> dict[str, object]:
+    """Run `code` in a new interpreter (no module imported yet); it prints one JSON object."""
+    env = {**os.environ, "CUDALOAD_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_installed_versions_agree_with_importlib_metadata() -> None:
+    """Folder names give the same versions as parsing every METADATA file, for every installed
+    distribution (first on sys.path wins in both)."""
+    fast = installed_versions()
+    checked = 0
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if not name:
+            continue
+        key = name.lower().replace("-", "_").replace(".", "_")
+        assert key in fast, name
+        assert fast[key] in (None, metadata.version(name)), name
+        checked += 1
+    assert checked > 20  # torch, transformers and their dependencies at least
+    assert fast.get("transformers") == metadata.version("transformers")
+    assert all(fast.get(p.replace("-", "_").lower()) is None for p in PACKAGES if p.startswith("flash-attn"))
+
+
+def test_installed_versions_reads_dist_and_egg_info(tmp_path: Path) -> None:
+    (tmp_path / "Some.Package-1.2.3.dist-info").mkdir()
+    (tmp_path / "other_pkg-0.5-py3.11.egg-info").mkdir()
+    (tmp_path / "develop_pkg.egg-info").mkdir()
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / "some_package-9.9.dist-info").mkdir()
+    found = installed_versions([str(tmp_path), str(later), str(tmp_path / "missing")])
+    assert found == {"some_package": "1.2.3", "other_pkg": "0.5", "develop_pkg": None}
+
+
+def test_detect_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
+    out = _fresh_process(
+        """
+        import json, sys
+        import cudaload
+        machine = cudaload.detect()
+        print(json.dumps({
+            "heavy": sorted(m for m in ("torch", "transformers", "huggingface_hub") if m in sys.modules),
+            "kernels_range": machine.software.kernels_range,
+            "transformers": machine.software.version("transformers"),
+        }))
+        """,
+        tmp_path,
+    )
+    import transformers
+    from transformers.utils import import_utils
+
+    assert out["heavy"] == []
+    # Read as text, the same range the imported module holds.
+    assert out["kernels_range"] == [import_utils.KERNELS_MIN_VERSION, import_utils.KERNELS_MAX_VERSION]
+    assert out["transformers"] == transformers.__version__
+
+
+@pytest.mark.slow
+def test_a_planned_model_is_planned_again_without_torch(tiny_models, tmp_path: Path) -> None:
+    """The second plan() of a local model, in a new process, reads cached facts: no torch, no
+    transformers, and the same facts and plan as a fresh read through the real import."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models["llama"], model)
+    code = f"""
+        import json, sys
+        from dataclasses import asdict
+        import cudaload
+        from cudaload.model_facts import read_model_facts
+        plan = cudaload.plan({str(model)!r}, probe=False)
+        facts = read_model_facts({str(model)!r})
+        print(json.dumps({{
+            "heavy": sorted(m for m in ("torch", "transformers") if m in sys.modules),
+            "plan": plan.to_dict(),
+            "facts": asdict(facts),
+        }}))
+        """
+    first = _fresh_process(code, tmp_path / "cache")
+    second = _fresh_process(code, tmp_path / "cache")
+    assert "torch" in first["heavy"]  # the first read builds the meta model
+    assert second["heavy"] == []
+    assert second["plan"] == first["plan"]
+    assert second["facts"] == first["facts"]
+    assert list((tmp_path / "cache" / "model-facts").glob("*.json"))
+
+
+def test_cached_facts_follow_the_config_and_the_weights(tiny_models, tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_models["qwen3"], folder)  # bf16 weights
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("dtype", None)
+    config.pop("torch_dtype", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    fresh = read_model_facts(str(folder))
+    assert read_model_facts(str(folder)) == fresh  # from the cache, field for field (tuples too)
+    assert fresh.checkpoint_dtype == "bfloat16"
+
+    # New weights under the same config.json: the dtype is re-read from their header.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float16).save_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps(config))  # save_pretrained wrote a dtype: take it out
+    assert read_model_facts(str(folder)) == replace(fresh, checkpoint_dtype="float16")
+
+    # A changed config.json is another model.
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 2 * config["intermediate_size"]}))
+    wider = read_model_facts(str(folder))
+    assert wider.intermediate_size == 2 * config["intermediate_size"]
+    assert wider.parameters > fresh.parameters
+
+
+def test_a_corrupt_facts_cache_is_read_again(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    folder = str(tiny_models["gpt2"])
+    fresh = read_model_facts(folder)
+    (cached,) = (tmp_path / "cache" / "model-facts").glob("*.json")
+    cached.write_text('{"schema": 1, "facts": {"model_type": "gpt2"}}')
+    assert read_model_facts(folder) == fresh
+    assert json.loads(cached.read_text())["facts"]["parameters"] == fresh.parameters  # rewritten
