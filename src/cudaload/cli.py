@@ -241,6 +241,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--batch-size", type=int, default=1, help="with --finetune: batch size for the estimate")
     plan.add_argument("--dtype")
     plan.add_argument("--attn", dest="attn_implementation")
+    plan.add_argument(
+        "--generate",
+        action="store_true",
+        help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
+    )
+    plan.add_argument("--context", type=int, help="with --generate: tokens per sequence (prompt + new)")
     plan.add_argument("--json", action="store_true")
 
     bench = sub.add_parser("bench", help="time the plan against every dtype x attention alternative here")
@@ -271,6 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
             if args.hub_kernels:
                 overrides["hub_kernels"] = True
+            if args.context is not None and not args.generate:
+                parser.error("--context goes with --generate")
+            if args.generate:
+                overrides |= {"generate": True, "context": args.context}
             if args.finetune:
                 overrides |= {
                     "finetune": True,

@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .capability.facts import Machine
 from .errors import DtypeUnsupportedError, FinetuneConfigError, ModelConfigError, QuantizationError, SettingError
 from .model_facts import ModelFacts, read_model_facts
 from .plans import Plan
+
+if TYPE_CHECKING:
+    from .generation import GenerationPlan
 from .policy import Request, make_plan
 from .policy.request import Workload, workload_from
 
@@ -63,6 +66,10 @@ def plan(
     workload: str | tuple[int, int] | Workload | None = None,
     probe: bool = True,
     hub_kernels: bool | None = None,
+    generate: bool = False,
+    context: int | None = None,
+    cache_implementation: str | None = None,
+    padding_side: str | None = None,
     **overrides: Any,
 ) -> Plan:
     """The from_pretrained settings for `model` on `machine` (default: this one). Loads no weights.
@@ -83,8 +90,36 @@ def plan(
 
     Hub code needs consent: a `kernels-community` attention kernel that is not in the local cache
     is planned only with `hub_kernels=True` (or `use_kernels=True`, itself opt-in Hub code).
+
+    With `generate=True` the plan also has `plan.generation` (see `GenerationPlan`): the KV-cache
+    size per token, the largest batch of `context`-token sequences (default: the workload's prompt +
+    new tokens) that fits beside the weights, the cache implementation and whether generate() will
+    compile, and the tokenizer padding side. `cache_implementation` and `padding_side` are your
+    choices for those, validated and kept.
+
+    Raises:
+        SettingError: generation settings without `generate=True`, or with `finetune=True`.
+
+    Example::
+
+        plan = cudaload.plan("Qwen/Qwen3-0.6B", generate=True, context=8192)
+        print(plan.generation.max_batch, plan.generation.generate_kwargs)
     """
     chosen_workload = workload_from(workload)
+    _flag("generate", generate, allow_none=False)
+    generation_settings = {
+        "context": context,
+        "cache_implementation": cache_implementation,
+        "padding_side": padding_side,
+    }
+    if not generate and any(v is not None for v in generation_settings.values()):
+        given = ", ".join(f"{k}={v!r}" for k, v in generation_settings.items() if v is not None)
+        raise SettingError(f"{given} only applies to a generation plan: pass generate=True as well.")
+    if generate and finetune:
+        raise SettingError(
+            "generate=True and finetune=True: a fine-tuning plan trains, it does not plan generation. Plan the "
+            "generation separately (cudaload.plan(model, generate=True))."
+        )
     if not isinstance(model, (str, os.PathLike, ModelFacts)):
         from transformers import PretrainedConfig
 
@@ -139,7 +174,53 @@ def plan(
         on_cpu = not usable_machine(machine)[0].gpus
         machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
     result = make_plan(machine, facts, request)
+    if generate:
+        result = replace(
+            result, generation=_plan_generation(model, machine, facts, result, request, overrides, generation_settings)
+        )
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
     return result
+
+
+def _plan_generation(
+    model: Any,
+    machine: Machine,
+    facts: ModelFacts,
+    result: Plan,
+    request: Request,
+    overrides: Mapping[str, Any],
+    settings: Mapping[str, Any],
+) -> GenerationPlan:
+    """plan.generation: the generation facts read from the config, then the pure policy."""
+    from .generation import checkpoint_generation_config, read_generation_facts
+    from .policy.devices import usable_machine
+    from .policy.generation import decide_generation
+
+    if isinstance(model, ModelFacts):
+        raise ModelConfigError(
+            "generate=True needs the model's config (its KV-cache layout), and ModelFacts do not carry it: pass "
+            "the model's path, Hub id or PretrainedConfig."
+        )
+    import transformers
+
+    revision = overrides.get("revision")
+    trust = overrides.get("trust_remote_code", False) is True
+    if isinstance(model, (str, os.PathLike)):
+        config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust, revision=revision)
+        generation_config = checkpoint_generation_config(str(model), revision)
+    else:
+        config, generation_config = model, {}
+    gen_facts = read_generation_facts(config, getattr(transformers, facts.model_class, None), generation_config)
+    return decide_generation(
+        usable_machine(machine)[0],
+        gen_facts,
+        dtype=result.dtype,
+        attention=result.attn_implementation,
+        weight_bytes=int(result.extras.get("weight_bytes", 0)),
+        device_map=result.kwargs.get("device_map"),
+        quantized="quantization_config" in result.kwargs or facts.quantized is not None,
+        workload=request.workload,
+        **settings,
+    )

@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .generation import GenerationPlan
 
 __all__ = ["Decision", "Plan", "Rejected"]
 
@@ -77,6 +80,9 @@ class Plan:
     """Plan facts that are not from_pretrained kwargs (fine-tuning settings, estimates)."""
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent planning on measurements: "probe" when the CPU dtype probe ran (not cached)."""
+    generation: GenerationPlan | None = None
+    """Generation settings (KV cache, batch x context that fits, cache implementation, compile,
+    padding side), each a Decision; None for plans that do not generate (fine-tuning, encoders)."""
 
     def decision(self, setting: str) -> Decision:
         for d in self.decisions:
@@ -116,6 +122,7 @@ class Plan:
             "warnings": list(self.warnings),
             "extras": jsonable(self.extras),
             "timings": dict(self.timings),
+            "generation": self.generation.to_dict() if self.generation is not None else None,
         }
 
     def to_json(self) -> str:
@@ -143,6 +150,8 @@ class Plan:
                     lines.append(f"    {option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})")
         if len(self.attention_chain) > 1:
             lines.append(f"  attention fallback chain: {' -> '.join(self.attention_chain)}")
+        if self.generation is not None:
+            lines += self.generation.explain_lines(VALUE_WIDTH)
         for warning in self.warnings:
             lines.append(f"  WARNING: {warning}")
         return "\n".join(lines)

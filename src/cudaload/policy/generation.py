@@ -1,0 +1,410 @@
+"""Generation settings: KV-cache size, how much batch x context fits, cache implementation,
+torch.compile / CUDA graphs, and the tokenizer's padding side. Pure: facts come in as data.
+
+What transformers does by itself (5.22-5.24; paths relative to site-packages/transformers), which
+this policy follows unless it says otherwise:
+
+- `generate()` builds a `DynamicCache(config=...)` unless `cache_implementation` asks for another
+  (generation/utils.py, `GenerationMixin._prepare_cache_for_generation`); sliding-window layers keep
+  only their window (cache_utils.py, `DynamicSlidingWindowLayer`, `get_layer_types_and_kwargs`).
+- It compiles the forward by itself only when the cache is compileable and not a `DynamicCache`
+  (i.e. a static cache), the model is on cuda/xpu/neuron/tpu, not quantized by a method whose
+  `HfQuantizer.is_compileable` is False (bitsandbytes), and not offloaded to CPU/disk
+  (generation/utils.py, `GenerationMixin._valid_auto_compile_criteria`); the default
+  `CompileConfig` uses mode "reduce-overhead", i.e. CUDA graphs
+  (generation/configuration_utils.py, `CompileConfig`).
+- Continuous batching (`generate_batch`, `cache_implementation="paged"`) compiles nothing by
+  default (`ContinuousBatchingConfig.default_compile_level` = 0) and turns CUDA graphs on only when
+  no attention mask is needed, i.e. with FlashAttention
+  (generation/continuous_batching/initialization.py, `decide_use_cuda_graphs`); it gives the KV
+  cache 90% of the memory left after loading, 80% with logits processors, 60% on CPU
+  (`resolve_max_memory_percent`).
+- Decoder-only batched generation needs left padding: generate() warns "A decoder-only architecture
+  is being used, but right-padding was detected!" (generation/utils.py, `generate`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..capability.facts import GiB, Machine
+from ..errors import SettingError
+from ..generation import CACHE_IMPLEMENTATIONS, GenerationFacts, GenerationPlan
+from ..plans import Decision, Rejected
+from .memory import BYTES
+from .request import Workload
+
+__all__ = [
+    "CPU_SHARE",
+    "DECODE_HEAVY_TOKENS",
+    "GPU_SHARE",
+    "PADDING_SIDES",
+    "decide_generation",
+    "kv_budget",
+]
+
+GPU_SHARE = 0.8
+"""Share of the GPU memory left beside the weights that the KV cache may take: transformers'
+continuous batching uses 0.8 when logits processors run (sampling), 0.9 without
+(`resolve_max_memory_percent`); the rest holds the prefill's activations and logits."""
+CPU_SHARE = 0.6
+"""The same on a CPU, where the cache shares RAM with everything else (upstream's value for cpu/mps)."""
+DECODE_HEAVY_TOKENS = 256
+"""A static cache + torch.compile pays back its warm-up only over long decodes: planned when a
+workload generates at least this many tokens and at least as many as it reads."""
+PADDING_SIDES = ("left", "right")
+
+
+def _gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB" if abs(n) >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
+
+
+def kv_budget(machine: Machine, device_map: Any, weight_bytes: int) -> tuple[int | None, str]:
+    """(bytes the KV cache may use beside the weights, where), from the machine's free memory.
+
+    None when the memory is unknown (a CPU whose available RAM was not read).
+    """
+    if not machine.gpus or device_map == "cpu":
+        available = machine.cpu.memory_available
+        if available is None:
+            return None, "RAM (size unknown)"
+        return int((available - weight_bytes) * CPU_SHARE), (
+            f"{int(CPU_SHARE * 100)}% of the RAM left beside the weights ({_gib(available)} available - "
+            f"{_gib(weight_bytes)} of weights)"
+        )
+    indices: set[int] = set()
+    if isinstance(device_map, str) and device_map.startswith("cuda:"):
+        indices = {int(device_map.split(":", 1)[1])}
+    elif isinstance(device_map, dict):
+        indices = {v for v in device_map.values() if isinstance(v, int)}
+    gpus = [g for g in machine.gpus if not indices or g.index in indices] or list(machine.gpus)
+    free = sum(g.usable_memory for g in gpus)
+    where = gpus[0].name if len(gpus) == 1 else f"{len(gpus)} GPUs"
+    return int((free - weight_bytes) * GPU_SHARE), (
+        f"{int(GPU_SHARE * 100)}% of the memory left beside the weights on {where} ({_gib(free)} free - "
+        f"{_gib(weight_bytes)} of weights)"
+    )
+
+
+def _max_context(facts: GenerationFacts, dtype_bytes: int, budget: int, cap: int) -> int:
+    """The longest single sequence whose KV cache fits in `budget` (binary search: the size grows
+    with the context, flattening once every windowed layer is full)."""
+    if facts.kv_bytes(1, cap, dtype_bytes) <= budget:
+        return cap
+    low, high = 0, cap
+    while low < high:
+        mid = (low + high + 1) // 2
+        if facts.kv_bytes(1, mid, dtype_bytes) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _kv_decision(facts: GenerationFacts, dtype: str, per_token: int) -> Decision:
+    d = BYTES.get(dtype, 4)
+    parts = []
+    for g in facts.layers:
+        if not g.per_token:
+            continue
+        window = f", last {g.window} tokens" if g.window is not None else ""
+        parts.append(f"{g.count} {g.layer_type} x {g.elements_per_token} numbers{window}")
+    detail = " + ".join(parts) if parts else "no layer caches per token"
+    reason = f"{_size(per_token)} per token per sequence in {dtype} ({d} bytes): {detail} (K and V per layer)"
+    beyond = facts.bytes_per_token(d, beyond_windows=True)
+    if beyond != per_token:
+        reason += f"; {_size(beyond)} per token past the windows"
+    if facts.state_layers:
+        reason += (
+            f"; {facts.state_layers} layer(s) keep a fixed-size state per sequence instead "
+            "(linear attention/convolution: not per token, not counted)"
+        )
+    return Decision("generation.kv_cache", per_token, reason)
+
+
+def _cache_decision(
+    machine: Machine,
+    facts: GenerationFacts,
+    requested: str | None,
+    workload: Workload,
+    compile_blocker: str | None,
+    fits: bool,
+) -> Decision:
+    if requested is not None:
+        if requested not in CACHE_IMPLEMENTATIONS:
+            raise SettingError(
+                f"cache_implementation={requested!r} is not a cache generate() builds. Pass one of "
+                f"{', '.join(CACHE_IMPLEMENTATIONS)}, or leave it unset to let cudaload choose."
+            )
+        if not facts.supports_cache:
+            raise SettingError(
+                f"cache_implementation={requested!r} was asked, but this model keeps its own cache and generate() "
+                "ignores cache_implementation for it (`_supports_default_dynamic_cache` is False). Leave it unset."
+            )
+        return Decision("generation.cache_implementation", requested, "your choice", source="user")
+    if not facts.supports_cache:
+        return Decision(
+            "generation.cache_implementation",
+            None,
+            "the model builds its own cache (generate() skips `cache_implementation` when "
+            "`_supports_default_dynamic_cache` is False)",
+        )
+    if facts.checkpoint_cache_implementation in CACHE_IMPLEMENTATIONS:
+        return Decision(
+            "generation.cache_implementation",
+            facts.checkpoint_cache_implementation,
+            "set by the checkpoint's generation_config.json; generate() uses it",
+        )
+    if not fits and machine.gpus:
+        return Decision(
+            "generation.cache_implementation",
+            "offloaded",
+            "the KV cache of one sequence does not fit on the GPU beside the weights: the offloaded dynamic "
+            "cache keeps only the layer in use on the GPU (slower: every step copies the cache)",
+            (Rejected("dynamic", "one sequence's KV cache exceeds the GPU budget"),),
+        )
+    long_decode = workload.new_tokens >= DECODE_HEAVY_TOKENS and workload.new_tokens >= workload.prompt_tokens
+    if not machine.gpus:
+        why_not_static = (
+            "generate() compiles only on cuda/xpu/neuron/tpu (`_valid_auto_compile_criteria`); uncompiled, a static "
+            "cache only preallocates the whole length"
+        )
+    elif compile_blocker is not None:
+        why_not_static = f"pays only compiled, and generate() will not compile here: {compile_blocker}"
+    elif long_decode:
+        return Decision(
+            "generation.cache_implementation",
+            "static",
+            f"{workload.describe()} is decode-bound: a static cache lets generate() torch.compile the forward "
+            "with CUDA graphs (`_valid_auto_compile_criteria`), cutting per-token launch overhead; the warm-up "
+            "(compiling, once per new shape) is repaid over long decodes",
+            (
+                Rejected("dynamic", "transformers' default: never compiled by generate(), one kernel launch each"),
+                Rejected("offloaded", "the cache fits on the GPU: offloading only adds copies"),
+            ),
+        )
+    else:
+        why_not_static = (
+            f"the torch.compile warm-up is repaid only over long decodes (>= {DECODE_HEAVY_TOKENS} new tokens, "
+            f"more than the prompt), and {workload.describe()} is not one: plan with workload='decode-heavy' or pass "
+            "cache_implementation='static'"
+        )
+    return Decision(
+        "generation.cache_implementation",
+        "dynamic",
+        "transformers' default for generate() (`_prepare_cache_for_generation`): grows with the sequence, "
+        "sliding-window layers keep only their window",
+        (Rejected("static", why_not_static),),
+    )
+
+
+def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: bool, offloaded: bool) -> str | None:
+    """Why generate() will not auto-compile on this plan (None when it would with a static cache)."""
+    if not machine.gpus:
+        return "no CUDA GPU (generate() compiles only on cuda/xpu/neuron/tpu)"
+    if quantized:
+        return "bitsandbytes models are not compileable (`HfQuantizer.is_compileable` is False)"
+    if offloaded:
+        return "weights offloaded to CPU/disk (`_valid_auto_compile_criteria` refuses offloaded models)"
+    if not facts.compiles_fullgraph:
+        return "the model class does not declare `_can_compile_fullgraph` (graph breaks would eat the gain)"
+    return None
+
+
+def _padding_decision(facts: GenerationFacts, requested: str | None) -> tuple[Decision, tuple[str, ...]]:
+    decoder_only = not facts.encoder_decoder
+    if requested is not None:
+        if requested not in PADDING_SIDES:
+            raise SettingError(
+                f"padding_side={requested!r}: pass 'left' or 'right', or leave it unset to let cudaload choose."
+            )
+        warnings: tuple[str, ...] = ()
+        if decoder_only and requested == "right":
+            warnings = (
+                "padding_side='right' for a decoder-only model: batched generate() continues from the padding "
+                "(transformers warns 'right-padding was detected') and FlashAttention raises. Kept, as you asked.",
+            )
+        return Decision("generation.padding_side", requested, "your choice", source="user"), warnings
+    if decoder_only:
+        return (
+            Decision(
+                "generation.padding_side",
+                "left",
+                "decoder-only: each sequence continues from its last position, so padding must come first "
+                "(generate() warns on right-padding; FlashAttention raises)",
+                (Rejected("right", "batched generate() would continue from pad tokens"),),
+            ),
+            (),
+        )
+    return (
+        Decision(
+            "generation.padding_side",
+            "right",
+            "encoder-decoder: padding pads the encoder's input; the decoder starts from its own start token",
+        ),
+        (),
+    )
+
+
+def decide_generation(
+    machine: Machine,
+    facts: GenerationFacts,
+    *,
+    dtype: str,
+    attention: str,
+    weight_bytes: int,
+    device_map: Any,
+    quantized: bool = False,
+    workload: Workload | None = None,
+    context: int | None = None,
+    cache_implementation: str | None = None,
+    padding_side: str | None = None,
+) -> GenerationPlan:
+    """The generation settings for a model planned with `dtype`, `attention` and `device_map`.
+
+    Args:
+        machine: the machine (as `usable_machine` leaves it).
+        facts: the model's KV-cache layout (`read_generation_facts`).
+        dtype, attention, device_map: the plan's choices (the KV cache is kept in `dtype`).
+        weight_bytes: the weights' size in memory (`weight_bytes` of policy/memory.py).
+        quantized: the model is bitsandbytes-quantized (transformers will not compile it).
+        workload: what the model will do (prompt and new tokens); decides static vs dynamic.
+        context: tokens per sequence (prompt + new) for `max_batch`; default the workload's.
+        cache_implementation, padding_side: your choices, validated and kept.
+
+    Raises:
+        SettingError: an unknown cache_implementation or padding_side, a context that is not a
+            positive integer, or a cache_implementation for a model that builds its own cache.
+
+    Example::
+
+        gen = decide_generation(machine, facts, dtype="bfloat16", attention="sdpa",
+                                weight_bytes=16 * GiB, device_map="cuda:0", context=8192)
+        gen.max_batch, gen.decision("generation.cache_implementation").reason
+    """
+    workload = workload or Workload()
+    if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
+        raise SettingError(f"context={context!r}: pass a positive number of tokens (prompt + new), or leave it unset.")
+    chosen_context = context or workload.prompt_tokens + workload.new_tokens
+    if context is None and facts.max_positions is not None:
+        chosen_context = min(chosen_context, facts.max_positions)
+    warnings: list[str] = []
+    d = BYTES.get(dtype, 4)
+    per_token = facts.bytes_per_token(d)
+    budget, where = kv_budget(machine, device_map, weight_bytes)
+    cap = facts.max_positions or 1 << 24
+    if facts.max_positions is not None and chosen_context > facts.max_positions:
+        warnings.append(
+            f"context {chosen_context} exceeds the model's {facts.max_positions} positions: beyond them its output "
+            "degrades (or its position embeddings fail)."
+        )
+    decisions = [_kv_decision(facts, dtype, per_token)]
+    max_batch: int | None = None
+    max_context: int | None = None
+    if budget is None:
+        decisions.append(
+            Decision(
+                "generation.max_batch",
+                None,
+                f"the free memory is unknown ({where}): {_size(facts.kv_bytes(1, chosen_context, d))} of KV cache "
+                f"per sequence of {chosen_context} tokens",
+            )
+        )
+    else:
+        per_sequence = facts.kv_bytes(1, chosen_context, d)
+        max_batch = max(budget, 0) // per_sequence if per_sequence else None
+        max_context = _max_context(facts, d, max(budget, 0), cap) if per_token else cap
+        fit = (
+            f"batch {max_batch} x {chosen_context} tokens ({_size(per_sequence)} each)"
+            if max_batch is not None
+            else "any batch (no per-token cache)"
+        )
+        decisions.append(
+            Decision(
+                "generation.max_batch",
+                {"batch": max_batch, "context": chosen_context},
+                f"{fit} fit in {_gib(max(budget, 0))}: {where}, the share transformers' continuous batching "
+                f"gives its cache (`resolve_max_memory_percent`); one sequence fits up to {max_context} tokens",
+            )
+        )
+        if max_batch == 0:
+            warnings.append(
+                f"one sequence of {chosen_context} tokens needs {_size(per_sequence)} of KV cache, more than the "
+                f"{_gib(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
+                "fit), quantize the weights, or use a GPU with more memory."
+            )
+    offloaded = isinstance(device_map, str) and device_map == "auto" and budget is not None and budget < 0
+    blocker = _compile_blocker(machine, facts, quantized, offloaded)
+    cache = _cache_decision(machine, facts, cache_implementation, workload, blocker, max_batch != 0)
+    decisions.append(cache)
+    static = cache.value in ("static", "offloaded_static")
+    compiles = static and blocker is None
+    flash = attention.startswith("flash_attention") or "flash-attn" in attention
+    if compiles:
+        compile_reason = (
+            "generate() compiles the forward itself with a static cache on a GPU (`_valid_auto_compile_criteria`), "
+            'default CompileConfig mode "reduce-overhead" (CUDA graphs)'
+        )
+        if flash:
+            compile_reason += "; with FlashAttention transformers turns fullgraph off (FA breaks the graph)"
+        decisions.append(Decision("generation.compile", "reduce-overhead (CUDA graphs)", compile_reason))
+    else:
+        why = blocker if static else f"the cache is {cache.value or 'the model own'}, not static"
+        decisions.append(
+            Decision(
+                "generation.compile",
+                False,
+                f"generate() does not compile: {why} (`_valid_auto_compile_criteria`)",
+            )
+        )
+    graphs = bool(machine.gpus) and flash
+    decisions.append(
+        Decision(
+            "generation.continuous_batching",
+            "CUDA graphs, no compile" if graphs else "no CUDA graphs, no compile",
+            (
+                "generate_batch() would capture CUDA graphs: FlashAttention needs no attention mask"
+                if graphs
+                else "generate_batch() would not capture CUDA graphs: "
+                + ("no GPU" if not machine.gpus else f"{attention} needs an attention mask, and padding it costs more")
+            )
+            + " (`decide_use_cuda_graphs`); it compiles nothing by default (default_compile_level 0). Agreed: "
+            "graphs pay where the shapes need no mask",
+        )
+    )
+    padding, padding_warnings = _padding_decision(facts, padding_side)
+    decisions.append(padding)
+    warnings += padding_warnings
+    generate_kwargs: dict[str, Any] = {}
+    if cache.value is not None and (cache.source == "user" or cache.value in ("static", "offloaded")):
+        generate_kwargs["cache_implementation"] = cache.value
+    warnings += [f"generation: {note}" for note in facts.notes]
+    return GenerationPlan(
+        decisions=tuple(decisions),
+        generate_kwargs=generate_kwargs,
+        padding_side=str(padding.value),
+        cache_implementation=cache.value,
+        compile=compiles,
+        context=chosen_context,
+        kv_bytes_per_token=per_token,
+        max_batch=max_batch,
+        max_context=max_context,
+        budget_bytes=budget,
+        dtype=dtype,
+        facts=facts,
+        warnings=tuple(warnings),
+        inputs={
+            "machine": machine,
+            "weight_bytes": weight_bytes,
+            "device_map": device_map,
+            "quantized": quantized,
+            "workload": workload,
+            "context": context,
+            "cache_implementation": cache_implementation,
+            "padding_side": padding_side,
+        },
+    )
