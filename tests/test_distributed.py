@@ -1,4 +1,9 @@
-"""A real torchrun: two processes, gloo on CPU, a DDP LoRA fine-tune through load_for_finetune."""
+"""Real multi-process launches on CPU (gloo): torchrun, accelerate launch, two "nodes" on this
+machine, FSDP2 and tensor parallelism, each through cudaload's planner and loaders.
+
+Every worker writes rank-<N>.json; the assertions run here, on what each rank detected, planned and
+applied, and on the weights it ended with (compared with a snapshot taken before training).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import pytest
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 WORKERS = Path(__file__).parent / "distributed"
+TIMEOUT_S = 240
 
 
 def _free_port() -> int:
@@ -22,9 +28,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _failure(what: str, outputs: list[tuple[str, str]]) -> str:
+    """The workers' output, for a failure message that says what went wrong in them."""
+    parts = [f"--- stderr ---\n{err[-3000:]}\n--- stdout ---\n{out[-1000:]}" for out, err in outputs]
+    return "\n".join([what, *parts])
+
+
+def _run(cmd: list[str], what: str) -> None:
+    try:
+        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=WORKERS)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        pytest.fail(_failure(f"{what} did not finish in {TIMEOUT_S} s", [(out, err)]))
+    assert done.returncode == 0, _failure(f"{what} exited with {done.returncode}", [(done.stdout, done.stderr)])
+
+
+def _reports(out: Path, ranks: int) -> list[dict]:
+    if ranks == 0:  # the worker names its reports itself
+        return []
+    found = sorted(p.name for p in out.glob("rank-*.json"))
+    assert found == [f"rank-{r}.json" for r in range(ranks)], f"expected {ranks} rank reports, found {found}"
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(ranks)]
+
+
 def _torchrun(worker: str, out: Path, *args: str) -> list[dict]:
     """Run tests/distributed/<worker> under a 2-process torchrun on CPU; its per-rank reports."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [
         sys.executable,
         "-m",
@@ -36,23 +69,38 @@ def _torchrun(worker: str, out: Path, *args: str) -> list[dict]:
         *args,
         str(out),
     ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    _run(cmd, f"torchrun {worker}")
+    return _reports(out, 2)
+
+
+def _accelerate(flags: list[str], worker: str, out: Path, *args: str, ranks: int) -> list[dict]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *flags,
+        "--num_machines=1",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        f"--main_process_port={_free_port()}",
+        str(WORKERS / worker),
+        *args,
+        str(out),
+    ]
+    _run(cmd, f"accelerate launch {' '.join(flags)} {worker}")
+    return _reports(out, ranks)
+
+
+def _launch_of(report: dict) -> tuple:
+    launch = report["launch"]
+    return launch["launcher"], launch["rank"], launch["local_rank"], launch["world_size"], launch["strategy"]
 
 
 @pytest.mark.parametrize("quantize", ["none", "4bit"])
 def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
     reports = _torchrun("ddp_worker.py", tmp_path, str(tiny_models["qwen3"]), quantize)
     for rank, report in enumerate(reports):
-        launch = report["launch"]
-        assert (launch["launcher"], launch["rank"], launch["local_rank"], launch["world_size"]) == (
-            "torchrun",
-            rank,
-            rank,
-            2,
-        )
-        assert launch["strategy"] == "ddp"
+        assert _launch_of(report) == ("torchrun", rank, rank, 2, "ddp")
         assert report["planned_device_map"] == "cpu" and report["applied_device"] == "cpu"
         assert "rank" in report["device_decision"]
         assert report["training_arguments"]["ddp_find_unused_parameters"] is False
@@ -68,3 +116,86 @@ def test_torchrun_trainer_is_data_parallel_on_cpu(tiny_models, tmp_path: Path) -
         assert report["world_size"] == 2 and report["use_cpu"] is True
         assert "DISTRIBUTED" in report["parallel_mode"]
         assert report["identical"] is True and report["changed"] is True and report["steps"] == 3
+
+
+def test_accelerate_launch_two_processes_train_data_parallel(tiny_models, tmp_path: Path) -> None:
+    """`accelerate launch --multi_gpu --num_processes 2` on a CPU-only machine: accelerate runs torchrun
+    underneath; cudaload must see accelerate (not torchrun), place each rank on the CPU, and the plan's
+    use_cpu makes Accelerator run gloo DDP instead of two lone processes."""
+    reports = _accelerate(
+        ["--multi_gpu", "--num_processes=2"], "accelerate_worker.py", tmp_path, str(tiny_models["qwen3"]), ranks=2
+    )
+    for rank, report in enumerate(reports):
+        assert _launch_of(report) == ("accelerate", rank, rank, 2, "ddp")
+        assert report["accelerate"]["num_processes"] == 2
+        assert report["accelerate"]["distributed_type"] == "DistributedType.MULTI_CPU"
+        assert report["accelerate"]["wrapped"] == "DistributedDataParallel"
+        assert report["plan"]["kwargs"]["device_map"] == "cpu" and report["applied"]["device"] == "cpu"
+        device = next(d for d in report["plan"]["decisions"] if d["setting"] == "device_map")
+        assert f"rank {rank}/2" in device["reason"]
+        assert report["lora_identical_across_ranks"] and report["lora_changed"]
+        assert report["warnings"] == []
+    assert reports[0]["losses"] != reports[1]["losses"]
+
+
+def test_accelerate_launch_cpu_flag_starts_one_process_and_cudaload_says_so(tmp_path: Path) -> None:
+    """The issue's literal `accelerate launch --num_processes 2 --cpu`: accelerate (1.16) starts several
+    CPU processes only through mpirun (--mpirun_hostfile), so this runs ONE process. cudaload detects
+    the accelerate launch, plans world size 1, and warns that the command asked for more."""
+    _accelerate(["--cpu", "--num_processes=2"], "launch_worker.py", tmp_path, ranks=0)
+    reports = [json.loads(p.read_text()) for p in tmp_path.glob("proc-*.json")]
+    assert len(reports) == 1, f"accelerate started {len(reports)} processes"
+    (report,) = reports
+    assert _launch_of(report) == ("accelerate", 0, 0, 1, None)
+    assert report["plan"]["kwargs"]["device_map"] == "cpu"
+    assert [w for w in report["plan"]["warnings"] if "started one" in w and "--mpirun_hostfile" in w]
+
+
+def test_two_nodes_one_process_each_place_by_local_rank(tiny_models, tmp_path: Path) -> None:
+    """torchrun --nnodes 2 --node_rank {0,1} --nproc_per_node 1, both "nodes" on this machine with a
+    static rendezvous: global ranks 0 and 1, LOCAL_RANK 0 on each. Each places on its local device
+    (on CPU: the CPU; on a 2-GPU node: cuda:0, not cuda:RANK) and DDP across the nodes trains."""
+    port = _free_port()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                str(WORKERS / "ddp_worker.py"),
+                str(tiny_models["qwen3"]),
+                "none",
+                str(tmp_path),
+            ],
+            env=_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=WORKERS,
+        )
+        for node in (0, 1)
+    ]
+    outputs: list[tuple[str, str]] = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=TIMEOUT_S))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        outputs = [proc.communicate() for proc in procs]
+        pytest.fail(_failure(f"two-node torchrun did not finish in {TIMEOUT_S} s", outputs))
+    codes = [proc.returncode for proc in procs]
+    assert codes == [0, 0], _failure(f"two-node torchrun exited with {codes}", outputs)
+    reports = _reports(tmp_path, 2)
+    for rank, report in enumerate(reports):
+        assert _launch_of(report) == ("torchrun", rank, 0, 2, "ddp")
+        assert report["launch"]["local_world_size"] == 1
+        assert report["planned_device_map"] == "cpu" and report["applied_device"] == "cpu"
+        assert report["device_map_on_2_gpus"] == {"": 0}
+        assert report["lora_identical_across_ranks"] and report["lora_changed"]
+    assert reports[0]["losses"] != reports[1]["losses"]

@@ -54,6 +54,10 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         "lora_identical_across_ranks": all(torch.equal(gathered[0], g) for g in gathered),
         "lora_changed": not torch.equal(before, flat),
         "quantized": "quantization_config" in plan.kwargs,
+        # The same launch on a node with 2 GPUs: the device must follow LOCAL_RANK, not RANK.
+        "device_map_on_2_gpus": cudaload.plan(
+            model_path, machine=cudaload.Machine.simulated("A100", count=2, launch=machine.launch)
+        ).kwargs.get("device_map"),
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
     dist.destroy_process_group()

@@ -147,6 +147,8 @@ class Launch:
     zero_stage: int | None = None
     problems: tuple[str, ...] = ()
     """Launch variables that are present but invalid (negative, non-numeric, rank >= world size)."""
+    notes: tuple[str, ...] = ()
+    """A launch that works but not as its command line asked (plan warnings)."""
 
     @property
     def distributed(self) -> bool:

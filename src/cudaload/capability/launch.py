@@ -9,6 +9,13 @@ from .facts import Launch
 __all__ = ["read_launch"]
 
 _TRUE = {"1", "true", "yes", "on"}
+_ACCELERATE_MARKERS = (
+    "ACCELERATE_MIXED_PRECISION",
+    "ACCELERATE_DYNAMO_BACKEND",
+    "ACCELERATE_USE_CPU",
+    "ACCELERATE_USE_FSDP",
+    "ACCELERATE_USE_DEEPSPEED",
+)
 
 
 def read_launch(env: Mapping[str, str]) -> Launch:
@@ -26,10 +33,15 @@ def read_launch(env: Mapping[str, str]) -> Launch:
             return None
         return None
 
-    if "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env:
-        launcher: str | None = "torchrun"
-    elif any(k.startswith("ACCELERATE_") for k in env) and "RANK" in env:
-        launcher = "accelerate"
+    # `accelerate launch` runs torchrun underneath for several processes (TORCHELASTIC_* set too), so
+    # its own variables are checked first: it always sets these (accelerate/utils/launch.py).
+    accelerate = any(name in env for name in _ACCELERATE_MARKERS)
+    if accelerate:
+        launcher: str | None = "accelerate"
+    elif "TORCHELASTIC_RUN_ID" in env or "TORCHELASTIC_RESTART_COUNT" in env:
+        launcher = "torchrun"
+    elif "OMPI_COMM_WORLD_SIZE" in env or "PMI_SIZE" in env:
+        launcher = "mpirun"
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         launcher = "slurm"
     elif "RANK" in env and "WORLD_SIZE" in env:
@@ -37,12 +49,25 @@ def read_launch(env: Mapping[str, str]) -> Launch:
     else:
         launcher = None
 
-    world_size = _int("WORLD_SIZE", "SLURM_NTASKS") or 1
-    rank = _int("RANK", "SLURM_PROCID") or 0
-    local_rank = _int("LOCAL_RANK", "SLURM_LOCALID") or 0
-    local_world_size = _int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE") or min(world_size, 1 + local_rank)
+    # torchrun's names first, then mpirun's (what accelerate reads for multi-CPU, accelerate/state.py), then SLURM's.
+    world_size = _int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS") or 1
+    rank = _int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID") or 0
+    local_rank = _int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID") or 0
+    local_world_size = _int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") or min(
+        world_size, 1 + local_rank
+    )
     if rank >= world_size:
         problems.append(f"RANK={rank} is not below WORLD_SIZE={world_size}")
+    notes: list[str] = []
+    if accelerate and world_size == 1 and env.get("ACCELERATE_USE_CPU", "").lower() in _TRUE and "MASTER_PORT" in env:
+        # accelerate sets MASTER_ADDR/PORT only for --num_processes > 1, but with --cpu it starts one
+        # process itself and leaves the rest to mpirun (simple_launcher, accelerate/utils/launch.py).
+        notes.append(
+            "accelerate launch --cpu asked for several processes but started one (WORLD_SIZE unset): accelerate runs "
+            "several CPU processes only through mpirun (--mpirun_hostfile). Training runs on this process alone. "
+            "For gloo data parallelism on a CPU machine use `torchrun --nproc_per_node N` (or accelerate launch "
+            "--multi_gpu --num_processes N, which runs torchrun)."
+        )
 
     strategy: str | None = None
     zero_stage: int | None = None
@@ -62,4 +87,5 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         strategy=strategy,
         zero_stage=zero_stage,
         problems=tuple(problems),
+        notes=tuple(notes),
     )

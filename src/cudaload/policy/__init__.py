@@ -28,7 +28,7 @@ __all__ = ["Request", "Workload", "make_plan"]
 
 def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     machine, device_warnings = usable_machine(machine)
-    warnings: list[str] = [*machine.warnings, *device_warnings]
+    warnings: list[str] = [*machine.warnings, *device_warnings, *machine.launch.notes]
     if machine.launch.problems:
         raise PlacementError(
             "The distributed launch variables are invalid: " + "; ".join(machine.launch.problems) + ". Fix them "

@@ -1,0 +1,71 @@
+"""Run by `accelerate launch` (CPU): load_for_finetune, then a short LoRA fine-tune through
+`Accelerator.prepare` (DDP over gloo when accelerate started several processes).
+
+Each rank trains on different data; DDP averages gradients, so the adapters must end equal.
+Writes rank-<N>.json into the output folder: what cudaload detected and planned, what was applied,
+and the LoRA weights' state before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from worker_exit import exit_without_teardown
+
+import cudaload
+
+
+def main(model_path: str, out_dir: str) -> None:
+    machine = cudaload.detect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", cudaload.CudaloadWarning)
+        model = cudaload.load_for_finetune(model_path, quantize=None)
+    applied = model.cudaload_plan
+    # The plan's use_cpu is Accelerator's cpu=: without it accelerate on a CPU-only machine picks
+    # DistributedType.NO under a multi-process launch and every rank trains alone (accelerate/state.py).
+    accelerator = Accelerator(cpu=cudaload.training_arguments(model).get("use_cpu", False))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    # lora_A starts random and non-zero: "changed" must compare with a snapshot, not with zero.
+    before = torch.cat([p.detach().flatten().float() for p in trainable]).clone()
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    prepared, optimizer = accelerator.prepare(model, optimizer)
+    rank = accelerator.process_index
+    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
+    losses = []
+    for _ in range(3):
+        loss = prepared(input_ids=ids, labels=ids).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    flat = torch.cat([p.detach().flatten().float() for p in trainable])
+    gathered = accelerator.gather(flat.unsqueeze(0))
+    report = {
+        "rank": rank,
+        "launch": vars(machine.launch),
+        "accelerate": {
+            "distributed_type": str(accelerator.distributed_type),
+            "num_processes": accelerator.num_processes,
+            "local_process_index": accelerator.local_process_index,
+            "device": str(accelerator.device),
+            "wrapped": type(prepared).__name__,
+        },
+        "plan": applied.plan.to_dict(),
+        "applied": {"device": applied.device, "device_map": applied.device_map},
+        "warnings": [str(w.message) for w in caught if issubclass(w.category, cudaload.CudaloadWarning)],
+        "losses": losses,
+        "lora_identical_across_ranks": all(torch.equal(gathered[0], g) for g in gathered),
+        "lora_changed": not torch.equal(before, flat),
+    }
+    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
+    exit_without_teardown()
