@@ -1,0 +1,94 @@
+"""Every example in README.md and docs/ runs as written (offline, on this CPU, with a tiny model), and
+every output pasted in the docs is what a real run prints.
+
+The examples and how they run are defined once, in tools/regenerate_docs.py: the tool writes the
+outputs into the pages, this test runs the same examples the same way and compares.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+_spec = importlib.util.spec_from_file_location("regenerate_docs", ROOT / "tools" / "regenerate_docs.py")
+assert _spec is not None and _spec.loader is not None
+docs_tool: Any = importlib.util.module_from_spec(_spec)
+sys.modules["regenerate_docs"] = docs_tool
+_spec.loader.exec_module(docs_tool)
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FOUND = {page: docs_tool.examples(page) for page in PAGES}
+EXAMPLES = [e for examples, _ in FOUND.values() for e in examples]
+SKIPPED = [s for _, skipped in FOUND.values() for s in skipped]
+RUN_HERE = [e for e in EXAMPLES if e.covered_by is None]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
+    """Run every example once, in one worker (one import of torch and transformers for all)."""
+    ran = docs_tool.run(RUN_HERE, tmp_path_factory.mktemp("docs-examples"))
+    return dict(zip(RUN_HERE, ran, strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example", RUN_HERE, ids=[f"{e.page}:{e.line}" for e in RUN_HERE])
+def test_example_runs_and_prints_what_the_page_shows(example: Any, results: dict[Any, Any]) -> None:
+    result = results[example]
+    assert result.ok, f"{example.page}:{example.line} failed ({example.kind}):\n{result.error}\n{result.output[-2000:]}"
+    if example.output is None:
+        return
+    if example.this_machine:
+        # Regenerated on the machine the page names; here it only has to say something.
+        assert result.output.strip() or not example.output.strip()
+        return
+    pasted, real = docs_tool.comparable(example.output), docs_tool.comparable(result.output)
+    assert real == pasted, (
+        f"{example.page}:{example.line}: the output pasted in the page is not what a real run prints; run "
+        f"`python tools/regenerate_docs.py {example.page}` and review the diff:\n"
+        + "".join(difflib.unified_diff(pasted.splitlines(True), real.splitlines(True), "page", "real run"))
+    )
+
+
+def test_the_docs_have_examples_with_outputs() -> None:
+    # The extraction itself could silently find nothing (a changed fence syntax): it must not.
+    assert len(EXAMPLES) >= 30
+    assert sum(e.output is not None and not e.this_machine for e in EXAMPLES) >= 20
+    assert {e.page for e in EXAMPLES} >= {"README.md", "docs/index.md", "docs/troubleshooting.md"}
+
+
+def test_examples_not_run_here_say_why() -> None:
+    for skipped in SKIPPED:
+        assert len(skipped.why) > 10, skipped
+    for example in EXAMPLES:
+        if example.covered_by is not None:
+            assert (ROOT / example.covered_by).is_file(), f"{example.page}:{example.line}: {example.covered_by}"
+
+
+def test_python_blocks_are_examples_or_say_why_not(tmp_path: Path) -> None:
+    """A ```python block is run unless it is marked: no block silently escapes the test."""
+    for page in PAGES:
+        fences = docs_tool.FENCE.findall(page.read_text())
+        python_blocks = sum(kind == "python" for kind, _ in fences)
+        found, skipped = FOUND[page]
+        assert python_blocks == sum(e.kind in ("python", "file") for e in found) + len(skipped), page
+
+
+def test_the_tool_pastes_real_outputs_back(tmp_path: Path) -> None:
+    """regenerate() replaces a wrong pasted output with the real one, and leaves the rest of the page."""
+    page = tmp_path / "page.md"
+    page.write_text("# A page\n\n```python\nprint(6 * 7)\n```\n\n```text\n41\n```\n\nThe end.\n")
+    original = docs_tool.ROOT
+    docs_tool.ROOT = tmp_path
+    try:
+        found, _ = docs_tool.examples(page)
+        assert [(e.kind, e.output) for e in found] == [("python", "41\n")]
+        docs_tool.regenerate([page])
+    finally:
+        docs_tool.ROOT = original
+    assert page.read_text() == "# A page\n\n```python\nprint(6 * 7)\n```\n\n```text\n42\n```\n\nThe end.\n"
