@@ -356,3 +356,13 @@ def test_cli_plan_generate(tiny_models: dict[str, Path], capsys: pytest.CaptureF
     assert "generation (context 64 tokens)" in out and "generation.padding_side" in out
     with pytest.raises(SystemExit):
         main(["plan", path, "--context", "64"])
+
+
+def test_load_applies_generation_for_generating_models(tiny_models: dict[str, Path]) -> None:
+    path = str(tiny_models["llama"])
+    applied = cudaload.load(path).cudaload_plan
+    assert applied.generation is not None
+    assert applied.generation.dtype == applied.dtype  # decided again with what was loaded
+    assert "generation (context" in applied.explain()
+    assert cudaload.load(path, generate=False).cudaload_plan.generation is None
+    assert cudaload.load(path, model_class="AutoModel").cudaload_plan.generation is None

@@ -21,6 +21,8 @@ _EXPORTS = {
     "Fallback": "cudaload.loaders",
     "CudaloadWarning": "cudaload.errors",
     "tokenizer_for": "cudaload.tokenizers",
+    "pipeline": "cudaload.pipelines",
+    "GenerationPlan": "cudaload.generation",
     "detect": "cudaload.capability",
     "Plan": "cudaload.plans",
     "Decision": "cudaload.plans",
@@ -63,6 +65,7 @@ __all__ = [
     "DtypeUnsupportedError",
     "Fallback",
     "FinetuneConfigError",
+    "GenerationPlan",
     "Gpu",
     "Hub",
     "HubKernel",
@@ -87,6 +90,7 @@ __all__ = [
     "detect",
     "load",
     "load_for_finetune",
+    "pipeline",
     "plan",
     "read_model_facts",
     "tokenizer_for",
@@ -113,8 +117,10 @@ if TYPE_CHECKING:
         WorkloadError,
     )
     from .finetune import load_for_finetune, training_arguments
+    from .generation import GenerationPlan
     from .loaders import AppliedPlan, Fallback, load
     from .model_facts import ModelFacts, read_model_facts
+    from .pipelines import pipeline
     from .planner import plan
     from .plans import Decision, Plan, Rejected
     from .policy.request import Workload

@@ -8,10 +8,13 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError
 from .plans import Decision, Plan, Rejected
+
+if TYPE_CHECKING:
+    from .generation import GenerationPlan
 
 __all__ = ["AppliedPlan", "Fallback", "load"]
 
@@ -44,6 +47,12 @@ class AppliedPlan:
     """True: a test forward gave finite logits; None: not run (verify=False or no text input)."""
     timings: Mapping[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+
+    @property
+    def generation(self) -> GenerationPlan | None:
+        """The generation settings as applied: decided again with the attention and dtype the loaded
+        model really has (a fallback can change them). None for models that do not generate."""
+        return self.plan.generation
 
     def explain(self) -> str:
         lines = [self.plan.explain(), "applied:"]
@@ -224,6 +233,19 @@ def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[
             index += 1
 
 
+def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> GenerationPlan:
+    """The generation decisions again, with the attention and dtype the loaded model has."""
+    from .policy.generation import decide_generation
+    from .policy.memory import BYTES
+
+    inputs = dict(planned.inputs)
+    machine = inputs.pop("machine")
+    dtype = _first_float_dtype(model)
+    return decide_generation(
+        machine, planned.facts, dtype=dtype if dtype in BYTES else planned.dtype, attention=attention, **inputs
+    )
+
+
 def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, training: bool = False) -> Any:
     """Load `plan.model` with `plan`, falling back along `plan.attention_chain`."""
     auto = _auto_class(model_class)
@@ -292,6 +314,10 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
         timings["verify"] = time.perf_counter() - start
 
     applied_plan = _as_applied(plan, chain[index:], fallbacks)
+    if plan.generation is not None:
+        applied_plan = replace(
+            applied_plan, generation=_applied_generation(plan.generation, model, applied_plan.attn_implementation)
+        )
     device_map = getattr(model, "hf_device_map", None)
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
     notes = list(plan.warnings)
@@ -335,6 +361,9 @@ def load(
       plan's chain is used and the cause recorded; `strict=True` raises instead. Only an
       attention implementation you left to cudaload falls back.
     - `model.cudaload_plan` is the AppliedPlan: what was asked, chosen, and really applied.
+      For a generating model (a causal or seq2seq LM) it has `.generation` (see `plan()`'s
+      `generate=`): pass `generate=True, context=N, cache_implementation=..., padding_side=...` to
+      choose, or `generate=False` to skip.
     """
     start = time.perf_counter()
     if not isinstance(model, (str, os.PathLike, Plan)):
@@ -349,6 +378,8 @@ def load(
     else:
         from .planner import plan
 
+        if "generate" not in overrides and any(k in model_class for k in ("CausalLM", "Seq2SeqLM")):
+            overrides["generate"] = None  # plan generation when the config allows it
         the_plan = plan(str(model), machine=machine, model_class=model_class, **overrides)
     planned = time.perf_counter() - start
     loaded = apply_plan(the_plan, model_class=model_class, strict=strict, verify=verify)

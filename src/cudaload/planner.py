@@ -66,7 +66,7 @@ def plan(
     workload: str | tuple[int, int] | Workload | None = None,
     probe: bool = True,
     hub_kernels: bool | None = None,
-    generate: bool = False,
+    generate: bool | None = False,
     context: int | None = None,
     cache_implementation: str | None = None,
     padding_side: str | None = None,
@@ -95,7 +95,8 @@ def plan(
     size per token, the largest batch of `context`-token sequences (default: the workload's prompt +
     new tokens) that fits beside the weights, the cache implementation and whether generate() will
     compile, and the tokenizer padding side. `cache_implementation` and `padding_side` are your
-    choices for those, validated and kept.
+    choices for those, validated and kept. `generate=None` plans generation when the config can be
+    read for it and leaves `plan.generation` None otherwise (what `load()` does for generating models).
 
     Raises:
         SettingError: generation settings without `generate=True`, or with `finetune=True`.
@@ -106,7 +107,7 @@ def plan(
         print(plan.generation.max_batch, plan.generation.generate_kwargs)
     """
     chosen_workload = workload_from(workload)
-    _flag("generate", generate, allow_none=False)
+    _flag("generate", generate, allow_none=True)
     generation_settings = {
         "context": context,
         "cache_implementation": cache_implementation,
@@ -174,10 +175,14 @@ def plan(
         on_cpu = not usable_machine(machine)[0].gpus
         machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
     result = make_plan(machine, facts, request)
-    if generate:
-        result = replace(
-            result, generation=_plan_generation(model, machine, facts, result, request, overrides, generation_settings)
-        )
+    if generate or (generate is None and not finetune and not isinstance(model, ModelFacts)):
+        try:
+            generation = _plan_generation(model, machine, facts, result, request, overrides, generation_settings)
+        except Exception:
+            if generate:
+                raise
+            generation = None  # generate=None: "if the config allows"; a model it cannot read plans without
+        result = replace(result, generation=generation)
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})

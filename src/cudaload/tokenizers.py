@@ -4,31 +4,42 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ModelConfigError
+from .errors import ModelConfigError, SettingError
 from .plans import Plan
 
 __all__ = ["tokenizer_for"]
 
 
-def tokenizer_for(model_or_plan: Any, *, training: bool = False, **kwargs: Any) -> Any:
+def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: str | None = None, **kwargs: Any) -> Any:
     """The model's tokenizer, set up for its plan.
 
-    - Padding side: left for generation (a decoder-only model continues from the last
-      position, and FlashAttention raises on right-padded batched generation); right for
-      training, where labels line up with inputs.
+    - Padding side: yours when you pass `padding_side`; right for training, where labels line up
+      with inputs; else the plan's generation decision (`plan.generation.padding_side`: left for a
+      decoder-only model, which continues from the last position, and FlashAttention raises on
+      right-padded batched generation); left for any other generating model; otherwise (an encoder)
+      the tokenizer's own side, since absolute position embeddings expect right padding.
     - A pad token when the tokenizer has none: the EOS token (the model's embeddings are not
       resized; padded positions are masked by the attention mask).
     `kwargs` go to AutoTokenizer.from_pretrained; `trust_remote_code` is never set for you.
     """
     from transformers import AutoTokenizer
 
+    if padding_side is not None and padding_side not in ("left", "right"):
+        raise SettingError(f"padding_side={padding_side!r}: pass 'left' or 'right', or leave it unset.")
     source: str
+    generation = None
     if isinstance(model_or_plan, Plan):
         source = model_or_plan.model
         revision = model_or_plan.kwargs.get("revision")
+        generation = model_or_plan.generation
+        generates = any(k in str(model_or_plan.extras.get("model_class", "")) for k in ("CausalLM", "Seq2SeqLM"))
     else:
         source = str(getattr(model_or_plan, "name_or_path", "") or model_or_plan.config._name_or_path)
         revision = None
+        applied = getattr(model_or_plan, "cudaload_plan", None)
+        generation = getattr(applied, "generation", None)
+        can_generate = getattr(model_or_plan, "can_generate", None)
+        generates = bool(can_generate()) if callable(can_generate) else False
     if revision is not None:
         kwargs.setdefault("revision", revision)
     try:
@@ -38,7 +49,14 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, **kwargs: Any) 
             f"Could not load a tokenizer for {source!r}: {exc}. Save one next to the model "
             "(tokenizer.save_pretrained(path)) or pass the tokenizer's path as the model."
         ) from exc
-    tokenizer.padding_side = "right" if training else "left"
+    if padding_side is not None:
+        tokenizer.padding_side = padding_side
+    elif training:
+        tokenizer.padding_side = "right"
+    elif generation is not None:
+        tokenizer.padding_side = generation.padding_side
+    elif generates:
+        tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
             raise ModelConfigError(

@@ -1,0 +1,123 @@
+"""`pipeline()`: a transformers `pipeline()` built on the applied plan.
+
+(The module is `pipelines`, not `pipeline`: a submodule named like the exported function would
+shadow `cudaload.pipeline` once imported.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import SettingError
+
+__all__ = ["TASK_MODEL_CLASSES", "pipeline"]
+
+TASK_MODEL_CLASSES = {
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "summarization": "AutoModelForSeq2SeqLM",
+    "translation": "AutoModelForSeq2SeqLM",
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "sentiment-analysis": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+}
+"""Tasks `pipeline()` plans for, and the Auto class each loads (as transformers' pipeline registry
+does: `transformers.pipelines.SUPPORTED_TASKS`)."""
+
+_GENERATING = frozenset({"text-generation", "text2text-generation", "summarization", "translation"})
+
+
+def pipeline(
+    task: str,
+    model: Any,
+    *,
+    machine: Any = None,
+    strict: bool = False,
+    verify: bool = True,
+    tokenizer_kwargs: Mapping[str, Any] | None = None,
+    pipeline_kwargs: Mapping[str, Any] | None = None,
+    **overrides: Any,
+) -> Any:
+    """A transformers `pipeline(task)` on the model as cudaload loads it for this machine.
+
+    The model is loaded with `load()` (device, dtype, attention from the plan, with fallbacks), the
+    tokenizer with `tokenizer_for()` (padding side from the plan: left for batched decoder-only
+    generation; a pad token when it has none), and for generating tasks the planned generation
+    settings (`plan.generation.generate_kwargs`, e.g. a static cache) are the pipeline's defaults.
+    The plan is reachable as `pipe.cudaload_plan` (and `pipe.model.cudaload_plan`).
+
+    Args:
+        task: one of `TASK_MODEL_CLASSES` (text-generation, feature-extraction, text-classification, ...).
+        model: a local path or Hub id.
+        machine: as for `load()`.
+        strict: as for `load()`.
+        verify: as for `load()`.
+        tokenizer_kwargs: passed to `tokenizer_for()` (e.g. `{"padding_side": "right"}`).
+        pipeline_kwargs: passed to `transformers.pipeline()` (e.g. `{"batch_size": 8}`); a
+            generation setting given here wins over the plan's.
+        **overrides: `load()`/`plan()` keyword arguments: from_pretrained settings (dtype,
+            attn_implementation, device_map, ...) and for generating tasks `context`,
+            `cache_implementation`, `padding_side`, `workload`. Yours always win.
+
+    Raises:
+        SettingError: an unknown task, or a `model_class`/`generate` override (the task decides them).
+        ModelConfigError, LoadFailedError: as `load()` and `tokenizer_for()` raise them.
+
+    Example::
+
+        pipe = cudaload.pipeline("text-generation", "Qwen/Qwen3-0.6B")
+        pipe(["Hello", "A longer prompt"], max_new_tokens=20, batch_size=2)
+        print(pipe.cudaload_plan.explain())
+    """
+    if task not in TASK_MODEL_CLASSES:
+        raise SettingError(
+            f"pipeline task {task!r} is not one cudaload plans for. Use one of "
+            f"{', '.join(sorted(TASK_MODEL_CLASSES))}, or load the model with cudaload.load(..., model_class=...) "
+            "and build transformers.pipeline() yourself."
+        )
+    for key in ("model_class", "generate"):
+        if key in overrides:
+            raise SettingError(
+                f"pipeline({task!r}) chooses {key} itself ({TASK_MODEL_CLASSES[task]}"
+                f"{', generating' if task in _GENERATING else ''}): drop {key}={overrides[key]!r}."
+            )
+    from .loaders import load
+    from .tokenizers import tokenizer_for
+
+    generating = task in _GENERATING
+    # A generating task's padding side is a plan decision (tokenizer_for follows it); an encoder's
+    # goes to the tokenizer alone.
+    padding_side = None if generating else overrides.pop("padding_side", None)
+    loaded = load(
+        model,
+        machine=machine,
+        strict=strict,
+        verify=verify,
+        model_class=TASK_MODEL_CLASSES[task],
+        generate=generating,
+        **overrides,
+    )
+    applied = loaded.cudaload_plan
+    tokenizer_options = dict(tokenizer_kwargs or {})
+    if padding_side is not None:
+        tokenizer_options.setdefault("padding_side", padding_side)
+    tokenizer = tokenizer_for(loaded, **tokenizer_options)
+    options = dict(pipeline_kwargs or {})
+    generation = applied.generation
+    if generating and generation is not None:
+        for key, value in generation.generate_kwargs.items():
+            options.setdefault(key, value)
+    from transformers import pipeline as build
+
+    transformers_pipeline: Any = build  # its overloads want a literal task name
+
+    chosen_side = tokenizer.padding_side
+    pipe = transformers_pipeline(task, model=loaded, tokenizer=tokenizer, **options)
+    # TextGenerationPipeline.__init__ (transformers/pipelines/text_generation.py) turns a right
+    # padding side into left without a word: right only gets here when you asked for it, so keep it.
+    pipe.tokenizer.padding_side = chosen_side
+    pipe.cudaload_plan = applied
+    return pipe
