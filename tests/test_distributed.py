@@ -199,3 +199,42 @@ def test_two_nodes_one_process_each_place_by_local_rank(tiny_models, tmp_path: P
         assert report["device_map_on_2_gpus"] == {"": 0}
         assert report["lora_identical_across_ranks"] and report["lora_changed"]
     assert reports[0]["losses"] != reports[1]["losses"]
+
+
+def test_fsdp2_on_cpu_shards_the_planned_4bit_model_and_lowers_the_loss(tiny_models, tmp_path: Path) -> None:
+    """`accelerate launch --use_fsdp --fsdp_version 2`: cudaload sees FSDP, plans no device_map and
+    stores the 4-bit weights in the compute dtype (so FSDP can shard them). accelerate 1.16 keeps
+    MULTI_CPU and drops its FSDP plugin on a CPU (the plan warns), so the worker shards with torch's
+    fully_shard, as accelerate's fsdp2_prepare_model does on GPUs."""
+    reports = _accelerate(
+        ["--use_fsdp", "--fsdp_version=2", "--num_processes=2"],
+        "fsdp_worker.py",
+        tmp_path,
+        str(tiny_models["qwen3"]),
+        "4bit",
+        ranks=2,
+    )
+    for rank, report in enumerate(reports):
+        assert _launch_of(report) == ("accelerate", rank, rank, 2, "fsdp")
+        kwargs = report["plan"]["kwargs"]
+        assert "device_map" not in kwargs and report["applied_device"] == "cpu"
+        assert kwargs["quantization_config"]["bnb_4bit_quant_storage"] == kwargs["dtype"]
+        # The upstream behaviour the plan's warning describes: no FSDP plugin on a CPU.
+        assert report["accelerate_distributed_type"] == "DistributedType.MULTI_CPU"
+        assert report["accelerate_fsdp_plugin"] is False
+        assert any("plain DDP" in w for w in report["plan"]["warnings"])
+        assert report["sharded"] and report["local_share"] == 0.5
+        assert report["losses"][-1] < report["losses"][0] and report["lora_changed"]
+
+
+def test_tensor_parallel_on_cpu_matches_the_whole_model(tiny_models, tmp_path: Path) -> None:
+    """`load(path, tp_plan="auto")` under a 2-process torchrun on CPU (transformers binds gloo): no
+    device_map, each rank holds half of q_proj, and the logits equal the unsharded model's."""
+    reports = _torchrun("tp_worker.py", tmp_path, str(tiny_models["qwen3"]))
+    for rank, report in enumerate(reports):
+        assert _launch_of(report) == ("torchrun", rank, rank, 2, "ddp")
+        assert report["plan"]["kwargs"]["tp_plan"] == "auto" and "device_map" not in report["plan"]["kwargs"]
+        assert report["applied"]["device"] == "cpu" and report["applied"]["verified"] is True
+        assert report["tp_size"] == 2 and report["q_proj_is_dtensor"]
+        assert report["q_proj_local_rows"] * 2 == report["q_proj_rows"]
+        assert report["max_logit_difference"] < 1e-4

@@ -73,3 +73,99 @@ def test_accelerate_cpu_launch_that_got_one_process_is_noted() -> None:
     single = {k: v for k, v in ACCELERATE_CPU_ONE.items() if not k.startswith("MASTER_")}
     assert read_launch(single).notes == ()
     assert read_launch(ACCELERATE_MULTI).notes == ()
+
+
+# --- placement per rank: tensor parallelism, spreading, FSDP/ZeRO-3 on CPU --------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from cudaload import Machine  # noqa: E402
+from cudaload.capability.facts import GiB, Launch  # noqa: E402
+from cudaload.policy import Request, make_plan  # noqa: E402
+from cudaload.policy.placement import HEADROOM  # noqa: E402
+from model_shapes import llama  # noqa: E402
+
+
+def _ranks(world: int, local: int | None = None, rank: int = 1, strategy: str = "ddp") -> Launch:
+    local = world if local is None else local
+    return Launch(
+        "torchrun", rank=rank, local_rank=rank % local, world_size=world, local_world_size=local, strategy=strategy
+    )
+
+
+def _model(billions: float, *, heads: int = 32, kv: int = 8, tp: bool = True):
+    return replace(llama(billions), attention_heads=heads, kv_heads=kv, tp_plan=tp)
+
+
+# launch, GPUs, model -> tp_plan, device_map, words the reason must hold
+TP_TABLE = [
+    # 70B in bf16 (~131 GiB) exceeds one A100 but a quarter fits: TP over the node's 4 GPUs.
+    (_ranks(4), 4, _model(70), "auto", None, "a 1/4 shard fits"),
+    # 3 ranks do not divide 32 heads / 8 kv heads: each rank's copy spreads over the GPUs.
+    (_ranks(3), 4, _model(70), None, "auto", "do not both divide WORLD_SIZE=3"),
+    # No base_model_tp_plan in the config: transformers cannot shard it.
+    (_ranks(4), 4, _model(70, tp=False), None, "auto", "no base_model_tp_plan"),
+    # Ranks on two nodes: TP's per-layer all-reduce would cross the network.
+    (_ranks(8, local=4, rank=5), 4, _model(70), None, "auto", "span 2 nodes"),
+    # Fits one GPU: data parallel, TP rejected as all-reduce cost for nothing.
+    (_ranks(4), 4, _model(8), None, {"": 1}, "fit one GPU"),
+    # Even a 1/2 shard of 300B is too big for an A100.
+    (_ranks(2), 2, _model(300), None, "auto", "still exceeds one GPU"),
+]
+
+
+@pytest.mark.parametrize(("launch", "count", "model", "tp_plan", "device_map", "why"), TP_TABLE)
+def test_tensor_parallel_or_spread_under_torchrun(launch, count, model, tp_plan, device_map, why) -> None:
+    machine = Machine.simulated("A100", count=count, launch=launch)
+    plan = make_plan(machine, model, Request())
+    assert plan.kwargs.get("tp_plan") == tp_plan
+    assert plan.kwargs.get("device_map") == device_map
+    decision = plan.decision("tp_plan")
+    assert decision.value == tp_plan and why in decision.reason + " ".join(r.reason for r in decision.rejected)
+    if device_map == "auto":
+        # Every rank of the node holds a whole copy: each gets its share of each GPU's budget.
+        share = int(machine.gpus[0].usable_memory * HEADROOM) // launch.local_world_size
+        assert plan.kwargs["max_memory"][0] == f"{share / GiB:.1f}GiB"
+        assert why in plan.decision("device_map").reason
+    if tp_plan == "auto":
+        assert "max_memory" not in plan.kwargs
+
+
+@pytest.mark.parametrize(
+    ("machine", "request_"),
+    [
+        (Machine.simulated("A100", count=4, launch=_ranks(4)), Request(training=True, quantize=None)),  # training
+        (Machine.simulated("A100", count=4), Request()),  # one process
+        (Machine.simulated(None, launch=_ranks(2)), Request()),  # no GPU
+        (Machine.simulated("A100", count=4, launch=_ranks(4, strategy="fsdp")), Request()),  # FSDP shards itself
+    ],
+)
+def test_tensor_parallel_is_not_a_question_here(machine, request_) -> None:
+    plan = make_plan(machine, _model(70), request_)
+    assert "tp_plan" not in plan.kwargs
+    assert "tp_plan" not in [d.setting for d in plan.decisions]
+
+
+def test_a_tp_plan_you_pass_drops_the_device_map() -> None:
+    """transformers refuses tp_plan together with device_map; on a CPU the plan would set 'cpu'."""
+    plan = make_plan(Machine.simulated(None, launch=_ranks(2)), _model(1), Request(passthrough={"tp_plan": "auto"}))
+    assert plan.kwargs["tp_plan"] == "auto" and "device_map" not in plan.kwargs
+    assert "your tp_plan" in plan.decision("device_map").reason
+
+
+def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
+    from transformers.distributed import DistributedConfig
+
+    plan = make_plan(Machine.simulated("A100", count=4, launch=_ranks(4)), _model(70), Request())
+    kwargs = plan.from_pretrained_kwargs()
+    assert "tp_plan" not in kwargs and isinstance(kwargs["distributed_config"], DistributedConfig)
+    assert kwargs["distributed_config"].tp_plan == "auto"
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+@pytest.mark.parametrize("gpu", [None, "A100"])
+def test_sharding_on_a_cpu_only_machine_warns_that_accelerate_runs_ddp(strategy, gpu) -> None:
+    launch = replace(_ranks(2, strategy=strategy), zero_stage=3 if strategy == "deepspeed" else None)
+    plan = make_plan(Machine.simulated(gpu, count=2, launch=launch), _model(1), Request(training=True, quantize=None))
+    assert "device_map" not in plan.kwargs
+    assert any("plain DDP" in w for w in plan.warnings) == (gpu is None)

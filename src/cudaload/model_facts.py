@@ -80,6 +80,12 @@ class ModelFacts:
     compatible_flash: tuple[str, ...] | None = None
     """The class's `_compatible_flash_implementations`: transformers replaces any other
     FlashAttention request with the first of these it can run (modeling_utils.py)."""
+    attention_heads: int | None = None
+    kv_heads: int | None = None
+    """`num_attention_heads` and `num_key_value_heads` (= heads without GQA): tensor parallelism splits
+    heads, so both must divide the TP size."""
+    tp_plan: bool = False
+    """The config has a `base_model_tp_plan`: `tp_plan="auto"` can shard it (transformers' `supports_tp_plan`)."""
 
     @property
     def linear_parameters(self) -> int:
@@ -344,6 +350,9 @@ def _read_model_facts(
         qk_v_head_dims=qk_v,
         expert_parameters=tuple(experts),
         compatible_flash=tuple(compatible) if compatible is not None else None,
+        attention_heads=heads,
+        kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
+        tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
     )
     return facts, dtype_from_weights
 

@@ -110,6 +110,13 @@ class Plan:
             from transformers import BitsAndBytesConfig
 
             kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
+        if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
+            # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
+            try:
+                from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
+            except ImportError:  # older 5.x: tp_plan= is the API
+                return kwargs
+            kwargs["distributed_config"] = DistributedConfig(tp_plan=kwargs.pop("tp_plan"))
         return kwargs
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from .devices import check_max_memory, usable_machine
 from .finetune import decide_lora, decide_training_arguments
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .placement import decide_placement
+from .placement import decide_placement, decide_tensor_parallel
 from .precision import decide_dtype
 from .quantization import decide_quantization
 from .request import Request, Workload
@@ -89,17 +89,25 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         }
     size = weight_bytes(model, dtype.value, quantize)
     extras["weight_bytes"] = size
+    tp_requested = bool({"tp_plan", "tp_size", "distributed_config"} & set(request.passthrough))
+    tensor_parallel = decide_tensor_parallel(
+        machine, model, size, request.training, tp_requested or request.device_map is not None
+    )
     placement, max_memory, placement_warnings = decide_placement(
         machine,
         size,
         request.device_map,
         quantized=quantize is not None,
         training_bytes=estimates[quantize].total if request.training else None,
+        tensor_parallel=tensor_parallel,
+        tp_requested=tp_requested,
     )
     warnings += placement_warnings
-    decisions += [placement, use_kernels]
+    decisions += [placement, *([tensor_parallel] if tensor_parallel is not None else []), use_kernels]
     if placement.value is not None:
         kwargs["device_map"] = placement.value
+    if tensor_parallel is not None and tensor_parallel.value is not None:
+        kwargs["tp_plan"] = tensor_parallel.value
     if request.max_memory is not None:
         check_max_memory(machine, request.max_memory)
         kwargs["max_memory"] = dict(request.max_memory)

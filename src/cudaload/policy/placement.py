@@ -7,10 +7,11 @@ from typing import Any
 
 from ..capability.facts import GiB, Machine
 from ..errors import PlacementError
+from ..model_facts import ModelFacts
 from ..plans import Decision, Rejected
 from .devices import check_device_map
 
-__all__ = ["HEADROOM", "TRAINING_SHARE", "decide_placement"]
+__all__ = ["HEADROOM", "TRAINING_SHARE", "decide_placement", "decide_tensor_parallel"]
 
 # Weights may use at most this share of a device's free memory: the rest holds activations,
 # the KV cache and the CUDA context (~0.5 GiB). accelerate's own default keeps 10% free.
@@ -22,6 +23,69 @@ TRAINING_SHARE = 0.9
 
 def _gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+
+
+def decide_tensor_parallel(
+    machine: Machine, model: ModelFacts, weight_bytes: int, training: bool, requested: bool
+) -> Decision | None:
+    """`tp_plan="auto"` or not, for an inference load under a multi-process launch with several GPUs;
+    None where tensor parallelism is not a question (one process, training, no GPUs, FSDP/ZeRO-3, or
+    the caller chose a device_map or tp_plan).
+
+    TP splits every layer's heads and MLP across the ranks and all-reduces twice per layer, so it is
+    for a model that does not fit one GPU, on GPUs of one node (NVLink/PCIe, not the network).
+    """
+    launch = machine.launch
+    if requested or training or not launch.distributed or launch.shards_parameters or len(machine.gpus) < 2:
+        return None
+    world = launch.world_size
+    weakest = min(g.usable_memory for g in machine.gpus)
+    budget = int(weakest * HEADROOM)
+    size = f"~{_gib(weight_bytes)} of weights"
+    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({_gib(budget)} usable)")
+    if weight_bytes <= budget:
+        return Decision(
+            "tp_plan",
+            None,
+            f"{size} fit one GPU: each rank holds a whole copy (data parallel), no per-layer all-reduce",
+            (Rejected("auto", "TP pays two all-reduces per layer; only worth it when a model does not fit one GPU"),),
+        )
+    heads, kv = model.attention_heads, model.kv_heads
+    why_not: str | None = None
+    if not model.tp_plan:
+        why_not = f"{model.model_class} has no base_model_tp_plan in its config: transformers cannot shard it"
+    elif heads is None or kv is None or heads % world or kv % world:
+        why_not = (
+            f"{heads} attention heads and {kv} key/value heads do not both divide WORLD_SIZE={world}: TP splits "
+            "whole heads across ranks"
+        )
+    elif launch.local_world_size != world:
+        why_not = (
+            f"the {world} ranks span {world // max(launch.local_world_size, 1)} nodes: TP all-reduces every layer, "
+            "which the network between nodes makes slow"
+        )
+    elif len(machine.gpus) < launch.local_world_size:
+        why_not = (
+            f"this process sees {len(machine.gpus)} GPUs for {launch.local_world_size} local ranks: TP puts rank r "
+            "on cuda:LOCAL_RANK"
+        )
+    elif weight_bytes / world > budget:
+        why_not = f"a 1/{world} shard (~{_gib(weight_bytes / world)}) still exceeds one GPU ({_gib(budget)} usable)"
+    if why_not is None:
+        return Decision(
+            "tp_plan",
+            "auto",
+            f"{size} exceed one GPU ({_gib(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
+            f"base_model_tp_plan splits its {heads} heads ({kv} key/value) across the {world} ranks, each on its "
+            "GPU (cuda:LOCAL_RANK)",
+            (data_parallel, Rejected("auto (device_map)", "one rank at a time computes: the other GPUs wait")),
+        )
+    return Decision(
+        "tp_plan",
+        None,
+        f"not tensor parallel: {why_not}",
+        (Rejected("auto", why_not), data_parallel),
+    )
 
 
 def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decision:
@@ -47,18 +111,43 @@ def decide_placement(
     requested: Any = None,
     quantized: bool = False,
     training_bytes: int | None = None,
+    tensor_parallel: Decision | None = None,
+    tp_requested: bool = False,
 ) -> tuple[Decision, dict[Any, str] | None, tuple[str, ...]]:
     """(device_map decision, max_memory or None, warnings).
 
     Whether the model fits one GPU is judged on `training_bytes` (the whole training estimate,
     against TRAINING_SHARE of free memory) when fine-tuning, else on the weights (against HEADROOM).
+    `tensor_parallel` is decide_tensor_parallel's answer; `tp_requested`: the caller passed a tp_plan
+    (or distributed_config), which transformers refuses to combine with a device_map.
     """
     if requested is not None:
         return _user_placement(machine, requested, quantized), None, ()
     launch = machine.launch
     size = f"~{_gib(weight_bytes)} of weights"
+    if tp_requested or (tensor_parallel is not None and tensor_parallel.value == "auto"):
+        who = "your tp_plan" if tp_requested else "tp_plan='auto'"
+        return (
+            Decision(
+                "device_map",
+                None,
+                f"{who} places each rank's shard on its own device (cuda:LOCAL_RANK, or the CPU): no device_map",
+                (Rejected("auto", "transformers refuses tp_plan together with a device_map"),),
+            ),
+            None,
+            (),
+        )
     if launch.distributed and launch.shards_parameters:
         what = "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
+        cpu_notes: tuple[str, ...] = ()
+        if not machine.gpus:
+            # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
+            # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
+            cpu_notes = (
+                f"{what} on a CPU-only machine: accelerate (and so Trainer) applies its {what} plugin only on GPUs "
+                "and runs plain DDP here without a word. To shard on CPU, wrap the model with "
+                "torch.distributed.fsdp.fully_shard yourself (see cudaload's distributed docs).",
+            )
         return (
             Decision(
                 "device_map",
@@ -67,7 +156,38 @@ def decide_placement(
                 (Rejected("auto", f"conflicts with {what} sharding"),),
             ),
             None,
-            (),
+            cpu_notes,
+        )
+    if (
+        launch.distributed
+        and tensor_parallel is not None
+        and weight_bytes > min(int(g.usable_memory * HEADROOM) for g in machine.gpus)
+    ):
+        # Not tensor parallel (tensor_parallel says why) and too big for one GPU: every rank of this
+        # node holds a whole copy spread over the node's GPUs, so each gets 1/local_world_size of each.
+        ranks = max(launch.local_world_size, 1)
+        why_not_tp = tensor_parallel.reason.removeprefix("not tensor parallel: ")
+        budgets = {g.index: int(g.usable_memory * HEADROOM) // ranks for g in machine.gpus}
+        spread: dict[Any, str] = {i: f"{b / GiB:.1f}GiB" for i, b in budgets.items()}
+        notes: tuple[str, ...] = ()
+        if weight_bytes > sum(budgets.values()):
+            ram = machine.cpu.memory_available or 0
+            spread["cpu"] = f"{ram * HEADROOM / ranks / GiB:.1f}GiB"
+            notes = (
+                f"{size} per rank exceed this rank's share of the GPUs ({ranks} ranks per node each hold a copy): "
+                "the rest is offloaded to CPU. Run one process (python, not torchrun) or a model TP can shard.",
+            )
+        return (
+            Decision(
+                "device_map",
+                "auto",
+                f"{size} exceed one GPU and tensor parallelism is out ({why_not_tp}): "
+                f"this rank's copy spreads over the {len(budgets)} GPUs with max_memory = 1/{ranks} of each "
+                f"(80% of free memory, shared by the node's {ranks} ranks)",
+                (Rejected({"": launch.local_rank}, f"{size} exceed one GPU"),),
+            ),
+            spread,
+            notes,
         )
     if launch.distributed:
         if not machine.gpus:
