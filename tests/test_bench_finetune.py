@@ -1,0 +1,213 @@
+"""The fine-tuning benchmark: LoRA and QLoRA each measured in its own process, next to the plan's estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cudaload.bench.finetune import (
+    _row,
+    estimate_parts,
+    format_finetune_report,
+    ratio,
+    run_finetune_bench,
+    step_statistics,
+    summarise,
+)
+
+
+def test_ratio_is_none_without_both_numbers() -> None:
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(1.0, 3.0) == 0.3333
+    assert ratio(None, 2.0) is None
+    assert ratio(2.0, None) is None
+    assert ratio(2.0, 0) is None
+
+
+def test_step_statistics() -> None:
+    assert step_statistics([0.3, 0.1, 0.2]) == {"median_s": 0.2, "min_s": 0.1, "max_s": 0.3, "spread": 3.0}
+    assert step_statistics([]) == {"median_s": None, "min_s": None, "max_s": None, "spread": None}
+
+
+def test_estimate_parts_split_the_estimate_as_measured() -> None:
+    estimate = {"weights": 1000, "lora": 160, "activations": 500, "overhead": 1 << 30, "total": 1660 + (1 << 30)}
+    # 10 adapter parameters: their fp32 gradients (40 bytes) are allocated by the step; the overhead is no allocation.
+    assert estimate_parts(estimate, 10) == {"step": 540, "total": 1660}
+
+
+def _child(step_times: list[float], step_bytes: int, total_bytes: int, *, quantize: str | None) -> dict[str, Any]:
+    return {
+        "plan": {"dtype": "float32", "quantization": quantize, "optimizer": "adamw_torch"},
+        "device": "cpu",
+        "optimizer": "torch AdamW",
+        "autocast": None,
+        "load_s": 0.5,
+        "step_times_s": step_times,
+        "loss": {"warmup": 8.0, "steps": [7.9, 7.5]},
+        "trainable_parameters": 32768,
+        "memory": {
+            "method": "VmHWM reset by clear_refs",
+            "baseline_bytes": 1 << 28,
+            "before_load_bytes": 1 << 27,
+            "step": {"bytes": step_bytes, "estimate_bytes": 4 << 20},
+            "total": {"bytes": total_bytes, "estimate_bytes": 40 << 20},
+        },
+        "torch_threads": 2,
+    }
+
+
+def _result(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "benchmark": "cudaload.bench.finetune",
+        "date": "2026-12-03T00:00:00+00:00",
+        "machine": {"cpu": {"model": "Test CPU", "cores": 2, "arch": "x86_64"}, "gpus": []},
+        "versions": {
+            "python": "3.11",
+            "torch": "2.13.0",
+            "transformers": "5.22.2",
+            "peft": "0.21.2",
+            "bitsandbytes": "0.50.2",
+            "cudaload": "0.1.0",
+        },
+        "model": {"architecture": "Qwen3ForCausalLM", "parameters": 35_000_000, "shape": {"hidden_size": 512}},
+        "workload": {
+            "quick": False,
+            "steps": 3,
+            "seq_len": 256,
+            "batch_size": 1,
+            "threads": None,
+            "statistic": "median of 3 timed steps after 1 warm-up step",
+            "peak_memory": "resident memory",
+        },
+        "variants": rows,
+        "summary": summarise(rows),
+        "wall_s": 12.0,
+    }
+
+
+def test_rows_and_summary_compute_their_ratios_from_the_numbers() -> None:
+    lora = _row("LoRA", None, _child([0.2, 0.1, 0.3], 6 << 20, 60 << 20, quantize=None))
+    qlora = _row("QLoRA 4-bit", "4bit", _child([0.3, 0.6, 0.4], 4 << 20, 30 << 20, quantize="4bit"))
+    assert lora["memory"]["step"]["ratio"] == 1.5 and lora["memory"]["total"]["ratio"] == 1.5
+    assert lora["step_time"]["median_s"] == 0.2 and lora["step_time"]["spread"] == 3.0
+    assert lora["loss"] == {"first": 8.0, "last": 7.5, "steps": [7.9, 7.5], "finite": True}
+    summary = summarise([lora, qlora])["qlora_over_lora"]
+    assert summary["step_time"] == 2.0  # medians 0.4 / 0.2
+    assert summary["peak_memory"] == 0.5  # totals 30 / 60 MiB
+    assert summary["peak_memory_estimate"] == 1.0
+
+
+def test_a_failed_variant_is_a_row_with_its_error_and_no_ratio() -> None:
+    lora = _row("LoRA", None, _child([0.2], 6 << 20, 60 << 20, quantize=None))
+    failed = _row("QLoRA 4-bit", "4bit", {"error": "MissingPackageError: no bitsandbytes", "plan_error": "x"})
+    assert failed["error"] == "MissingPackageError: no bitsandbytes" and failed["plan"] is None
+    assert "step_time" not in failed
+    assert summarise([lora, failed]) == {"qlora_over_lora": None}
+    report = format_finetune_report(_result([lora, failed]))
+    assert "QLoRA 4-bit  ?/none/?" in report and "failed: MissingPackageError: no bitsandbytes" in report
+    assert "no ratio (a variant did not run)" in report
+
+
+def test_report_has_a_row_per_variant_with_measured_estimate_and_ratio() -> None:
+    lora = _row("LoRA", None, _child([0.2, 0.1, 0.3], 6 << 20, 60 << 20, quantize=None))
+    qlora = _row("QLoRA 4-bit", "4bit", _child([0.3, 0.6, 0.4], 4 << 20, 30 << 20, quantize="4bit"))
+    report = format_finetune_report(_result([lora, qlora]))
+    lora_line = next(line for line in report.splitlines() if line.startswith("  LoRA "))
+    # step s, spread, peak MiB, estimate MiB, ratio, step MiB, estimate MiB, ratio, trainable, losses
+    assert lora_line.split()[2:12] == [
+        "0.200",
+        "3.00",
+        "60.0",
+        "40.0",
+        "1.50",
+        "6.0",
+        "4.0",
+        "1.50",
+        "32,768",
+        "8.0000",
+    ]
+    assert lora_line.endswith("8.0000 -> 7.5000")
+    assert "float32/4bit/adamw_torch" in report
+    assert "QLoRA / LoRA: step time 2.00x, peak memory 0.50x (estimate 1.00x)" in report
+
+
+def test_bad_arguments_raise_before_any_process_starts(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        run_finetune_bench(tmp_path)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        run_finetune_bench(tmp_path, steps=0)
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        run_finetune_bench(tmp_path, threads=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from cudaload.demo import save_random_qwen3
+
+    path = tmp_path_factory.mktemp("finetune-bench") / "qwen3"
+    save_random_qwen3(
+        path,
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    return path
+
+
+@pytest.mark.slow
+def test_quick_finetune_bench_measures_lora_and_qlora(
+    tiny_qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    lines: list[str] = []
+    result = run_finetune_bench(tiny_qwen3, quick=True, log=lines.append)
+    json.dumps(result)  # JSON-ready
+    assert result["benchmark"] == "cudaload.bench.finetune" and result["schema"] == 1
+    work = result["workload"]
+    assert (work["steps"], work["seq_len"], work["threads"]) == (2, 64, 1)
+    assert result["model"]["shape"]["hidden_size"] == 64 and result["model"]["parameters"] > 0
+    on_cuda = bool(result["machine"]["gpus"])
+    assert ("max_memory_allocated" if on_cuda else "VmHWM") in work["peak_memory"]
+
+    variants = {v["quantize"]: v for v in result["variants"]}
+    assert set(variants) == {None, "4bit"}
+    ran = [v for v in variants.values() if v["error"] is None]
+    for v in variants.values():
+        assert v["error"] is None or isinstance(v["error"], str)
+    for v in ran:
+        plan = v["plan"]
+        assert plan["quantization"] == v["quantize"]
+        assert plan["memory_estimate"]["assumes"]["seq_len"] == 64
+        assert plan["optimizer"] in v["optimizer"] or "AdamW" in v["optimizer"]
+        assert len(v["step_time"]["runs_s"]) == 2
+        assert v["step_time"]["min_s"] <= v["step_time"]["median_s"] <= v["step_time"]["max_s"]
+        assert v["trainable_parameters"] == plan["lora_parameters_estimated"] > 0
+        assert v["loss"]["finite"] and all(math.isfinite(x) for x in (v["loss"]["first"], v["loss"]["last"]))
+        for part in ("step", "total"):
+            measured = v["memory"][part]
+            assert measured["bytes"] > 0 and measured["estimate_bytes"] > 0
+            assert measured["ratio"] == pytest.approx(measured["bytes"] / measured["estimate_bytes"], rel=1e-3)
+    assert variants[None]["error"] is None, variants[None]["error"]  # LoRA without quantization runs everywhere
+    summary = result["summary"]["qlora_over_lora"]
+    if len(ran) == 2:
+        lora, qlora = variants[None], variants["4bit"]
+        assert summary["step_time"] == pytest.approx(
+            qlora["step_time"]["median_s"] / lora["step_time"]["median_s"], rel=1e-3
+        )
+        assert summary["peak_memory"] == pytest.approx(
+            qlora["memory"]["total"]["bytes"] / lora["memory"]["total"]["bytes"], rel=1e-3
+        )
+    else:
+        assert summary is None
+    report = format_finetune_report(result)
+    assert "LoRA" in report and "QLoRA 4-bit" in report and "quick mode" in report
+    assert any("LoRA: median step" in line for line in lines)
