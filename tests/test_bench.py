@@ -92,3 +92,127 @@ def test_quick_bench_reports_the_plan_and_every_alternative(tmp_path: Path, monk
     fastest = min(rows, key=lambda v: v["load_s"] + v["prefill_s"] + 15 / v["decode_tokens_per_s"])
     assert tuned.value == fastest["dtype"]
     assert "stale: threads '1' there" in stale.reason
+
+
+def test_workload_settings_are_checked() -> None:
+    from cudaload import SettingError
+    from cudaload.bench.harness import workload_for
+
+    assert workload_for(quick=True).repeats == 1
+    chosen = workload_for(quick=False, prompt_tokens=32, new_tokens=8, batch=4, repeats=2)
+    assert (chosen.prompt_tokens, chosen.new_tokens, chosen.batch, chosen.repeats) == (32, 8, 4, 2)
+    for bad in ({"batch": 0}, {"new_tokens": -1}, {"repeats": 1.5}, {"prompt_tokens": True}):
+        with pytest.raises(SettingError, match="whole number of at least 1"):
+            workload_for(quick=True, **bad)
+
+
+def test_the_model_is_the_users_when_its_weights_are_here(tiny_models, tmp_path: Path) -> None:
+    from cudaload import ModelConfigError
+    from cudaload.bench.models import resolve_model
+
+    mine = resolve_model(str(tiny_models["llama"]), tmp_path, quick=True, random_weights=False)
+    assert mine.path == tiny_models["llama"] and not mine.random_weights
+    assert mine.architecture == "LlamaForCausalLM" and mine.vocab_size == 256
+    with pytest.raises(ModelConfigError, match=r"no config\.json"):
+        resolve_model(str(tmp_path), tmp_path, quick=True, random_weights=False)
+    # Not on this machine and the Hub is off limits (HF_HUB_OFFLINE in the tests): a clear error.
+    with pytest.raises(ModelConfigError, match="its weights are not on this machine"):
+        resolve_model("someone/not-downloaded-model", tmp_path, quick=True, random_weights=False)
+
+
+@pytest.mark.slow
+def test_bench_cli_runs_a_config_only_model_and_files_json_and_chart(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    """`cudaload bench MODEL --results DIR`: a folder with only a config gets random weights of its
+    shape; the JSON and the chart are filed under DIR/<machine>/<date>."""
+    pytest.importorskip("matplotlib")
+    from cudaload.cli import main
+
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((tiny_models["llama"] / "config.json").read_text())
+    args = ["bench", str(config_only), "--quick", "--batch", "2", "--prompt-tokens", "8", "--new-tokens", "4"]
+    args += ["--model-dir", str(tmp_path / "built"), "--results", str(tmp_path / "results"), "--no-overhead"]
+    assert main(args) == 0
+    (filed,) = (tmp_path / "results").glob("*/*.json")
+    assert filed.parent.name.startswith(("cpu-", "cuda-"))
+    assert filed.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    result = json.loads(filed.read_text())
+    assert result["model"]["random_weights"] is True and result["model"]["architecture"] == "LlamaForCausalLM"
+    assert result["model"]["name"] == str(config_only)
+    assert result["workload"]["batch"] == 2 and result["overhead"] is None
+    plan = next(v for v in result["variants"] if v["is_plan"])
+    assert plan["ok"] and plan["peak_memory_bytes"] >= plan["weights_bytes"] > 0
+    # Two prompts of 8 tokens: prefill tokens/s counts both.
+    assert plan["prefill_tokens_per_s"] == pytest.approx(2 * 8 / plan["prefill_s"])
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_what_was_measured(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    from cudaload.bench import harness
+
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    real_run = harness._run
+    calls = []
+
+    def interrupted_on_the_third_run(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "_run", interrupted_on_the_third_run)
+    result = run_bench(str(tiny_models["llama"]), quick=True, repeats=1, prompt_tokens=8, new_tokens=4)
+    assert result["interrupted"] is True
+    rows = result["variants"]
+    assert all(r["runs"]["load_s"] for r in rows)  # phase 1 finished before the interrupt
+    assert not any(r["runs"]["prefill_s"] for r in rows)  # the warm-up round was cut short
+    assert "INTERRUPTED" in format_report(result)
+
+
+@pytest.mark.slow
+def test_overhead_is_measured_in_fresh_processes(tiny_models, tmp_path: Path) -> None:
+    from cudaload.bench.overhead import GOALS, format_overhead, run_overhead
+
+    costs = run_overhead(str(tiny_models["llama"]), repeats=1)
+    heavy = costs["heavy_imports"]
+    assert heavy["import"] == [] and heavy["detect"] == [] and heavy["plan_cached"] == []
+    seconds = {k: v["median"] for k, v in costs["seconds"].items()}
+    assert all(value > 0 for key, value in seconds.items() if key != "probe_s")
+    assert costs["ratios"]["load_over_bare"] == pytest.approx(seconds["load_no_verify_s"] / seconds["bare_s"], rel=1e-3)
+    for name, goal in costs["goals"].items():
+        op, limit = GOALS[name]
+        assert goal["met"] == (goal["value"] < limit if op == "<" else goal["value"] <= limit)
+    assert costs["floor"]["bytes"] == sum(p.stat().st_size for p in tiny_models["llama"].glob("*.safetensors"))
+    assert costs["bare_kwargs"]["dtype"] in ("float32", "bfloat16")
+    assert "what cudaload costs" in format_overhead(costs)
+
+
+@pytest.mark.parametrize(
+    ("flags", "slug"),
+    [
+        (("avx2",), "cpu-simulated-cpu-avx2"),
+        (("avx2", "avx512f", "avx512_bf16"), "cpu-simulated-cpu-avx512-bf16"),
+        (("avx2", "avx512f", "avx512_bf16", "amx_bf16"), "cpu-simulated-cpu-amx-bf16"),
+        ((), "cpu-simulated-cpu"),
+    ],
+)
+def test_cpu_results_are_filed_by_model_and_widest_isa(flags, slug, tmp_path) -> None:
+    # One hypervisor model name ("AMD EPYC") covers an AVX2 Zen 3 and an AVX512-BF16 Zen 4, whose
+    # bf16 results are opposite: the ISA keeps their files apart.
+    from datetime import datetime, timezone
+
+    from cudaload import Machine
+    from cudaload.bench import machine_slug, result_path
+
+    machine = Machine.simulated(cpu_flags=flags)
+    assert machine_slug(machine) == slug
+    when = datetime(2026, 12, 3, tzinfo=timezone.utc)
+    assert result_path(tmp_path, machine, "finetune", when) == tmp_path / slug / "2026-12-03-finetune.json"
+
+
+def test_gpu_results_are_filed_by_gpu_name() -> None:
+    from cudaload import Machine
+    from cudaload.bench import machine_slug
+
+    assert machine_slug(Machine.simulated("H100")).startswith("cuda-nvidia-h100")

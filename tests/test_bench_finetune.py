@@ -211,3 +211,15 @@ def test_quick_finetune_bench_measures_lora_and_qlora(
     report = format_finetune_report(result)
     assert "LoRA" in report and "QLoRA 4-bit" in report and "quick mode" in report
     assert any("LoRA: median step" in line for line in lines)
+
+
+def test_the_chart_draws_the_variants_that_ran(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from cudaload.bench import write_chart
+
+    lora = _row("LoRA", None, _child([0.2, 0.1, 0.3], 6 << 20, 60 << 20, quantize=None))
+    failed = _row("QLoRA 4-bit", "4bit", {"error": "MissingPackageError: no bitsandbytes"})
+    png = write_chart(_result([lora, failed]), tmp_path / "sub" / "finetune.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no variant ran"):
+        write_chart(_result([failed]), tmp_path / "none.png")

@@ -13,7 +13,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .capability.facts import GiB, Launch, Machine
-from .errors import CudaloadError
+from .errors import CudaloadError, MissingPackageError
 from .plans import jsonable
 
 __all__ = ["main"]
@@ -249,9 +249,39 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--context", type=int, help="with --generate: tokens per sequence (prompt + new)")
     plan.add_argument("--json", action="store_true")
 
-    bench = sub.add_parser("bench", help="time the plan against every dtype x attention alternative here")
-    bench.add_argument("--quick", action="store_true", help="a tiny model: a smoke test in seconds")
+    bench = sub.add_parser(
+        "bench",
+        help="time the plan against every dtype x attention alternative here (--finetune: LoRA against QLoRA)",
+    )
+    bench.add_argument(
+        "model",
+        nargs="?",
+        help="a local folder or Hub id (default: a built-in ~160M Qwen3 shape); random weights from its config "
+        "when its weights are not on this machine",
+    )
+    bench.add_argument("--quick", action="store_true", help="a tiny model, short prompt, one round: seconds")
+    bench.add_argument("--random-weights", action="store_true", help="build random weights from MODEL's config")
+    bench.add_argument("--prompt-tokens", type=int, help="prompt length (default 256; quick 64)")
+    bench.add_argument("--new-tokens", type=int, help="tokens generated (default 64; quick 16)")
+    bench.add_argument("--batch", type=int, help="prompts per batch (default 1)")
+    bench.add_argument("--repeats", type=int, help="measured rounds after one warm-up (default 3; quick 1)")
+    bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; quick 1)")
+    bench.add_argument("--model-dir", help="save and reuse built models here (default: a temporary folder)")
+    bench.add_argument(
+        "--overhead",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time import/detect/plan/load in fresh processes (default: on, off with --quick)",
+    )
+    bench.add_argument("--finetune", action="store_true", help="16-bit LoRA against QLoRA: step time, peak memory")
+    bench.add_argument("--steps", type=int, default=3, help="with --finetune: measured training steps")
+    bench.add_argument("--seq-len", type=int, default=256, help="with --finetune: tokens per sequence")
     bench.add_argument("--out", help="write the result JSON here")
+    bench.add_argument("--chart", help="draw the result as a PNG here (needs cudaload[bench])")
+    bench.add_argument(
+        "--results",
+        help="file the JSON and PNG under RESULTS/<machine>/<date>[-finetune].json|png (e.g. benchmarks/results)",
+    )
     bench.add_argument(
         "--save",
         action="store_true",
@@ -261,6 +291,76 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="build a tiny model, plan and load it here, print the plan")
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    """`cudaload bench`: run, print the table, file JSON (and PNG) where asked. Exit 130 after Ctrl-C."""
+    import tempfile
+    from pathlib import Path
+
+    from .bench import format_report, result_path, run_bench, write_chart, write_result
+
+    def log(line: str) -> None:
+        print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+    kind = ""
+    if args.finetune:
+        from .bench.finetune import format_finetune_report, run_finetune_bench
+        from .bench.models import resolve_model
+
+        with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:
+            model = resolve_model(
+                args.model, Path(args.model_dir or tmp), quick=args.quick, random_weights=args.random_weights
+            )
+            result = run_finetune_bench(
+                model.path,
+                steps=args.steps,
+                seq_len=args.seq_len,
+                batch_size=args.batch or 1,
+                quick=args.quick,
+                threads=args.threads,
+                log=log,
+            )
+        kind, report = "finetune", format_finetune_report(result)
+    else:
+        result = run_bench(
+            args.model,
+            quick=args.quick,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            batch=args.batch,
+            repeats=args.repeats,
+            threads=args.threads,
+            random_weights=args.random_weights,
+            model_dir=args.model_dir,
+            save=args.save,
+            overhead=args.overhead,
+            progress=sys.stderr.isatty(),
+            log=log,
+        )
+        report = format_report(result)
+    written = []
+    if args.out:
+        written.append(write_result(result, args.out))
+    notes = []
+    if args.results:
+        from .capability import detect
+
+        filed = result_path(args.results, detect(), kind)
+        written.append(write_result(result, filed))
+        if not args.chart:  # the chart beside the JSON, when matplotlib is there to draw it
+            try:
+                written.append(write_chart(result, filed.with_suffix(".png")))
+            except MissingPackageError as exc:
+                notes.append(f"no chart: {exc}")
+    if args.chart:
+        written.append(write_chart(result, args.chart))
+    print(report)
+    for path in written:
+        print(f"written: {path}")
+    for note in notes:
+        print(note)
+    return 130 if result.get("interrupted") else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,9 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = plan(args.model, machine=_machine(args, parser), **overrides)
             print(result.to_json() if args.json else result.explain())
         elif args.command == "bench":
-            from .bench import format_report, run_bench
-
-            print(format_report(run_bench(quick=args.quick, out=args.out, save=args.save)))
+            return _bench(args)
         elif args.command == "demo":
             from .demo import run_demo
 

@@ -1,0 +1,343 @@
+"""The measuring loop: every variant loaded, prefilled and decoded in interleaved rounds.
+
+Round r times every variant before round r+1 starts, so a transient slowdown of the machine hits
+all variants alike; each number is later the median of the measured rounds (after `warmup`).
+Phase 1 times loads one model at a time; phase 2 keeps every variant resident and times a
+prefill and a generate() per round. Ctrl-C stops the loop: what was measured so far is kept and
+the result says it was interrupted.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SettingError
+from ..loaders import input_device
+
+__all__ = ["Measurement", "Variant", "Workload", "measure", "workload_for"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one benchmark run does: `batch` prompts of `prompt_tokens`, `new_tokens` generated."""
+
+    prompt_tokens: int
+    new_tokens: int
+    batch: int = 1
+    repeats: int = 3
+    warmup: int = 1
+    threads: int | None = None
+    """torch CPU threads during the run; None: torch's default (one per usable core)."""
+
+
+def workload_for(
+    *,
+    quick: bool,
+    prompt_tokens: int | None = None,
+    new_tokens: int | None = None,
+    batch: int | None = None,
+    repeats: int | None = None,
+    threads: int | None = None,
+) -> Workload:
+    """The run's workload: the mode's defaults, then what the caller set (each checked)."""
+    base = (
+        # A smoke test: on small VMs, OpenMP threads spinning between a tiny model's many short ops
+        # made 2-thread decode up to 50x slower and erratic (measured on a 2-vCPU KVM guest).
+        Workload(prompt_tokens=64, new_tokens=16, repeats=1, threads=1)
+        if quick
+        else Workload(prompt_tokens=256, new_tokens=64)
+    )
+    chosen = {
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        "batch": batch,
+        "repeats": repeats,
+        "threads": threads,
+    }
+    for name, value in chosen.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise SettingError(f"cudaload bench: {name}={value!r}; pass a whole number of at least 1.")
+    return Workload(**{**base.__dict__, **{k: v for k, v in chosen.items() if v is not None}})
+
+
+@dataclass
+class Variant:
+    """One way of loading the checkpoint, and what was measured of it."""
+
+    dtype: str
+    attn_implementation: str
+    kwargs: dict[str, Any]
+    is_plan: bool = False
+    is_bare: bool = False
+    """`from_pretrained(path)` with no arguments: what a user gets without cudaload."""
+    applied: str | None = None
+    """dtype/attention read back from the loaded model (how the bare variant is told apart)."""
+    error: str | None = None
+    model: Any = None
+    load_s: list[float] = field(default_factory=list)
+    prefill_s: list[float] = field(default_factory=list)
+    decode_tps: list[float] = field(default_factory=list)
+    generate_s: list[float] = field(default_factory=list)
+    weights_bytes: int | None = None
+    peak_bytes: int | None = None
+    """The most memory one prefill + generate() round needed, weights included (see `measure`)."""
+    finite_logits: bool | None = None
+
+    @property
+    def name(self) -> str:
+        return "bare from_pretrained(path)" if self.is_bare else f"{self.dtype}/{self.attn_implementation}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    parameters: int
+    device: str
+    interrupted: bool
+    peak_memory: str
+    """How `Variant.peak_bytes` was measured on this device."""
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+class _StepClock:
+    """A logits processor that only notes when each generated token's logits were ready.
+
+    `generate` calls it once per new token: the first call follows the prefill, the later ones
+    each follow one decode step, so (N-1) steps / (last - first stamp) is the pure decode rate.
+    """
+
+    def __init__(self, sync: Callable[[], None]) -> None:
+        self.sync = sync
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.sync()
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+class _Memory:
+    """Peak memory of one round. CUDA: max_memory_allocated above what was allocated before the
+    round (the other resident variants), plus this variant's weights. CPU: the growth of the
+    process's peak RSS (VmHWM, reset through /proc/self/clear_refs) over the RSS before the round,
+    plus the weights; memory the allocator kept from earlier rounds and reuses is not growth, so
+    on CPU this is a lower bound."""
+
+    def __init__(self, torch: Any, on_cuda: bool) -> None:
+        self.torch, self.on_cuda = torch, on_cuda
+        self.method = (
+            "weights + torch.cuda.max_memory_allocated() growth during prefill + generate()"
+            if on_cuda
+            else "weights + growth of the process's peak RSS (VmHWM) during prefill + generate() (a lower bound)"
+        )
+        self.available = on_cuda or self._cpu_reset()
+
+    @staticmethod
+    def _status(key: str) -> int | None:
+        try:
+            for line in Path("/proc/self/status").read_text().splitlines():
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    @staticmethod
+    def _cpu_reset() -> bool:
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+        except OSError:
+            return False
+        return True
+
+    @contextmanager
+    def watch(self, variant: Variant) -> Iterator[None]:
+        if not self.available:
+            yield
+            return
+        if self.on_cuda:
+            self.torch.cuda.synchronize()
+            self.torch.cuda.reset_peak_memory_stats()
+            before = int(self.torch.cuda.memory_allocated())
+        else:
+            self._cpu_reset()
+            before = self._status("VmRSS") or 0
+        yield
+        if self.on_cuda:
+            grown = int(self.torch.cuda.max_memory_allocated()) - before
+        else:
+            grown = (self._status("VmHWM") or before) - before
+        peak = (variant.weights_bytes or 0) + max(grown, 0)
+        variant.peak_bytes = max(variant.peak_bytes or 0, peak)
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True, leave=False)
+
+
+def measure(
+    path: Path,
+    variants: list[Variant],
+    work: Workload,
+    vocab_size: int,
+    *,
+    on_cuda: bool,
+    progress: bool = False,
+    say: Callable[[str], None] = lambda line: None,
+) -> Measurement:
+    """Fill each variant's measurements in place (see the module docstring). `on_cuda`: the
+    variants run on a CUDA GPU (synchronise before reading clocks, measure CUDA memory)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    memory = _Memory(torch, on_cuda)
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    def release() -> None:
+        gc.collect()
+        if on_cuda:
+            torch.cuda.empty_cache()
+
+    def load(v: Variant) -> tuple[Any, float]:
+        sync()
+        start = time.perf_counter()
+        # local_files_only: the checkpoint is a local folder; nothing may be fetched mid-benchmark.
+        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **v.kwargs)
+        sync()
+        return model, time.perf_counter() - start
+
+    rounds = work.warmup + work.repeats
+    parameters = 0
+    interrupted = False
+    bar = _progress(2 * rounds * len(variants), progress)
+    progress_bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    previous_threads = torch.get_num_threads()
+    if work.threads is not None:
+        torch.set_num_threads(work.threads)
+    try:
+        # Phase 1: load times, interleaved; each model is dropped before the next load.
+        for r in range(rounds):
+            say(f"load round {r + 1}/{rounds}")
+            for v in variants:
+                bar.set_description(f"load {r + 1}/{rounds} {v.name}")
+                bar.update(1)
+                if v.error is not None:
+                    continue
+                try:
+                    model, seconds = load(v)
+                except Exception as exc:  # an unusable option is a result, not a crash
+                    v.error = f"load: {_describe(exc)}"
+                    release()
+                    continue
+                if r >= work.warmup:
+                    v.load_s.append(seconds)
+                if v.weights_bytes is None:
+                    v.weights_bytes = int(model.get_memory_footprint())
+                    v.applied = f"{str(model.dtype).removeprefix('torch.')}/{model.config._attn_implementation}"
+                parameters = parameters or sum(int(p.numel()) for p in model.parameters())
+                del model
+                release()
+
+        # Phase 2: prefill and decode, interleaved over all loaded variants.
+        for v in variants:
+            if v.error is None:
+                try:
+                    v.model, _ = load(v)
+                except Exception as exc:  # e.g. out of memory with every variant resident
+                    v.error = f"load: {_describe(exc)}"
+                    release()
+        generator = torch.Generator().manual_seed(0)
+        prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
+        for r in range(rounds):
+            say(f"prefill/decode round {r + 1}/{rounds}")
+            for v in variants:
+                bar.set_description(f"run {r + 1}/{rounds} {v.name}")
+                bar.update(1)
+                if v.error is not None or v.model is None:
+                    continue
+                try:
+                    with memory.watch(v) if r >= work.warmup else nullcontext():
+                        finite, prefill_s, decode_tps, generate_s = _run(v.model, prompt, work.new_tokens, sync, torch)
+                except Exception as exc:
+                    v.error = f"run: {_describe(exc)}"
+                    v.model = None
+                    release()
+                    continue
+                v.finite_logits = finite if v.finite_logits is None else (v.finite_logits and finite)
+                if r >= work.warmup:
+                    v.prefill_s.append(prefill_s)
+                    v.decode_tps.append(decode_tps)
+                    v.generate_s.append(generate_s)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+        torch.set_num_threads(previous_threads)
+        if progress_bars_were_on:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+        for v in variants:
+            v.model = None
+        release()
+    return Measurement(
+        parameters=parameters,
+        device="cuda" if on_cuda else "cpu",
+        interrupted=interrupted,
+        peak_memory=memory.method if memory.available else "not measured (no /proc/self/clear_refs)",
+    )
+
+
+def _run(
+    model: Any, prompt: Any, new_tokens: int, sync: Callable[[], None], torch: Any
+) -> tuple[bool, float, float, float]:
+    """(finite logits, prefill seconds, decode tokens/s over the batch, generate seconds) for one round."""
+    ids = prompt.to(input_device(model))
+    mask = torch.ones_like(ids)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    with torch.inference_mode():
+        sync()
+        start = time.perf_counter()
+        # logits_to_keep=1: the prefill as generate runs it (no lm_head over the whole prompt).
+        logits = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1).logits
+        sync()
+        prefill_s = time.perf_counter() - start
+        finite = bool(torch.isfinite(logits).all())
+        del logits
+        clock = _StepClock(sync)
+        sync()
+        start = time.perf_counter()
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            min_new_tokens=new_tokens,
+            max_new_tokens=new_tokens,
+            pad_token_id=pad,
+            logits_processor=[clock],
+        )
+        sync()
+        generate_s = time.perf_counter() - start
+    produced = int(out.shape[1] - ids.shape[1])
+    if produced != new_tokens or len(clock.stamps) != new_tokens:
+        raise RuntimeError(f"generate produced {produced} tokens ({len(clock.stamps)} steps), not {new_tokens}")
+    steps = new_tokens - 1
+    span = clock.stamps[-1] - clock.stamps[0]
+    batch = int(ids.shape[0])
+    decode_tps = batch * steps / span if steps > 0 and span > 0 else batch * new_tokens / generate_s
+    return finite, prefill_s, decode_tps, generate_s

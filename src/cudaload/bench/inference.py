@@ -1,0 +1,221 @@
+"""The inference benchmark: cudaload's plan against every alternative on this machine, in one run.
+
+The checkpoint (the built-in Qwen3 shape, or the user's model: see `models`) is loaded with the
+plan's `from_pretrained` kwargs, with every other dtype x attention implementation (each with the
+plan's device_map), and bare (`from_pretrained(path)`, what a user gets without cudaload). For each:
+load seconds, prefill seconds, decode tokens/s, the end-to-end reference workload (load + generate()
+of the prompt and the new tokens) and peak memory, measured in interleaved rounds (`harness`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..plans import jsonable
+from .environment import machine_facts, versions
+from .harness import Variant, measure, workload_for
+from .models import resolve_model
+from .results import VariantResult, baseline_of, rows_of, summarise
+
+__all__ = ["ATTENTION", "DTYPES", "SCHEMA", "run_bench"]
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""Every dtype tried, on CPU and CUDA alike."""
+ATTENTION = ("sdpa", "eager")
+"""Attention implementations tried besides the plan's chain (on CUDA the chain adds FlashAttention etc.)."""
+
+SCHEMA = 2
+
+
+def variants_for(plan: Any) -> list[Variant]:
+    """The plan's own variant first, then every other dtype x attention, each with the plan's
+    other kwargs (device_map, ...) unchanged, then a bare `from_pretrained(path)`."""
+    base = plan.from_pretrained_kwargs()
+    attention = list(dict.fromkeys([*plan.attention_chain, *ATTENTION]))
+    dtypes = list(dict.fromkeys([plan.dtype, *DTYPES]))
+    variants = [Variant(plan.dtype, plan.attn_implementation, base, is_plan=True)]
+    for dtype in dtypes:
+        for attn in attention:
+            if (dtype, attn) != (plan.dtype, plan.attn_implementation):
+                variants.append(Variant(dtype, attn, {**base, "dtype": dtype, "attn_implementation": attn}))
+    variants.append(Variant("checkpoint", "default", {}, is_bare=True))
+    return variants
+
+
+def run_bench(
+    model: str | os.PathLike[str] | None = None,
+    *,
+    quick: bool = False,
+    prompt_tokens: int | None = None,
+    new_tokens: int | None = None,
+    batch: int | None = None,
+    repeats: int | None = None,
+    threads: int | None = None,
+    random_weights: bool = False,
+    model_dir: str | os.PathLike[str] | None = None,
+    save: bool = False,
+    overhead: bool | None = None,
+    out: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Measure the plan and every alternative on this machine; return (and write to `out`) the result.
+
+    - `model`: a local folder or a Hub id; its weights when they are on this machine, else (or
+      with `random_weights`) random weights built from its config. Default: the built-in shape.
+    - `quick`: the tiny built-in model (when `model` is None), a short prompt, one measured round.
+    - `prompt_tokens`, `new_tokens`, `batch`, `repeats` (measured rounds after one warm-up; each
+      number is their median), `threads` (torch CPU threads, restored afterwards): the workload.
+    - `model_dir`: where a built model is saved and reused (default: a temporary folder).
+    - `save`: store the measured grid as a tuning record; later plans of this model shape on this
+      machine (same CPU/GPUs, torch, threads) pick the measured winner.
+    - `overhead`: also measure what cudaload itself costs, in fresh processes (`overhead`
+      module); default: in full mode, not in quick mode.
+    - `progress`: a progress bar on stderr; `log`: called with a line per phase.
+
+    The plan is made as `load()` makes it (measured on this machine, for this run's prompt and
+    new-token counts), so the table compares what a user of cudaload gets. Ctrl-C stops the run and
+    returns what was measured (`interrupted` is then True).
+    """
+    import torch
+
+    from ..capability import detect
+    from ..planner import plan as make_plan
+
+    work = workload_for(
+        quick=quick, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch, repeats=repeats, threads=threads
+    )
+    started = time.perf_counter()
+
+    def say(line: str) -> None:
+        if log is not None:
+            log(f"{time.perf_counter() - started:6.1f}s  {line}")
+
+    machine = detect()
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    default_threads = torch.get_num_threads()
+    with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:
+        workdir = Path(model_dir) if model_dir is not None else Path(tmp)
+        say("preparing the model")
+        bench_model = resolve_model(model, workdir, quick=quick, random_weights=random_weights)
+        say(f"model: {bench_model.name} ({bench_model.architecture}) in {bench_model.path}")
+        the_plan = make_plan(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens))
+        variants = variants_for(the_plan)
+        on_cuda = bool(machine.gpus) and torch.cuda.is_available()
+        measured = measure(
+            bench_model.path,
+            variants,
+            work,
+            bench_model.vocab_size,
+            on_cuda=on_cuda,
+            progress=progress,
+            say=say,
+        )
+        shape_key = _shape_key(bench_model.path) if save and not measured.interrupted else ""
+        costs = None
+        if (not quick if overhead is None else overhead) and not measured.interrupted:
+            from .overhead import run_overhead
+
+            try:
+                costs = run_overhead(bench_model.path, repeats=max(work.repeats, 3), say=say)
+            except KeyboardInterrupt:
+                costs = None
+
+    baseline = baseline_of(variants, the_plan.attention_chain, the_plan.dtype)
+    rows = rows_of(variants, baseline, work.prompt_tokens, work.batch)
+    best, summary = summarise(rows)
+    threads_used = work.threads or default_threads
+    result: dict[str, Any] = {
+        "benchmark": "cudaload.bench",
+        "schema": SCHEMA,
+        "mode": "quick" if quick else "full",
+        "date": date,
+        "interrupted": measured.interrupted,
+        "machine": machine_facts(machine),
+        "versions": versions(),
+        "model": {**bench_model.to_dict(), "parameters": measured.parameters},
+        "workload": {
+            "prompt_tokens": work.prompt_tokens,
+            "new_tokens": work.new_tokens,
+            "batch": work.batch,
+            "threads": threads_used,
+            "warmup_rounds": work.warmup,
+            "measured_rounds": work.repeats,
+            "statistic": "median",
+            "device": measured.device,
+            "prefill": "model(input_ids, use_cache=True, logits_to_keep=1)",
+            "decode": "generate(do_sample=False, min_new_tokens=N, max_new_tokens=N): batch x (N-1) decode steps / "
+            "time from the first to the last token's logits",
+            "end_to_end": "load + generate() of the prompt and N new tokens (median load + median generate)",
+            "peak_memory": measured.peak_memory,
+        },
+        "plan": {
+            "kwargs": jsonable(dict(the_plan.kwargs)),
+            "attention_chain": list(the_plan.attention_chain),
+            "variant": next(r.name for r in rows if r.is_plan),
+            "decisions": [d.to_dict() for d in the_plan.decisions],
+            "warnings": list(the_plan.warnings),
+            "timings": dict(the_plan.timings),
+        },
+        "baseline": baseline.name if baseline else None,
+        "ratios": "plan_speedup = variant time / baseline time (decode: baseline tok/s / variant tok/s), "
+        "of the medians; plan_speedup_paired = the median of that ratio taken in each round; "
+        ">1: the plan is faster, <1: the variant beats the plan",
+        "variants": [r.to_dict() for r in rows],
+        "best": best,
+        "summary": summary,
+        "overhead": costs,
+    }
+    if shape_key:
+        saved = _save_record(shape_key, machine, result, rows, threads_used)
+        result["tuning_record"] = str(saved) if saved else None
+    result["wall_s"] = round(time.perf_counter() - started, 2)
+    if out is not None:
+        result["written_to"] = str(write_result(result, out))
+    return result
+
+
+def write_result(result: dict[str, Any], out: str | os.PathLike[str]) -> Path:
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({k: v for k, v in result.items() if k != "written_to"}, indent=2) + "\n")
+    return target
+
+
+def _shape_key(path: Path) -> str:
+    from ..model_facts import read_model_facts
+
+    return read_model_facts(str(path)).shape_key
+
+
+def _save_record(
+    model_key: str, machine: Any, result: dict[str, Any], rows: list[VariantResult], threads: int
+) -> Path | None:
+    """Store the measured grid (every variant that ran, bare excluded) as a tuning record."""
+    from ..capability.facts import TunedVariant, TuningRecord
+    from ..capability.tuning import write_tuning_record
+
+    work = result["workload"]
+    if work["batch"] != 1:
+        return None  # tuning records describe single-sequence workloads
+    record = TuningRecord(
+        model_key=model_key,
+        prompt_tokens=work["prompt_tokens"],
+        new_tokens=work["new_tokens"],
+        variants=tuple(
+            TunedVariant(r.dtype, r.attn_implementation, r.load_s, r.prefill_s, r.decode_tokens_per_s)  # type: ignore[arg-type]
+            for r in rows
+            if r.ok and not r.is_bare
+        ),
+        fingerprint=tuple(sorted(replace(machine, threads=threads).fingerprint().items())),
+        measured_at=result["date"][:10],
+    )
+    return write_tuning_record(record)

@@ -1,0 +1,154 @@
+"""Which checkpoint a benchmark runs: the built-in shapes, or the user's model.
+
+A benchmark needs a local folder with config and weights. The user's model is used as it is when
+its weights are on this machine (a folder, or a Hub id already in the Hugging Face cache); with
+`random_weights=True`, or when only its config is available, a model of the same architecture and
+size is built from the config with seeded random weights (speed and memory depend on the shape,
+not on the values). Nothing here sets process-wide state: the Hub is only asked for a config when
+the weights are not cached and the caller's environment allows it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelConfigError, SettingError
+
+__all__ = ["BUILT_IN", "BenchModel", "Shape", "resolve_model"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A Qwen3 causal LM's shape (the built-in benchmark models)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+
+BUILT_IN = {
+    # ~160M parameters: big enough that dtype and attention matter, small enough for 2 CPU cores.
+    "full": Shape(32000, 1024, 3072, 6, 16, 8, 128),
+    # A smoke test: seconds.
+    "quick": Shape(8192, 256, 768, 2, 4, 2, 64),
+}
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    path: Path
+    """A local folder with config.json and weights."""
+    name: str
+    """What was asked for ("built-in full", a folder, a Hub id)."""
+    random_weights: bool
+    architecture: str
+    vocab_size: int
+    checkpoint_dtype: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "path": str(self.path)}
+
+
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _has_weights(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in _WEIGHT_FILES)
+
+
+def _cached_snapshot(repo: str) -> Path | None:
+    """The local snapshot folder of a Hub repository whose weights are already cached."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    try:
+        folder = Path(snapshot_download(repo, local_files_only=True))
+    except (LocalEntryNotFoundError, HFValidationError, OSError):
+        return None
+    return folder if _has_weights(folder) else None
+
+
+def _describe(folder: Path, name: str, random_weights: bool) -> BenchModel:
+    from ..model_facts import read_model_facts
+
+    facts = read_model_facts(str(folder))
+    return BenchModel(
+        path=folder,
+        name=name,
+        random_weights=random_weights,
+        architecture=facts.model_class,
+        vocab_size=int(facts.vocab_size or 0),
+        checkpoint_dtype=facts.checkpoint_dtype,
+    )
+
+
+def _build_from_config(source: str, target: Path) -> None:
+    """Save a seeded random-weight causal LM with `source`'s config into `target` (once)."""
+    if (target / "config.json").is_file() and _has_weights(target):
+        return
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(
+            f"cudaload bench {source!r}: its weights are not on this machine and its config could not be read "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Pass a local folder, a Hub id "
+            "whose config is cached or reachable, or no model for the built-in one."
+        ) from exc
+    dtype = str(getattr(config, "dtype", None) or "bfloat16").removeprefix("torch.")
+    if dtype not in ("float32", "float16", "bfloat16"):
+        dtype = "bfloat16"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise ModelConfigError(
+            f"cudaload bench {source!r}: {config.model_type!r} is not a causal LM transformers can build "
+            f"({exc}). The benchmark times generate(): pass a decoder model."
+        ) from exc
+    model.save_pretrained(target)
+
+
+def resolve_model(
+    model: str | os.PathLike[str] | None, workdir: Path, *, quick: bool, random_weights: bool
+) -> BenchModel:
+    """The checkpoint to benchmark, built in `workdir` when it has to be (and reused from there)."""
+    if model is None:
+        mode = "quick" if quick else "full"
+        target = workdir / f"qwen3-{mode}"
+        if not (target / "config.json").is_file():
+            from ..demo import save_random_qwen3
+
+            save_random_qwen3(
+                target, dtype="bfloat16", bos_token_id=None, eos_token_id=1, pad_token_id=0, **asdict(BUILT_IN[mode])
+            )
+        return _describe(target, f"built-in {mode} (Qwen3 shape)", random_weights=True)
+    name = str(model)
+    if not name.strip():
+        raise SettingError("cudaload bench was given an empty model name: pass a local folder or a Hub id.")
+    folder = Path(name)
+    local = folder.is_dir()
+    if local and not (folder / "config.json").is_file():
+        raise ModelConfigError(f"cudaload bench {name!r}: that folder has no config.json. Pass a model's folder.")
+    if not random_weights:
+        ready = folder if local and _has_weights(folder) else None if local else _cached_snapshot(name)
+        if ready is not None:
+            return _describe(ready, name, random_weights=False)
+    target = workdir / ("random-" + "".join(c if c.isalnum() else "-" for c in name.strip("/"))[-80:])
+    _build_from_config(str(folder) if local else name, target)
+    return _describe(target, name, random_weights=True)

@@ -1,0 +1,222 @@
+"""What cudaload itself costs, measured in fresh processes (what a user's script pays).
+
+Each number is the median over `repeats` new interpreters, interleaved (one of each kind per
+round), each timing one call with `time.perf_counter()` inside the child:
+
+- `import cudaload`;
+- `detect()` (after the import);
+- `plan(model)` with an empty measurement cache (the first plan on a machine: dtype probe and the
+  model's facts) and with a warm one (every later plan);
+- `load(model)` against bare `from_pretrained(model, **plan.from_pretrained_kwargs())` on the same
+  checkpoint, torch and transformers imported beforehand in both (so the ratio is cudaload's work,
+  not import order); `load()` with and without its verification forward, which is also shown alone;
+- the floor: reading the checkpoint's weight files from the page cache (a second read of them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GOALS", "format_overhead", "run_overhead"]
+
+GOALS = {
+    "import_s": ("<", 0.050),
+    "plan_cached_s": ("<", 0.100),
+    "load_over_bare": ("<=", 1.05),
+}
+"""Issue 12's targets: import under 50 ms, a cached plan under 100 ms, load() (verification not
+counted) at most 5% over bare from_pretrained with the same kwargs."""
+
+_PRELUDE = "import time, json, sys\n"
+
+_CHILDREN = {
+    "import": """
+t = time.perf_counter()
+import cudaload
+out = {"s": time.perf_counter() - t, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}
+""",
+    "detect": """
+import cudaload
+t = time.perf_counter()
+cudaload.detect()
+out = {"s": time.perf_counter() - t, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}
+""",
+    "plan": """
+import cudaload
+t = time.perf_counter()
+p = cudaload.plan(MODEL)
+out = {"s": time.perf_counter() - t, "heavy": [m for m in ("torch", "transformers") if m in sys.modules],
+       "timings": dict(p.timings)}
+""",
+    "load": """
+import torch, transformers, cudaload
+from transformers import AutoModelForCausalLM
+t = time.perf_counter()
+m = cudaload.load(MODEL, verify=VERIFY)
+out = {"s": time.perf_counter() - t, "timings": dict(m.cudaload_plan.timings)}
+""",
+    "bare": """
+import torch, transformers, cudaload
+from transformers import AutoModelForCausalLM
+t = time.perf_counter()
+m = AutoModelForCausalLM.from_pretrained(MODEL, **KWARGS)
+out = {"s": time.perf_counter() - t}
+""",
+}
+
+
+def _child(kind: str, model: str, cache: Path, *, kwargs: dict[str, Any] | None = None, verify: bool = True) -> Any:
+    code = (
+        _PRELUDE
+        + f"MODEL = {model!r}\nKWARGS = json.loads({json.dumps(kwargs or {})!r})\nVERIFY = {verify!r}\n"
+        + _CHILDREN[kind]
+        + "print('CUDALOAD-OVERHEAD ' + json.dumps(out))\n"
+    )
+    env = {
+        **os.environ,
+        "CUDALOAD_CACHE": str(cache),
+        "HF_HUB_OFFLINE": "1",  # the child's environment only: the checkpoint is local
+        "TQDM_DISABLE": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    for line in done.stdout.splitlines():
+        if line.startswith("CUDALOAD-OVERHEAD "):
+            return json.loads(line.removeprefix("CUDALOAD-OVERHEAD "))
+    tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+    raise RuntimeError(f"overhead child {kind!r} failed (exit {done.returncode}):\n{tail}")
+
+
+def _page_cache_read_s(folder: Path) -> tuple[float, int]:
+    """Seconds to read the checkpoint's weight files once they are in the page cache, and bytes."""
+    files = sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")])
+
+    def read_all() -> int:
+        total = 0
+        for path in files:
+            with open(path, "rb", buffering=0) as handle:
+                while chunk := handle.read(1 << 24):
+                    total += len(chunk)
+        return total
+
+    read_all()  # into the page cache
+    start = time.perf_counter()
+    size = read_all()
+    return time.perf_counter() - start, size
+
+
+def _stats(values: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": [round(v, 4) for v in values],
+    }
+
+
+def run_overhead(
+    model: str | os.PathLike[str], *, repeats: int = 5, say: Callable[[str], None] = lambda line: None
+) -> dict[str, Any]:
+    """Measure cudaload's overhead on `model` (a local folder with weights); see the module docstring."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, not {repeats}")
+    folder = str(Path(model))
+    samples: dict[str, list[float]] = {
+        k: [] for k in ("import_s", "detect_s", "plan_first_s", "plan_cached_s", "load_s", "load_no_verify_s")
+    }
+    samples |= {"verify_s": [], "bare_s": [], "probe_s": []}
+    heavy: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="cudaload-overhead-") as tmp:
+        warm = Path(tmp) / "warm"
+        from ..planner import plan
+
+        kwargs = plan(folder).from_pretrained_kwargs()  # what bare from_pretrained is given
+        _child("plan", folder, warm)  # fills the warm cache (probe + model facts)
+        for r in range(repeats):
+            say(f"overhead round {r + 1}/{repeats}")
+            for kind in ("import", "detect"):
+                out = _child(kind, folder, warm)
+                samples[f"{kind}_s"].append(out["s"])
+                heavy[kind] = out["heavy"]
+            first = _child("plan", folder, Path(tmp) / f"cold-{r}")
+            samples["plan_first_s"].append(first["s"])
+            samples["probe_s"].append(first["timings"].get("probe", 0.0))
+            cached = _child("plan", folder, warm)
+            samples["plan_cached_s"].append(cached["s"])
+            heavy["plan_cached"] = cached["heavy"]
+            if "probe" in cached["timings"]:  # the cache was not used: say so rather than report it as cached
+                raise RuntimeError(f"the 'cached' plan() measured the CPU again: {cached['timings']}")
+            samples["bare_s"].append(_child("bare", folder, warm, kwargs=kwargs)["s"])
+            loaded = _child("load", folder, warm)
+            samples["load_s"].append(loaded["s"])
+            samples["verify_s"].append(loaded["timings"].get("verify", 0.0))
+            samples["load_no_verify_s"].append(_child("load", folder, warm, verify=False)["s"])
+    floor_s, size = _page_cache_read_s(Path(folder))
+    stats = {k: _stats(v) for k, v in samples.items()}
+    med = {k: v["median"] for k, v in stats.items()}
+    ratios = {
+        "load_over_bare": round(med["load_no_verify_s"] / med["bare_s"], 4),
+        "load_with_verify_over_bare": round(med["load_s"] / med["bare_s"], 4),
+        "bare_over_floor": round(med["bare_s"] / floor_s, 2) if floor_s > 0 else None,
+    }
+    values = {**med, **ratios}
+    goals = {
+        name: {
+            "goal": f"{op} {limit}",
+            "value": values[name],
+            "met": values[name] < limit if op == "<" else values[name] <= limit,
+        }
+        for name, (op, limit) in GOALS.items()
+    }
+    return {
+        "model": folder,
+        "repeats": repeats,
+        "statistic": "median over fresh processes, interleaved",
+        "seconds": stats,
+        "ratios": ratios,
+        "floor": {"page_cache_read_s": round(floor_s, 4), "bytes": size},
+        "goals": goals,
+        "heavy_imports": heavy,
+        "bare_kwargs": kwargs,
+    }
+
+
+def format_overhead(overhead: dict[str, Any]) -> str:
+    s, r = overhead["seconds"], overhead["ratios"]
+
+    def ms(key: str) -> str:
+        v = s[key]
+        return f"{v['median'] * 1000:8.1f} ms  (min {v['min'] * 1000:.1f}, max {v['max'] * 1000:.1f})"
+
+    def imports(kind: str) -> str:
+        return "imports " + (", ".join(overhead["heavy_imports"].get(kind) or []) or "no torch/transformers")
+
+    probe_ms = s["probe_s"]["median"] * 1000
+    lines = [
+        f"what cudaload costs (median of {overhead['repeats']} fresh processes each):",
+        f"  import cudaload            {ms('import_s')}  {imports('import')}",
+        f"  detect()                   {ms('detect_s')}  {imports('detect')}",
+        f"  plan(), first on a machine {ms('plan_first_s')}  (dtype probe {probe_ms:.0f} ms of it)",
+        f"  plan(), cached             {ms('plan_cached_s')}  {imports('plan_cached')}",
+        f"  bare from_pretrained(**kwargs) {ms('bare_s')}",
+        f"  load(verify=False)         {ms('load_no_verify_s')}  = {r['load_over_bare']:.2f}x bare",
+        f"  load()                     {ms('load_s')}  = {r['load_with_verify_over_bare']:.2f}x bare; "
+        f"verification forward {s['verify_s']['median'] * 1000:.0f} ms of it",
+        f"  floor: reading the weights from page cache {overhead['floor']['page_cache_read_s'] * 1000:.1f} ms "
+        f"({overhead['floor']['bytes'] / 2**20:.0f} MiB); bare load = {r['bare_over_floor']}x that",
+        "  goals: "
+        + ", ".join(
+            f"{k} {g['goal']}: {'met' if g['met'] else 'NOT met'} ({g['value']:.3g})"
+            for k, g in overhead["goals"].items()
+        ),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,170 @@
+"""Typed results of the inference benchmark: one row per variant, the ratios, the summary.
+
+Ratios read "plan speed-up": variant time / plan time (decode: plan tok/s / variant tok/s), so
+>1 means the plan is faster and <1 means that variant beats the plan. The summary turns it
+around per metric: the plan's time over the best variant's and over bare `from_pretrained`'s
+(1.00 = as fast; above 1 the plan is slower by that factor). Memory ratios are peak bytes over
+peak bytes. All are ratios of medians; the "paired" ratios are the median of the per-round
+ratios (variant and plan ran seconds apart in each round): steadier when the machine drifts.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..plans import jsonable
+from .harness import Variant
+
+__all__ = ["METRICS", "VariantResult", "baseline_of", "rows_of", "summarise"]
+
+METRICS = ("load", "prefill", "decode", "end_to_end", "memory")
+"""What the summary compares; decode is a rate (higher is better), the rest lower is better."""
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _spread(values: list[float]) -> float | None:
+    """max/min over the measured rounds: how far apart repeated runs of the same thing were."""
+    return round(max(values) / min(values), 3) if values and min(values) > 0 else None
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return round(numerator / denominator, 4)
+
+
+def _paired(numerators: list[float], denominators: list[float]) -> float | None:
+    """Median of the per-round ratios; None unless both ran every measured round."""
+    if not numerators or len(numerators) != len(denominators) or min(denominators) <= 0:
+        return None
+    return round(statistics.median([n / d for n, d in zip(numerators, denominators, strict=True)]), 4)
+
+
+def _end_to_end(v: Variant) -> float | None:
+    """The reference workload: one load, then generate() of the prompt (prefill + decode)."""
+    load_s, generate_s = _median(v.load_s), _median(v.generate_s)
+    return load_s + generate_s if load_s is not None and generate_s is not None else None
+
+
+@dataclass(frozen=True)
+class VariantResult:
+    """One variant's numbers (medians of the measured rounds) and its ratios to the plan."""
+
+    name: str
+    dtype: str
+    attn_implementation: str
+    is_plan: bool
+    is_bare: bool
+    is_baseline: bool
+    applied: str | None
+    ok: bool
+    error: str | None
+    load_s: float | None
+    prefill_s: float | None
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    generate_s: float | None
+    end_to_end_s: float | None
+    weights_bytes: int | None
+    peak_memory_bytes: int | None
+    finite_logits: bool | None
+    runs: dict[str, list[float]]
+    spread: dict[str, float | None]
+    plan_speedup: dict[str, float | None]
+    plan_speedup_paired: dict[str, float | None]
+    kwargs: dict[str, Any]
+
+    def seconds(self, metric: str) -> float | None:
+        """`metric` as a cost comparable across rows, lower is better (decode: seconds per token,
+        memory: peak bytes)."""
+        if metric == "decode":
+            return 1 / self.decode_tokens_per_s if self.decode_tokens_per_s else None
+        if metric == "memory":
+            return float(self.peak_memory_bytes) if self.peak_memory_bytes else None
+        value = {"load": self.load_s, "prefill": self.prefill_s, "end_to_end": self.end_to_end_s}[metric]
+        return float(value) if value is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def baseline_of(variants: list[Variant], attention_chain: tuple[str, ...], dtype: str) -> Variant | None:
+    """The plan's variant; if it failed, what load() would fall back to (the next link of the
+    chain that worked, with the plan's dtype)."""
+    by_name = {v.name: v for v in variants}
+    for attn in attention_chain:
+        candidate = by_name.get(f"{dtype}/{attn}")
+        if candidate is not None and candidate.error is None and candidate.load_s and candidate.prefill_s:
+            return candidate
+    return None
+
+
+def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: int, batch: int) -> list[VariantResult]:
+    base_e2e = _end_to_end(baseline) if baseline else None
+    rows = []
+    for v in variants:
+        load_s, prefill_s, decode_tps = _median(v.load_s), _median(v.prefill_s), _median(v.decode_tps)
+        ok = v.error is None and None not in (load_s, prefill_s, decode_tps)
+        paired = ok and baseline is not None
+        rows.append(
+            VariantResult(
+                name=v.name,
+                dtype=v.dtype,
+                attn_implementation=v.attn_implementation,
+                is_plan=v.is_plan,
+                is_bare=v.is_bare,
+                is_baseline=v is baseline,
+                applied=v.applied,
+                ok=ok,
+                error=v.error,
+                load_s=load_s,
+                prefill_s=prefill_s,
+                prefill_tokens_per_s=batch * prompt_tokens / prefill_s if prefill_s else None,
+                decode_tokens_per_s=decode_tps,
+                generate_s=_median(v.generate_s),
+                end_to_end_s=_end_to_end(v),
+                weights_bytes=v.weights_bytes,
+                peak_memory_bytes=v.peak_bytes,
+                finite_logits=v.finite_logits,
+                runs={"load_s": v.load_s, "prefill_s": v.prefill_s, "decode_tps": v.decode_tps},
+                spread={"load": _spread(v.load_s), "prefill": _spread(v.prefill_s), "decode": _spread(v.decode_tps)},
+                plan_speedup={
+                    "load": _ratio(load_s, _median(baseline.load_s)) if ok and baseline else None,
+                    "prefill": _ratio(prefill_s, _median(baseline.prefill_s)) if ok and baseline else None,
+                    "decode": _ratio(_median(baseline.decode_tps), decode_tps) if ok and baseline else None,
+                    "end_to_end": _ratio(_end_to_end(v), base_e2e) if ok else None,
+                },
+                plan_speedup_paired={
+                    "load": _paired(v.load_s, baseline.load_s) if paired and baseline else None,
+                    "prefill": _paired(v.prefill_s, baseline.prefill_s) if paired and baseline else None,
+                    "decode": _paired(baseline.decode_tps, v.decode_tps) if paired and baseline else None,
+                },
+                kwargs=jsonable(v.kwargs),
+            )
+        )
+    return rows
+
+
+def summarise(rows: list[VariantResult]) -> tuple[dict[str, str | None], dict[str, Any]]:
+    """(the best variant per metric, the plan's ratio to it and to bare from_pretrained)."""
+    done = [r for r in rows if r.ok]
+    best: dict[str, str | None] = {}
+    summary: dict[str, Any] = {}
+    plan = next((r for r in rows if r.is_plan), None)
+    bare = next((r for r in rows if r.is_bare and r.ok), None)
+    for metric in METRICS:
+        measured = [r for r in done if r.seconds(metric) is not None]
+        top = min(measured, key=lambda r: r.seconds(metric) or 0.0) if measured else None
+        best[metric] = top.name if top else None
+        mine = plan.seconds(metric) if plan is not None and plan.ok else None
+        summary[metric] = {
+            "best": best[metric],
+            "plan_over_best": _ratio(mine, top.seconds(metric)) if top else None,
+            "plan_over_bare": _ratio(mine, bare.seconds(metric)) if bare else None,
+        }
+    return best, summary
