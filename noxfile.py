@@ -49,15 +49,26 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "-d", "site")
 
 
-@nox.session
+RESULTS = "benchmarks/results"
+OFFLINE = {"HF_HUB_OFFLINE": "1"}
+
+
+@nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """The GPU-marked tests; run on a machine with a CUDA GPU."""
-    _install(session)
-    session.run("pytest", "-m", "gpu", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    """On one NVIDIA GPU, in the environment the README's command installed, with no network:
+    the GPU-marked tests, then the full bench (inference, then fine-tuning) filed under
+    benchmarks/results/cuda-<gpu>/ (JSON + PNG). Under 8 minutes on an H100-class GPU."""
+    session.run("python", "-c", "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU')")
+    session.run("python", "-m", "pytest", "-m", "gpu", *session.posargs, env=OFFLINE)
+    session.run("cudaload", "bench", "--results", RESULTS, env=OFFLINE)
+    session.run("cudaload", "bench", "--finetune", "--results", RESULTS, env=OFFLINE)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Side-by-side benchmarks; results go to benchmarks/results/."""
+    """This machine's full bench (inference with the overhead section, then fine-tuning), filed under
+    benchmarks/results/<machine>/<date>[-finetune].json with a PNG chart. Pass `-- --quick` for a smoke run."""
     _install(session)
-    session.run("python", "benchmarks/cpu_dtype.py", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    session.install("-c", "constraints/tested.txt", "-e", ".[bench]")
+    session.run("cudaload", "bench", "--results", RESULTS, *session.posargs, env=OFFLINE)
+    session.run("cudaload", "bench", "--finetune", "--results", RESULTS, *session.posargs, env=OFFLINE)

@@ -143,6 +143,8 @@ def _environment() -> dict[str, str]:
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TQDM_DISABLE": "1",
         "PYTHONHASHSEED": "0",
+        # `cudaload` and `python` in shell examples are this interpreter's, activated or not.
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
 
 
