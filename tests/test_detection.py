@@ -144,6 +144,37 @@ def test_no_driver_stops_probing_without_trying_torch() -> None:
     assert tried == []
 
 
+@pytest.mark.parametrize(
+    ("platform", "nodes", "absent"),
+    [
+        ("linux", set(), True),
+        ("linux", {"/dev/nvidiactl"}, False),  # a container with the NVIDIA toolkit
+        ("linux", {"/proc/driver/nvidia/version"}, False),
+        ("linux", {"/dev/dxg"}, False),  # WSL2
+        ("win32", set(), False),  # no such nodes off Linux: ask NVML
+    ],
+)
+def test_a_linux_machine_without_driver_nodes_skips_nvml(platform, nodes, absent) -> None:
+    from cudaload.capability.gpus import nvidia_driver_absent
+
+    assert nvidia_driver_absent(platform, nodes.__contains__) is absent
+
+
+def test_without_a_driver_detect_does_not_import_pynvml() -> None:
+    import os
+    import subprocess
+    import sys
+
+    from cudaload.capability.gpus import nvidia_driver_absent
+
+    if not nvidia_driver_absent():
+        pytest.skip("this machine has an NVIDIA driver")
+    code = "import sys, cudaload; m = cudaload.detect(); print(m.source, 'pynvml' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["none", "False"]
+
+
 def test_detect_uncached_builds_a_whole_machine() -> None:
     machine = detect_uncached({"CUDA_VISIBLE_DEVICES": "1"}, [lambda: FakeProbe(node(A100, T4))])
     assert machine.source == "nvml"

@@ -265,7 +265,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
             )
         why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
         return LoadFailedError(
-            f"Loading {plan.model} with attn_implementation={option!r} failed at {phase}: {cause}. "
+            f"Loading {plan.model} with attn_implementation={option!r} failed at {phase}: {cause.rstrip('.')}. "
             f"Not falling back ({why}).{' Tried:' + tried if tried else ''} "
             "Pass another attn_implementation, or leave it unset (and strict=False) to let cudaload fall back."
         )

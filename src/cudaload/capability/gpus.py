@@ -7,6 +7,7 @@ applied afterwards by the pure `visible.visible_gpus`.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -65,12 +66,26 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+DRIVER_NODES = ("/dev/nvidiactl", "/proc/driver/nvidia/version", "/dev/dxg")
+"""What a Linux machine with an NVIDIA driver has: the control device (also in containers run with
+the NVIDIA container toolkit), the kernel module's /proc entry, or WSL2's GPU paravirtualisation
+device (where libnvidia-ml comes from /usr/lib/wsl/lib)."""
+
+
+def nvidia_driver_absent(platform: str = sys.platform, exists: Callable[[str], bool] = os.path.exists) -> bool:
+    """On Linux, no NVIDIA driver node exists: NVML cannot start, so not even pynvml is imported
+    (importing it costs 40-60 ms, most of `detect()` on a machine without a GPU)."""
+    return platform.startswith("linux") and not any(exists(node) for node in DRIVER_NODES)
+
+
 class NvmlProbe:
     """Reads every physical GPU through NVML (nvidia-ml-py). Creates no CUDA context."""
 
     name = "nvml"
 
     def __init__(self) -> None:
+        if nvidia_driver_absent():
+            raise ProbeFailed(f"no NVIDIA driver (none of {', '.join(DRIVER_NODES)})", no_driver=True)
         try:
             import pynvml
         except ImportError as exc:  # nvidia-ml-py is a dependency, but may be broken
