@@ -26,56 +26,250 @@ __all__ = [
 
 
 class CudaloadError(Exception):
-    """Base class of every error cudaload raises."""
+    """Base class of every error cudaload raises.
+
+    Never raised itself: every error is one of the subclasses below, which say when. Catch it to
+    handle any cudaload refusal at once; each subclass also derives from the builtin a caller
+    would naturally catch (ValueError, ImportError or RuntimeError), so existing
+    `except ValueError:` code keeps working. The message says what was asked, what was found and
+    what to do.
+
+    Examples:
+        >>> import cudaload
+        >>> issubclass(cudaload.LoadFailedError, cudaload.CudaloadError)
+        True
+        >>> issubclass(cudaload.WorkloadError, cudaload.SettingError), issubclass(cudaload.SettingError, ValueError)
+        (True, True)
+        >>> issubclass(cudaload.MissingPackageError, ImportError), issubclass(cudaload.LoadFailedError, RuntimeError)
+        (True, True)
+    """
 
 
 class ModelConfigError(CudaloadError, ValueError):
-    """The model's config could not be read (missing path, offline hub id, bad config)."""
+    """The model's config could not be read (missing path, offline hub id, bad config).
+
+    Raised by `plan()`, `load()`, `load_for_finetune()`, `pipeline()` and `read_model_facts()`
+    when `model` is not a local path, Hub id, PretrainedConfig (or, for `plan()`, ModelFacts),
+    is empty, or names a folder or Hub id whose config.json cannot be read (e.g. not in the cache
+    with HF_HUB_OFFLINE=1), or whose model type no transformers Auto class maps; by
+    `plan(..., generate=True)` given ModelFacts (they carry no KV-cache layout); and by
+    `tokenizer_for()` when there is no tokenizer next to the model, or it has neither a pad nor an
+    EOS token. Check the path or Hub id (and the network or cache), or save the missing files.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.plan("")
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.ModelConfigError: plan() was given an empty model name: pass a local path or a Hub id.
+    """
 
 
 class RemoteCodeError(CudaloadError, ValueError):
-    """The model needs `trust_remote_code=True` and the user did not pass it."""
+    """The model needs `trust_remote_code=True` and the user did not pass it.
+
+    Raised while reading the config (`read_model_facts()`, hence `plan()`, `load()`,
+    `load_for_finetune()`, `pipeline()`) when the checkpoint's architecture is defined only by code
+    in its repository (`auto_map`). cudaload never sets `trust_remote_code` for you: read the
+    repository's code, then pass `trust_remote_code=True` if you trust it.
+
+    Examples:
+        >>> import cudaload
+        >>> issubclass(cudaload.RemoteCodeError, ValueError)
+        True
+    """
 
 
 class AttentionUnavailableError(CudaloadError, ValueError):
-    """An explicitly requested attention implementation cannot work on this machine."""
+    """An explicitly requested attention implementation cannot work on this machine.
+
+    Raised by `plan()` (and so `load()`, `load_for_finetune()`, `pipeline()`) when you pass an
+    `attn_implementation` the machine or model cannot run: e.g. a FlashAttention kernel on a GPU
+    it has no build for, or on a CPU. Use another implementation (e.g. "sdpa") or leave
+    `attn_implementation` unset so cudaload chooses and can fall back.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> t4 = cudaload.Machine.simulated("T4")
+        >>> cudaload.plan(path, machine=t4, attn_implementation="flash_attention_3")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.AttentionUnavailableError: attn_implementation='flash_attention_3' was asked, but ...
+    """
 
 
 class DtypeUnsupportedError(CudaloadError, ValueError):
-    """An explicitly requested dtype cannot work on this machine or with these settings."""
+    """An explicitly requested dtype cannot work on this machine or with these settings.
+
+    Raised by `plan()` (and the loaders built on it) for a `dtype` that is not a floating dtype
+    cudaload plans with ("bfloat16", "float16", "float32", "auto" and their aliases), for bfloat16
+    (asked, or the checkpoint's via "auto") on a GPU older than sm80, and when both `dtype=` and
+    `torch_dtype=` are given. Pass another dtype, or leave it unset to let cudaload choose.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.plan("any/model", dtype="float16", torch_dtype="float16")
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.DtypeUnsupportedError: Both dtype= and torch_dtype= were given; pass only dtype=.
+    """
 
 
 class PlacementError(CudaloadError, ValueError):
-    """An explicitly requested placement (device_map) cannot work here."""
+    """An explicitly requested placement (device_map) cannot work here.
+
+    Raised by `plan()` (and the loaders built on it) for a `device_map` or `max_memory` naming a
+    device that is not "cpu", "disk", "cuda:N" or an int, a GPU this process cannot see, or an
+    empty map; and when the distributed launch variables (RANK, WORLD_SIZE, ...) are invalid. Fix
+    the map (or the launch environment), or leave `device_map` unset.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> cudaload.plan(path, machine=cudaload.Machine.simulated("T4"), device_map={})
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.PlacementError: device_map={} places nothing: leave it unset, or map modules to devices.
+    """
 
 
 class QuantizationError(CudaloadError, ValueError):
-    """A quantization request is invalid or cannot run on this machine."""
+    """A quantization request is invalid or cannot run on this machine.
+
+    Raised by `plan(..., finetune=True)` and `load_for_finetune()` for a `quantize` that is not
+    "4bit", "8bit", None or "auto", for quantizing a checkpoint that is already quantized, and when
+    both `quantize` and your own `quantization_config` are given. Pass one valid choice.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.plan("any/model", finetune=True, quantize="4bit", quantization_config={})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.QuantizationError: Both quantize='4bit' and quantization_config= were given. ...
+    """
 
 
 class FinetuneConfigError(CudaloadError, ValueError):
-    """A fine-tuning (LoRA) setting is invalid for this model."""
+    """A fine-tuning (LoRA) setting is invalid for this model.
+
+    Raised by `plan()` when `lora=` is given without `finetune=True`; by `plan(..., finetune=True)`
+    and `load_for_finetune()` for LoRA settings that are not valid (rank, alpha, dropout, target
+    modules the model does not have) or a model with no linear layers to wrap; and by
+    `training_arguments()` given a model or plan that is not a fine-tuning one. Fix the setting, or
+    build the plan with `finetune=True` / load with `load_for_finetune()`.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.plan("any/model", lora={"r": 8})
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.FinetuneConfigError: lora= only applies to a fine-tuning plan: pass finetune=True.
+    """
 
 
 class MissingPackageError(CudaloadError, ImportError):
-    """A package a requested feature needs is not installed (or not an accepted version)."""
+    """A package a requested feature needs is not installed (or not an accepted version).
+
+    Raised by `load_for_finetune()` without peft, and by `plan()` (and the loaders built on it)
+    when `quantize="4bit"`/`"8bit"` needs a usable bitsandbytes, or `use_kernels=True` needs a
+    `kernels` version the installed transformers accepts (and a CUDA GPU). Install the extra the
+    message names (e.g. `pip install 'cudaload[finetune]'`), or drop the setting.
+
+    Examples:
+        >>> import cudaload
+        >>> issubclass(cudaload.MissingPackageError, ImportError)
+        True
+    """
 
 
 class LoadFailedError(CudaloadError, RuntimeError):
-    """Loading failed for an option the plan could not fall back from (or strict=True)."""
+    """Loading failed for an option the plan could not fall back from (or strict=True).
+
+    Raised by `load()`, `load_for_finetune()` and `pipeline()` when `from_pretrained` fails for a
+    reason no other attention implementation can fix (mismatched or truncated weights, a missing
+    file or package: the message names the likely cause), when an attention option fails at load
+    or at the test forward and there is nothing to fall back to (you chose it, `strict=True`, or
+    the chain is exhausted), when every option gives non-finite logits, for a `model_class` that is
+    not a transformers Auto class, and for `load(plan, **overrides)`. Follow the message: fix the
+    checkpoint, pass another attention implementation or dtype, or let cudaload fall back.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> plan = cudaload.plan(build_tiny_model(tempfile.mkdtemp()), machine=cudaload.Machine.simulated())
+        >>> cudaload.load(plan, dtype="float32")
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.LoadFailedError: load(plan) takes no overrides: build the plan with them instead.
+    """
 
 
 class UnknownGpuError(CudaloadError, ValueError):
-    """A simulated machine named a GPU the catalog does not know."""
+    """A simulated machine named a GPU the catalog does not know.
+
+    Raised by `Machine.simulated()` (and so `cudaload plan --gpu ...`) for a GPU name or alias not in
+    cudaload's catalog; the message lists the known ones. Use one of those names.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.Machine.simulated("Z9000")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.UnknownGpuError: Unknown GPU 'Z9000' for a simulated machine. Known GPUs: ...
+    """
 
 
 class SettingError(CudaloadError, ValueError):
-    """A setting has the wrong type or an impossible value (e.g. use_kernels="yes")."""
+    """A setting has the wrong type or an impossible value (e.g. use_kernels="yes").
+
+    Raised by `plan()` (and `load()`, `load_for_finetune()`, `pipeline()`) for a flag that is not a
+    real bool (`use_kernels`, `hub_kernels`, `generate`, `trust_remote_code`), an
+    `attn_implementation` that is not a string, generation settings (`context`,
+    `cache_implementation`, `padding_side`) without `generate=True` or with `finetune=True`, or
+    with impossible values; by `pipeline()` for an unknown task or a `model_class`/`generate`
+    override; by `tokenizer_for()` for a `padding_side` other than "left"/"right"; and by
+    `cudaload.demo.build_tiny_model()` for a folder it did not make. Pass a value of the kind the
+    message names.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.plan("any/model", use_kernels="yes")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.SettingError: use_kernels='yes' (str): pass True or False, ...
+    """
 
 
 class WorkloadError(SettingError):
-    """`workload=` names no known workload and is not a (prompt_tokens, new_tokens) pair."""
+    """`workload=` names no known workload and is not a (prompt_tokens, new_tokens) pair.
+
+    Raised by `plan()` (and the loaders built on it) before anything is read. Pass "balanced",
+    "prefill-heavy", "decode-heavy", a pair of non-negative ints with prompt_tokens > 0, or a
+    `Workload`.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.plan("any/model", workload="fast")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.WorkloadError: workload='fast' is not a workload cudaload knows. ...
+    """
 
 
 class CudaloadWarning(UserWarning):
-    """A setting works but costs you (CPU offload, fp16 on a fragile family, an unwritable cache, ...)."""
+    """A setting works but costs you (CPU offload, fp16 on a fragile family, an unwritable cache, ...).
+
+    Issued (once per message) by `load()`, `load_for_finetune()` and `pipeline()` for each warning
+    of the plan (`plan.warnings`, also shown by `explain()`) and when `device_map` offloaded modules
+    to CPU or disk; and when cudaload's cache folder cannot be written (measurements are then not
+    kept). It is a UserWarning: filter it with
+    `warnings.filterwarnings("ignore", category=cudaload.CudaloadWarning)` once you have read it.
+
+    Examples:
+        >>> import cudaload
+        >>> issubclass(cudaload.CudaloadWarning, UserWarning)
+        True
+    """

@@ -58,6 +58,54 @@ def load_for_finetune(
     Under torchrun / accelerate each rank loads the whole model on its own device
     (`device_map={"": LOCAL_RANK}`; none under FSDP / ZeRO-3). `model.cudaload_plan` is the
     AppliedPlan; its `plan.extras["training_arguments"]` feeds `training_arguments()`.
+
+    The base weights are frozen (without peft's fp32 upcast of norms and embeddings), gradient
+    checkpointing is enabled when planned, and the load is always verified by a short forward in
+    train mode.
+
+    Args:
+        model: A local path or Hub id.
+        quantize: "4bit", "8bit", None (full-precision base weights) or "auto" (the default).
+        lora: LoraConfig keyword overrides (default None: r=16, lora_alpha=32, lora_dropout=0.05
+            on every linear layer of the decoder, planned from the model).
+        gradient_checkpointing: Trade compute for activation memory (default True).
+        seq_len: Sequence length the memory estimate (and `quantize="auto"`) assumes (default 2048).
+        batch_size: Batch size the memory estimate assumes (default 1).
+        strict: Raise instead of falling back along the attention chain (default False).
+        machine: The `Machine` to plan for (default None: `detect()` this one).
+        model_class: The transformers Auto class to load with (default "AutoModelForCausalLM").
+        **overrides: from_pretrained and `plan()` keyword arguments (`dtype`,
+            `attn_implementation`, `device_map`, `quantization_config` with `quantize=None`, ...).
+
+    Returns:
+        A peft `PeftModel` with trainable LoRA adapters; `model.cudaload_plan` is the
+        `AppliedPlan`, its `plan.extras["trainable_parameters"]` the adapters' parameter count.
+
+    Raises:
+        MissingPackageError: peft is not installed, or `quantize="4bit"`/`"8bit"` without a usable
+            bitsandbytes.
+        FinetuneConfigError: LoRA settings that are not valid for this model.
+        QuantizationError: an unknown `quantize`, a checkpoint that is already quantized, or both
+            `quantize` and `quantization_config`.
+        SettingError: generation settings (`generate=True`, `context`, ...) or an override of
+            the wrong type.
+        ModelConfigError: as `plan()` raises it (a model or config that cannot be read).
+        RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
+        DtypeUnsupportedError: a `dtype` this machine cannot run.
+        AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
+        PlacementError: a `device_map` that cannot work here, or invalid launch variables.
+        LoadFailedError: as `load()` raises it (loading or the train-mode test forward failed
+            with nothing to fall back to).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> model = cudaload.load_for_finetune(path, quantize=None, dtype="float32", seq_len=64)
+        >>> type(model).__name__, model.cudaload_plan.plan.extras["trainable_parameters"]
+        ('PeftModelForCausalLM', 32768)
+        >>> cudaload.training_arguments(model)["gradient_checkpointing"]
+        True
     """
     try:
         from peft import LoraConfig, get_peft_model
@@ -101,6 +149,30 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
 
     Yours win: `TrainingArguments(**training_arguments(model, output_dir="out", max_steps=10))`.
     Without a model, the flags are planned for this machine with the default dtype.
+
+    Args:
+        model_or_plan: A model from `load_for_finetune()`, or a Plan from
+            `plan(..., finetune=True)`. Default None: the flags for this machine (`detect()`),
+            with the dtype cudaload would pick for a generic bf16 model and checkpointing on.
+        **overrides: TrainingArguments keyword arguments; they replace the planned ones.
+
+    Returns:
+        A dict of TrainingArguments keyword arguments: the precision flags (`bf16`, `fp16`, and
+        `tf32` on sm80+ GPUs), `optim`, `gradient_checkpointing` with its kwargs, on a CPU
+        `use_cpu` and `dataloader_pin_memory`, then your overrides.
+
+    Raises:
+        FinetuneConfigError: the model or plan is not a fine-tuning one (no planned training
+            arguments).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> plan = cudaload.plan(path, machine=cudaload.Machine.simulated("A100"), finetune=True)
+        >>> cudaload.training_arguments(plan, output_dir="out")  # doctest: +NORMALIZE_WHITESPACE
+        {'bf16': True, 'fp16': False, 'tf32': True, 'optim': 'adamw_torch_fused', 'gradient_checkpointing': True,
+         'gradient_checkpointing_kwargs': {'use_reentrant': False}, 'output_dir': 'out'}
     """
     if model_or_plan is None:
         from .capability import detect

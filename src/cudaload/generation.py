@@ -114,11 +114,48 @@ class GenerationPlan:
     - `padding_side`: the tokenizer padding side for batched inputs ("left" for decoder-only).
     - `kv_bytes_per_token`, `max_batch`, `max_context`: the KV-cache arithmetic behind the decisions.
 
-    Example::
+    Built by `plan(..., generate=True)` (and by `load()` for a causal or seq2seq LM, decided again
+    with the attention and dtype really applied); `explain()` shows its decisions.
 
-        plan = cudaload.plan("Qwen/Qwen3-0.6B", generate=True, context=4096)
-        plan.generation.max_batch          # sequences of 4096 tokens that fit beside the weights
-        model.generate(**inputs, **plan.generation.generate_kwargs)
+    Attributes:
+        decisions: One `Decision` per generation setting: "generation.kv_cache",
+            "generation.max_batch", "generation.cache_implementation", "generation.compile",
+            "generation.continuous_batching", "generation.padding_side".
+        generate_kwargs: What to pass to `model.generate(...)` to get the planned cache (e.g.
+            `{"cache_implementation": "static"}`); empty when transformers' own default is the plan.
+        padding_side: The tokenizer padding side for batched inputs: "left" for decoder-only
+            models, "right" for encoder-decoder ones, or yours (`tokenizer_for()` follows it).
+        cache_implementation: The planned cache: "dynamic", "static", "offloaded",
+            "offloaded_static", "quantized" (yours, or the checkpoint's generation_config), or
+            None when the model builds its own cache.
+        compile: generate() will torch.compile the forward (upstream's `_valid_auto_compile_criteria`).
+        context: The context (prompt + new tokens) `max_batch` is computed for.
+        kv_bytes_per_token: Bytes one token of one sequence adds to the KV cache, all caching
+            layers (within windows).
+        max_batch: Sequences of `context` tokens whose KV cache fits in the budget; None when
+            memory is unknown.
+        max_context: The longest single sequence whose KV cache fits (capped at the model's max
+            positions); None when memory is unknown.
+        budget_bytes: Bytes the KV cache may use: a share of the GPU memory (or, on a CPU, the
+            RAM) left beside the weights; None when unknown.
+        dtype: The dtype the KV cache is sized in (the model's).
+        facts: The model's generation facts (KV layout, max positions) the decisions used.
+        warnings: Generation settings that work but cost you (also shown by the plan's explain()).
+        inputs: The policy's other inputs (machine, attention, placement...), kept so `load()` can
+            decide again with what was really applied.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> h100 = cudaload.Machine.simulated("H100")
+        >>> generation = cudaload.plan(path, machine=h100, generate=True, workload="decode-heavy").generation
+        >>> generation.cache_implementation, generation.compile, generation.generate_kwargs
+        ('static', True, {'cache_implementation': 'static'})
+        >>> generation.kv_bytes_per_token, generation.max_context  # 2 layers x K+V x 2 kv heads x 16 x 2 bytes
+        (256, 256)
+        >>> generation.decision("generation.padding_side").value
+        'left'
     """
 
     decisions: tuple[Decision, ...]

@@ -21,7 +21,24 @@ __all__ = ["AppliedPlan", "Fallback", "load"]
 
 @dataclass(frozen=True)
 class Fallback:
-    """An attention option that failed, and why."""
+    """An attention option that failed while loading, and why (`AppliedPlan.fallbacks`).
+
+    `load()` records one for each link of the plan's attention chain it had to leave before one
+    worked; `explain()` shows them as "fell back from ...".
+
+    Attributes:
+        option: The attention implementation that failed (e.g. "flash_attention_2").
+        phase: Where it failed: "load" (from_pretrained raised), "verify" (the test forward
+            raised or gave non-finite logits) or "switch" (set_attn_implementation refused it on
+            the loaded model).
+        error: The error, as "ExceptionType: first line of its message".
+
+    Examples:
+        >>> import cudaload
+        >>> fallback = cudaload.Fallback("flash_attention_2", "load", "ImportError: flash_attn is not installed")
+        >>> fallback.phase
+        'load'
+    """
 
     option: str
     phase: str
@@ -32,7 +49,33 @@ class Fallback:
 
 @dataclass(frozen=True)
 class AppliedPlan:
-    """What `load()` actually applied, read back from the loaded model."""
+    """What `load()` actually applied, read back from the loaded model (`model.cudaload_plan`).
+
+    Attributes:
+        plan: The plan as applied: its kwargs carry the attention implementation that worked, and
+            a failed link appears among the attention decision's rejections.
+        attn_implementation: The attention implementation the loaded model uses.
+        dtype: The dtype of the model's first floating parameter (e.g. "bfloat16").
+        device: The model's device as torch reports it (e.g. "cpu", "cuda:0").
+        device_map: accelerate's `hf_device_map` when the model was dispatched; None otherwise.
+        fallbacks: The attention options that failed before this one, in order.
+        offloaded: Modules `device_map="auto"` put on CPU or disk, as "module -> place".
+        verified: True: a test forward gave finite logits; None: not run (verify=False, or the
+            model takes no token ids or returns no logits).
+        timings: Seconds per step: "plan", "probe" (when the CPU dtype probe ran), "load",
+            "load[option]" for a failed option, "verify".
+        warnings: The plan's warnings and any offload warning, each issued as a CudaloadWarning.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> applied = cudaload.load(path, dtype="float32", attn_implementation="sdpa").cudaload_plan
+        >>> applied.attn_implementation, applied.dtype, applied.verified, applied.fallbacks
+        ('sdpa', 'float32', True, ())
+        >>> "applied:" in applied.explain()
+        True
+    """
 
     plan: Plan
     """The plan as applied: its kwargs carry the attention implementation that worked."""
@@ -55,6 +98,7 @@ class AppliedPlan:
         return self.plan.generation
 
     def explain(self) -> str:
+        """The plan's explanation, then what was applied: fallbacks, offloading, verification, timings."""
         lines = [self.plan.explain(), "applied:"]
         lines.append(f"  attn_implementation={self.attn_implementation} dtype={self.dtype} device={self.device}")
         for fb in self.fallbacks:
@@ -364,6 +408,53 @@ def load(
       For a generating model (a causal or seq2seq LM) it has `.generation` (see `plan()`'s
       `generate=`): pass `generate=True, context=N, cache_implementation=..., padding_side=...` to
       choose, or `generate=False` to skip.
+
+    Each plan warning (and an offload to CPU/disk) is issued once as a `CudaloadWarning`.
+
+    Args:
+        model: A local path (str or PathLike), a Hub id, or a `Plan` from `plan()` (then loaded
+            as planned: `machine` is not used and no overrides are accepted).
+        strict: Raise instead of falling back along the attention chain (default False).
+        verify: Run a short test forward (8 token ids) and check its logits are finite (default
+            True); False skips it (`AppliedPlan.verified` is then None).
+        machine: The `Machine` to plan for (default None: `detect()` this one, and measure the
+            CPU dtype when planning for its CPU). A simulated machine is planned as given.
+        model_class: The transformers Auto class to load with (default "AutoModelForCausalLM";
+            e.g. "AutoModel", "AutoModelForSequenceClassification"). Also used for a given Plan.
+        **overrides: from_pretrained keyword arguments (`dtype`, `attn_implementation`,
+            `device_map`, `max_memory`, `use_kernels`, `revision`, `trust_remote_code`, ...) and
+            `plan()` keyword arguments (`workload`, `probe`, `hub_kernels`, `generate`, `context`,
+            `cache_implementation`, `padding_side`, ...). Yours always win.
+
+    Returns:
+        The loaded transformers model (in eval mode), with `model.cudaload_plan` set to the
+        `AppliedPlan`.
+
+    Raises:
+        ModelConfigError: `model` is not a path, Hub id or Plan, its config cannot be read, or
+            `model_class` is not an Auto class that supports it (when planning).
+        RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
+        LoadFailedError: a Plan was given with overrides, or with a `model_class` that is not a
+            transformers Auto class; loading failed for a reason no fallback can fix (the message
+            names the likely cause); the test forward failed for a reason unrelated to attention;
+            or an attention option failed with nothing to fall back to (you chose it,
+            `strict=True`, or the chain ran out).
+        SettingError: an override of the wrong type or an impossible generation setting
+            (`WorkloadError` for an unknown `workload`).
+        DtypeUnsupportedError: a `dtype` this machine cannot run.
+        AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
+        PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
+        MissingPackageError: `use_kernels=True` without an accepted `kernels` package.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> model = cudaload.load(path, dtype="float32")
+        >>> type(model).__name__, model.cudaload_plan.dtype, model.cudaload_plan.verified
+        ('Qwen3ForCausalLM', 'float32', True)
+        >>> model.cudaload_plan.generation.padding_side  # a decoder-only LM pads batches on the left
+        'left'
     """
     start = time.perf_counter()
     if not isinstance(model, (str, os.PathLike, Plan)):

@@ -41,6 +41,56 @@ _DTYPE_NAMES = {
 
 @dataclass(frozen=True)
 class ModelFacts:
+    """What the policy knows about a model, read from its config and class alone (no weights).
+
+    `read_model_facts()` builds it; `plan()` accepts it in place of a model (for planning a model
+    without its files, e.g. in tests), except with `generate=True`.
+
+    Attributes:
+        source: Where the config came from: the path or Hub id (a config object's `_name_or_path`).
+        model_type: The config's `model_type` (e.g. "qwen3", "llama", "gpt2").
+        model_class: The class the Auto class resolves to (e.g. "Qwen3ForCausalLM").
+        auto_class: The Auto class it was resolved with (e.g. "AutoModelForCausalLM").
+        supports_flash: The class supports FlashAttention (`_supports_flash_attn`).
+        supports_sdpa: The class supports torch SDPA (`_supports_sdpa`).
+        supports_flex: The class supports flex attention (`_supports_flex_attn`).
+        parameters: Exact count of the model's parameters (tied weights counted once).
+        checkpoint_dtype: "float32", "float16" or "bfloat16" from the config (or, without one,
+            the safetensors header); None when unknown.
+        head_dim: The attention head dimension; None when unknown.
+        num_layers: Decoder layers; None when unknown.
+        hidden_size: Hidden size; None when unknown.
+        sliding_window: The sliding attention window in tokens; None without one.
+        softcap: `attn_logit_softcapping` (Gemma 2): SDPA cannot apply it; of the FlashAttention
+            kernels only FA2 is known to. None without it.
+        quantized: The checkpoint's `quantization_config.quant_method` (e.g. "bitsandbytes",
+            "gptq"), if already quantized; else None.
+        remote_code: The config has an `auto_map` (the repository ships its own code).
+        linear_names: Leaf names of the nn.Linear layers in the decoder (LoRA targets), lm_head
+            excluded.
+        linear_shapes: (leaf name, in_features, out_features, how many) for those layers.
+        vocab_size: The vocabulary size; None when unknown.
+        conv1d: Projections are transformers' Conv1D (GPT-2 style), not nn.Linear.
+        head_dims: Every attention head dimension the config declares: a FlashAttention kernel
+            must support each. Empty when unknown.
+        qk_v_head_dims: (query-key, value) head dims when they differ (MLA); else None.
+        expert_parameters: Fused MoE expert weights (3-D parameters), which LoRA reaches through
+            peft's `target_parameters`; empty for dense models.
+        compatible_flash: The class's `_compatible_flash_implementations`, or None.
+        attention_heads: `num_attention_heads`; None when unknown.
+        kv_heads: `num_key_value_heads` (= heads without GQA); None when unknown.
+        tp_plan: The config has a `base_model_tp_plan` (`tp_plan="auto"` can shard it).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> facts = cudaload.read_model_facts(str(build_tiny_model(tempfile.mkdtemp())))
+        >>> facts.model_type, facts.model_class, facts.checkpoint_dtype, facts.num_layers, facts.kv_heads
+        ('qwen3', 'Qwen3ForCausalLM', 'bfloat16', 2, 2)
+        >>> facts.linear_names
+        ('down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj')
+    """
+
     source: str
     model_type: str
     model_class: str
@@ -265,7 +315,42 @@ def read_model_facts(
     trust_remote_code: bool = False,
     revision: str | None = None,
 ) -> ModelFacts:
-    """Facts about `model` (a path, a hub id or a PretrainedConfig) from its config alone."""
+    """Facts about `model` (a path, a hub id or a PretrainedConfig) from its config alone.
+
+    No weights are read: the parameters are counted on a model built on the meta device (seconds
+    the first time, for the imports). For a local folder the facts are cached per config.json,
+    Auto class and transformers version, so a model seen before costs a JSON read.
+
+    Args:
+        model: A local folder (str), a Hub id (read through the local cache; with
+            HF_HUB_OFFLINE=1 only what is cached) or a transformers `PretrainedConfig`.
+        auto_class: The transformers Auto class whose model class is described (default
+            "AutoModelForCausalLM"; e.g. "AutoModel", "AutoModelForSequenceClassification").
+        trust_remote_code: Allow the repository's own code for its config and class (default
+            False; never set for you). Facts of remote-code models are not cached.
+        revision: The Hub revision (branch, tag or commit) to read; default None: the main one.
+
+    Returns:
+        The `ModelFacts`.
+
+    Raises:
+        ModelConfigError: the config cannot be read (a folder without a valid config.json, a Hub
+            id that is not cached offline or does not exist), `auto_class` is not a transformers
+            Auto class or does not support the model type, or the repository's custom class
+            cannot be imported.
+        RemoteCodeError: the config or class is defined by the repository's code and
+            `trust_remote_code` is False.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = str(build_tiny_model(tempfile.mkdtemp()))
+        >>> facts = cudaload.read_model_facts(path)
+        >>> facts.model_class, facts.parameters, facts.supports_sdpa
+        ('Qwen3ForCausalLM', 139648, True)
+        >>> cudaload.read_model_facts(path, auto_class="AutoModel").model_class
+        'Qwen3Model'
+    """
     cache = _facts_cache_file(model, auto_class) if not trust_remote_code else None
     if cache is not None:
         cached = _cached_facts(cache, str(model))

@@ -50,27 +50,45 @@ def pipeline(
     The plan is reachable as `pipe.cudaload_plan` (and `pipe.model.cudaload_plan`).
 
     Args:
-        task: one of `TASK_MODEL_CLASSES` (text-generation, feature-extraction, text-classification, ...).
-        model: a local path or Hub id.
-        machine: as for `load()`.
-        strict: as for `load()`.
-        verify: as for `load()`.
-        tokenizer_kwargs: passed to `tokenizer_for()` (e.g. `{"padding_side": "right"}`).
-        pipeline_kwargs: passed to `transformers.pipeline()` (e.g. `{"batch_size": 8}`); a
-            generation setting given here wins over the plan's.
+        task: One of `TASK_MODEL_CLASSES`: "text-generation", "text2text-generation",
+            "summarization", "translation", "feature-extraction", "text-classification",
+            "sentiment-analysis", "token-classification" or "fill-mask".
+        model: A local path or Hub id.
+        machine: As for `load()` (default None: this machine).
+        strict: As for `load()` (default False: fall back along the attention chain).
+        verify: As for `load()` (default True: a short test forward).
+        tokenizer_kwargs: Passed to `tokenizer_for()` (e.g. `{"padding_side": "right"}`);
+            default None.
+        pipeline_kwargs: Passed to `transformers.pipeline()` (e.g. `{"batch_size": 8}`); a
+            generation setting given here wins over the plan's. Default None.
         **overrides: `load()`/`plan()` keyword arguments: from_pretrained settings (dtype,
             attn_implementation, device_map, ...) and for generating tasks `context`,
-            `cache_implementation`, `padding_side`, `workload`. Yours always win.
+            `cache_implementation`, `padding_side`, `workload`. Yours always win. For a
+            non-generating task `padding_side` goes to the tokenizer.
+
+    Returns:
+        The transformers pipeline, with `pipe.cudaload_plan` (and `pipe.model.cudaload_plan`)
+        set to the `AppliedPlan`.
 
     Raises:
         SettingError: an unknown task, or a `model_class`/`generate` override (the task decides them).
-        ModelConfigError, LoadFailedError: as `load()` and `tokenizer_for()` raise them.
+        ModelConfigError, LoadFailedError: as `load()` and `tokenizer_for()` raise them (and every
+            other error `load()` raises for an impossible override).
 
-    Example::
-
-        pipe = cudaload.pipeline("text-generation", "Qwen/Qwen3-0.6B")
-        pipe(["Hello", "A longer prompt"], max_new_tokens=20, batch_size=2)
-        print(pipe.cudaload_plan.explain())
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> pipe = cudaload.pipeline("text-generation", path, dtype="float32")
+        >>> type(pipe).__name__, pipe.tokenizer.padding_side, pipe.cudaload_plan.dtype
+        ('TextGenerationPipeline', 'left', 'float32')
+        >>> outputs = pipe(["w5 w6 w7", "w8"], max_new_tokens=2, do_sample=False, batch_size=2)
+        >>> len(outputs), sorted(outputs[0][0])
+        (2, ['generated_text'])
+        >>> cudaload.pipeline("image-classification", path)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.SettingError: pipeline task 'image-classification' is not one cudaload plans for. ...
     """
     if task not in TASK_MODEL_CLASSES:
         raise SettingError(

@@ -98,13 +98,75 @@ def plan(
     choices for those, validated and kept. `generate=None` plans generation when the config can be
     read for it and leaves `plan.generation` None otherwise (what `load()` does for generating models).
 
+    Args:
+        model: A local path (str or PathLike), a Hub id (read through the local cache; with
+            HF_HUB_OFFLINE=1 only what is cached), a transformers `PretrainedConfig`, or
+            `ModelFacts` (not with `generate=True`).
+        machine: The `Machine` to plan for. Default None: `detect()` this one, with its
+            measurements (tuning records, the CPU dtype probe). A machine you pass, e.g.
+            `Machine.simulated("T4")`, is planned as given.
+        model_class: The transformers Auto class the model will be loaded with (default
+            "AutoModelForCausalLM"); it decides the model class whose parameters and attention
+            support are read.
+        finetune: Plan fine-tuning (LoRA, quantization, TrainingArguments, a memory estimate)
+            instead of inference (default False).
+        quantize: Fine-tuning only: "4bit", "8bit", None or "auto" (the default: 4-bit only when
+            16-bit LoRA would not fit at `seq_len` x `batch_size`).
+        lora: Fine-tuning only: LoraConfig keyword overrides (default None: planned from the model).
+        gradient_checkpointing: Fine-tuning only: trade compute for activation memory (default True).
+        seq_len: Fine-tuning only: sequence length the memory estimate assumes (default 2048).
+        batch_size: Fine-tuning only: batch size the memory estimate assumes (default 1).
+        workload: What a measured CPU dtype choice optimises: "balanced" (the default, also for
+            None), "prefill-heavy", "decode-heavy", a (prompt_tokens, new_tokens) pair or a
+            `Workload`; it also sets the default generation context.
+        probe: Measure this CPU's dtype speeds when no tuning record applies (default True;
+            CUDALOAD_PROBE=0 also turns it off). Only used when `machine` is None.
+        hub_kernels: Consent to plan a `kernels-community` attention kernel that is not cached
+            (default None: cached kernels only).
+        generate: True: plan generation (`plan.generation`); False (the default): don't; None:
+            plan it when the config can be read for it.
+        context: Generation only: prompt + new tokens `max_batch` is computed for (default: the
+            workload's, capped at the model's max positions).
+        cache_implementation: Generation only: your cache implementation ("dynamic", "static",
+            "offloaded", "offloaded_static", "quantized"); default None: planned.
+        padding_side: Generation only: "left" or "right"; default None: planned.
+        **overrides: from_pretrained keyword arguments. cudaload's own settings
+            (`attn_implementation`, `dtype` or its old name `torch_dtype`, `device_map`,
+            `max_memory`, `use_kernels`) are validated and honoured; any other (`revision`,
+            `trust_remote_code`, `quantization_config`, ...) is passed through untouched.
+
+    Returns:
+        The `Plan`: the from_pretrained kwargs, the attention fallback chain and one `Decision`
+        per setting (print `plan.explain()`).
+
     Raises:
-        SettingError: generation settings without `generate=True`, or with `finetune=True`.
+        SettingError: a flag that is not a real bool (`use_kernels`, `hub_kernels`, `generate`,
+            `trust_remote_code`), a non-string `attn_implementation`, generation settings without
+            `generate=True` or with `finetune=True`, or an impossible generation setting.
+        WorkloadError: an unknown `workload`.
+        ModelConfigError: `model` of another type, an empty name, a config that cannot be read,
+            or `generate=True` with ModelFacts.
+        RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
+        FinetuneConfigError: `lora` without `finetune=True`, or LoRA settings not valid for this model.
+        QuantizationError: an unknown `quantize`, an already quantized checkpoint, or both
+            `quantize` and `quantization_config` with `finetune=True`.
+        DtypeUnsupportedError: an unknown `dtype`, bfloat16 on a GPU older than sm80, or both
+            `dtype` and `torch_dtype`.
+        AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
+        PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
+        MissingPackageError: `use_kernels=True` or a 4-/8-bit `quantize` without its package.
 
-    Example::
-
-        plan = cudaload.plan("Qwen/Qwen3-0.6B", generate=True, context=8192)
-        print(plan.generation.max_batch, plan.generation.generate_kwargs)
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> plan = cudaload.plan(path, machine=cudaload.Machine.simulated("T4"))
+        >>> plan.dtype, plan.attn_implementation, plan.kwargs["device_map"]
+        ('float16', 'sdpa', 'cuda:0')
+        >>> h100 = cudaload.Machine.simulated("H100")
+        >>> plan = cudaload.plan(path, machine=h100, generate=True, workload="decode-heavy")
+        >>> plan.generation.generate_kwargs, plan.generation.padding_side
+        ({'cache_implementation': 'static'}, 'left')
     """
     chosen_workload = workload_from(workload)
     _flag("generate", generate, allow_none=True)

@@ -20,12 +20,48 @@ __all__ = ["Decision", "Plan", "Rejected"]
 
 @dataclass(frozen=True)
 class Rejected:
+    """An option a Decision did not take, and why (shown indented with an "x" by `explain()`).
+
+    Attributes:
+        value: The option (e.g. "float16", "flash_attention_2", "auto").
+        reason: Why it was not taken on this machine for this model.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.Rejected("float16", "narrower range").reason
+        'narrower range'
+    """
+
     value: Any
     reason: str
 
 
 @dataclass(frozen=True)
 class Decision:
+    """One setting of a plan: its value, why, and what was rejected and why.
+
+    Attributes:
+        setting: The setting's name: a from_pretrained keyword ("dtype", "attn_implementation",
+            "device_map", "max_memory", "use_kernels", or one you passed through), a fine-tuning
+            setting ("quantize", "lora", ...), or for `GenerationPlan` one prefixed
+            "generation." (e.g. "generation.cache_implementation").
+        value: The chosen value (JSON-ready: a dtype is a string such as "bfloat16").
+        reason: Why, in one line.
+        rejected: The options not taken, each with its reason (empty for your own choices).
+        source: "auto" when cudaload decided, "user" when the caller set it.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> plan = cudaload.plan(path, machine=cudaload.Machine.simulated("A100"), dtype="float16")
+        >>> plan.decision("dtype")
+        Decision(setting='dtype', value='float16', reason='your choice', rejected=(), source='user')
+        >>> decision = cudaload.plan(path, machine=cudaload.Machine.simulated("T4")).decision("dtype")
+        >>> decision.value, decision.source, [r.value for r in decision.rejected]
+        ('float16', 'auto', ['bfloat16', 'float32'])
+    """
+
     setting: str
     value: Any
     reason: str
@@ -65,6 +101,44 @@ def _short(value: Any, width: int) -> str:
 
 @dataclass(frozen=True)
 class Plan:
+    """What `plan()` decided: the exact from_pretrained keyword arguments and the reason for each.
+
+    A Plan loads nothing; pass it to `load()` (or read `load()`'s `model.cudaload_plan.plan`).
+    It is frozen and JSON-ready (`to_dict()`, `to_json()`); `explain()` (also `str(plan)`) prints
+    one line per setting with its reason and the rejected options below it.
+
+    Attributes:
+        model: The model as given (local path or Hub id; for a PretrainedConfig its name).
+        machine: One line describing the machine planned for (`Machine.describe()`).
+        kwargs: The `from_pretrained` keyword arguments, JSON-ready (dtype as a string,
+            quantization as BitsAndBytesConfig arguments); `from_pretrained_kwargs()` gives the
+            objects transformers takes.
+        attention_chain: Attention implementations to try in order; the first is the choice,
+            the rest are what `load()` falls back to.
+        decisions: One `Decision` per setting.
+        warnings: Settings that work but cost you (load() issues each as a CudaloadWarning).
+        explicit: Settings the caller set: they never fall back.
+        extras: Plan facts that are not from_pretrained kwargs: "parameters", "model_class",
+            "weight_bytes", and for fine-tuning plans "lora", "training_arguments",
+            "memory_estimate" (after `load_for_finetune()` also "trainable_parameters").
+        timings: Seconds spent planning on measurements: "probe" when the CPU dtype probe ran
+            (not cached).
+        generation: Generation settings (`GenerationPlan`); None for plans that do not generate
+            (fine-tuning, encoders, `generate=False`).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> plan = cudaload.plan(path, machine=cudaload.Machine.simulated("A100"))
+        >>> plan.kwargs
+        {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0'}
+        >>> plan.attention_chain, plan.machine
+        (('sdpa', 'eager'), '1x NVIDIA A100-SXM4-80GB (sm_80)')
+        >>> print(plan.explain().splitlines()[1].split())  # doctest: +ELLIPSIS
+        ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:', ...]
+    """
+
     model: str
     machine: str
     """One line describing the machine planned for."""
@@ -85,6 +159,7 @@ class Plan:
     padding side), each a Decision; None for plans that do not generate (fine-tuning, encoders)."""
 
     def decision(self, setting: str) -> Decision:
+        """The Decision for `setting` (e.g. "dtype"); KeyError when the plan has none."""
         for d in self.decisions:
             if d.setting == setting:
                 return d

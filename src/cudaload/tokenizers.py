@@ -21,6 +21,34 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
     - A pad token when the tokenizer has none: the EOS token (the model's embeddings are not
       resized; padded positions are masked by the attention mask).
     `kwargs` go to AutoTokenizer.from_pretrained; `trust_remote_code` is never set for you.
+
+    Args:
+        model_or_plan: A model from `load()`/`load_for_finetune()` (or any transformers model:
+            its `name_or_path` is where the tokenizer is read from), or a `Plan` (its model, with
+            the plan's `revision`).
+        training: Pad on the right, for training (default False). Ignored when `padding_side`
+            is given.
+        padding_side: "left" or "right" to choose yourself (default None: decided as above).
+        **kwargs: Keyword arguments for `AutoTokenizer.from_pretrained` (e.g. `use_fast`,
+            `revision`, `trust_remote_code`).
+
+    Returns:
+        The tokenizer, with its padding side set and a pad token (EOS when it had none).
+
+    Raises:
+        SettingError: a `padding_side` other than "left" or "right".
+        ModelConfigError: no tokenizer can be loaded from the model's folder or Hub id, or it has
+            neither a pad nor an EOS token.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> model = cudaload.load(build_tiny_model(tempfile.mkdtemp()), dtype="float32")
+        >>> tokenizer = cudaload.tokenizer_for(model)
+        >>> tokenizer.padding_side, tokenizer.pad_token  # the tiny tokenizer has no pad token: EOS pads
+        ('left', '<eos>')
+        >>> cudaload.tokenizer_for(model, training=True).padding_side
+        'right'
     """
     from transformers import AutoTokenizer
 

@@ -59,7 +59,27 @@ def detect_uncached(
 
 @functools.cache
 def detect() -> Machine:
-    """The machine this process runs on, read once (NVML, /proc, package metadata, env)."""
+    """The machine this process runs on, read once (NVML, /proc, package metadata, env).
+
+    The GPUs come from NVML (else torch, else none: on Linux without an NVIDIA driver node NVML
+    is not even imported), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER as torch
+    sees them; the CPU from /proc; installed versions from package metadata; the Hub state (offline
+    mode, cached attention kernels) and the distributed launch from the environment. The result
+    is cached for the process: a changed environment needs a new process. A GPU probe that fails
+    is recorded in `Machine.gpu_notes`, not raised. No measurement runs here (`plan()` adds those
+    for the model it plans).
+
+    Returns:
+        The frozen `Machine` (the same object on every call).
+
+    Examples:
+        >>> import cudaload
+        >>> machine = cudaload.detect()
+        >>> machine is cudaload.detect()  # read once per process
+        True
+        >>> machine.source in ("nvml", "torch", "none"), machine.cpu.cores >= 1
+        (True, True)
+    """
     return detect_uncached()
 
 

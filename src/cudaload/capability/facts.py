@@ -27,7 +27,30 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class Gpu:
-    """One CUDA device as this process sees it (after CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER)."""
+    """One CUDA device as this process sees it (after CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER).
+
+    Found by `detect()` (NVML, else torch) or made by `Machine.simulated()` from the GPU catalog.
+
+    Attributes:
+        index: The ordinal torch uses: `cuda:{index}`.
+        name: The device name as NVML/torch report it (e.g. "NVIDIA A100-SXM4-80GB", "Tesla T4").
+        capability: CUDA compute capability (major, minor), e.g. (8, 0); `sm` is "sm_80".
+        total_memory: Total device memory in bytes.
+        free_memory: Bytes free when detected; None when unknown (simulated, or the torch fallback).
+        physical_index: NVML's index (PCI bus order), which `nvidia-smi` shows; None when unknown.
+        multiprocessors: Streaming multiprocessor count; None when unknown.
+        uuid: The device UUID; None when unknown (and for simulated GPUs).
+        pci_bus_id: The PCI bus id; None when unknown (and for simulated GPUs).
+        mig: True when this device is a MIG slice (or a MIG-enabled parent).
+
+    Examples:
+        >>> import cudaload
+        >>> gpu = cudaload.Machine.simulated("A100").gpus[0]
+        >>> gpu.name, gpu.capability, gpu.sm, gpu.bf16
+        ('NVIDIA A100-SXM4-80GB', (8, 0), 'sm_80', True)
+        >>> cudaload.Machine.simulated("T4").gpus[0].bf16  # sm_75: no native bf16
+        False
+    """
 
     index: int
     """The ordinal torch uses: `cuda:{index}`."""
@@ -62,6 +85,24 @@ class Gpu:
 
 @dataclass(frozen=True)
 class Cpu:
+    """The CPU this process runs on, as `detect()` reads it from /proc (or the platform module).
+
+    Attributes:
+        model: The CPU model name (e.g. "AMD EPYC 7B13"; "simulated CPU" on a simulated machine).
+        cores: CPUs this process may run on (affinity), not the machine's total.
+        arch: The machine architecture (`platform.machine()`, e.g. "x86_64", "aarch64").
+        flags: ISA feature flags as /proc/cpuinfo names them (e.g. "avx2", "avx512_bf16",
+            "amx_bf16"); empty when unknown.
+        memory_total: RAM in bytes; None when unknown.
+        memory_available: RAM available when detected, in bytes; None when unknown.
+
+    Examples:
+        >>> import cudaload
+        >>> cpu = cudaload.Machine.simulated(cpu_flags=["avx2", "amx_bf16"], cpu_memory_gib=32).cpu
+        >>> cpu.model, cpu.bf16_instructions, cpu.fast_bf16, cpu.memory_total // 2**30
+        ('simulated CPU', True, True, 32)
+    """
+
     model: str
     cores: int
     """CPUs this process may run on (affinity), not the machine's total."""
@@ -87,7 +128,21 @@ class Cpu:
 
 @dataclass(frozen=True)
 class Software:
-    """Installed distribution versions (name -> version), plus what transformers accepts."""
+    """Installed distribution versions (name -> version), plus what transformers accepts.
+
+    Attributes:
+        packages: (distribution, version) pairs of the installed packages cudaload cares about
+            (torch, transformers, accelerate, peft, bitsandbytes, kernels, ...), sorted by name.
+        torch_cuda: CUDA version torch was built with (None for a CPU build).
+        driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
+        kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
+
+    Examples:
+        >>> import cudaload
+        >>> software = cudaload.Machine.simulated(packages={"peft": "0.17.0"}).software
+        >>> software.version("peft"), software.has("bitsandbytes")
+        ('0.17.0', False)
+    """
 
     packages: tuple[tuple[str, str], ...] = ()
     torch_cuda: str | None = None
@@ -108,7 +163,21 @@ class Software:
 
 @dataclass(frozen=True)
 class HubKernel:
-    """Local availability of one Hub attention kernel repository."""
+    """Local availability of one Hub attention kernel repository.
+
+    Attributes:
+        repo: The Hub repository, e.g. "kernels-community/flash-attn2".
+        version: The kernel version transformers asks for with this torch; None when unknown.
+        cached_variant: The build variant found in the local cache for this torch/CUDA, if any
+            ("simulated" when `Machine.simulated(cached_kernels=...)` names it); None: not cached.
+        detail: A human note on what was found (e.g. "not in the local cache").
+
+    Examples:
+        >>> import cudaload
+        >>> machine = cudaload.Machine.simulated("H100", cached_kernels=["kernels-community/flash-attn2"])
+        >>> machine.hub.kernel("kernels-community/flash-attn2").cached
+        True
+    """
 
     repo: str
     version: int | None
@@ -123,6 +192,19 @@ class HubKernel:
 
 @dataclass(frozen=True)
 class Hub:
+    """What the Hugging Face Hub side allows: offline mode and the attention kernels in the cache.
+
+    Attributes:
+        offline: True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set: nothing can be fetched.
+        kernels: One `HubKernel` per Hub attention kernel repository cudaload knows.
+
+    Examples:
+        >>> import cudaload
+        >>> hub = cudaload.Machine.simulated(offline=True).hub
+        >>> hub.offline, hub.kernel("kernels-community/flash-attn2").cached
+        (True, False)
+    """
+
     offline: bool = False
     kernels: tuple[HubKernel, ...] = ()
 
@@ -135,7 +217,31 @@ class Hub:
 
 @dataclass(frozen=True)
 class Launch:
-    """How this process was launched (torchrun, accelerate, SLURM) and what it shards with."""
+    """How this process was launched (torchrun, accelerate, SLURM) and what it shards with.
+
+    Read by `detect()` from the environment variables the launchers set.
+
+    Attributes:
+        launcher: "accelerate", "torchrun", "mpirun", "slurm", "env" (RANK and WORLD_SIZE set by
+            hand), or None for a plain single process.
+        rank: This process's global rank (0 for a single process).
+        local_rank: Its rank on this node: the GPU it loads onto (`device_map={"": local_rank}`).
+        world_size: Processes in the job (1 for a single process).
+        local_world_size: Processes on this node.
+        strategy: "ddp", "fsdp" or "deepspeed" when known; None for a single process.
+        zero_stage: The DeepSpeed ZeRO stage, when launched with DeepSpeed; else None.
+        problems: Launch variables that are present but invalid (negative, non-numeric, rank >=
+            world size); planning raises PlacementError when there are any.
+        notes: A launch that works but not as its command line asked (plan warnings).
+
+    Examples:
+        >>> import cudaload
+        >>> launch = cudaload.Launch(launcher="torchrun", rank=1, local_rank=1, world_size=2, strategy="fsdp")
+        >>> launch.distributed, launch.shards_parameters
+        (True, True)
+        >>> cudaload.Machine.simulated("A100", count=2, launch=launch).launch.world_size
+        2
+    """
 
     launcher: str | None = None
     rank: int = 0
@@ -171,7 +277,37 @@ class DtypeProbe:
 
     Seconds are medians over interleaved repetitions. The shape bucket (in_features x out_features)
     comes from the model's hidden and intermediate sizes, rounded coarsely: the answer belongs to the
-    machine, so a new model of a similar size reuses it.
+    machine, so a new model of a similar size reuses it. `plan()` measures one on a CPU-only machine
+    (cached per machine) and keeps it as `Machine.dtype_probe`; pass one to `Machine.simulated()` to
+    plan for another CPU's numbers.
+
+    Attributes:
+        in_features: Input width of the timed weight (the shape bucket).
+        out_features: Output width of the timed weight.
+        prefill_tokens: Rows of the prefill GEMM (tokens in one forward).
+        prefill_s: (dtype, seconds) pairs for one [prefill_tokens x in] @ [in x out].
+        decode_s: (dtype, seconds) pairs for one [1 x in] @ [in x out], weights not in cache.
+        cast_s: (from dtype, to dtype, seconds) to cast one [out x in] weight.
+        threads: torch CPU threads the measurement ran with.
+        measured_at: ISO date of the measurement.
+        fingerprint: (key, value) pairs of `Machine.fingerprint()` when measured: if any differs
+            now, the measurement is stale.
+        cost_s: Seconds this process spent probing (0 when read from the cache).
+        from_cache: True when read from the cache rather than measured now.
+
+    Examples:
+        >>> import cudaload
+        >>> probe = cudaload.DtypeProbe(
+        ...     in_features=1024, out_features=4096, prefill_tokens=512,
+        ...     prefill_s=(("float32", 0.004), ("bfloat16", 0.002)),
+        ...     decode_s=(("float32", 0.0004), ("bfloat16", 0.0002)),
+        ...     cast_s=(("bfloat16", "float32", 0.001),),
+        ...     threads=8, measured_at="2026-01-01",
+        ... )
+        >>> probe.prefill("bfloat16"), probe.decode("float16"), probe.cast("bfloat16", "float32")
+        (0.002, None, 0.001)
+        >>> cudaload.Machine.simulated(dtype_probe=probe).dtype_probe is probe
+        True
     """
 
     in_features: int
@@ -224,7 +360,29 @@ class TunedVariant:
 
 @dataclass(frozen=True)
 class TuningRecord:
-    """What `cudaload bench --save` measured for one model shape on one machine."""
+    """What `cudaload bench --save` measured for one model shape on one machine.
+
+    `plan()` reads the records saved for the planned model's shape (`Machine.tuning`) and, when one
+    matches this machine's fingerprint, picks the dtype and attention it measured fastest for the
+    workload; pass records to `Machine.simulated(tuning=...)` to plan with them elsewhere.
+
+    Attributes:
+        model_key: The model's shape (architecture, sizes, checkpoint dtype) as one string: see
+            `ModelFacts.shape_key`.
+        prompt_tokens: Prompt length the variants were timed with.
+        new_tokens: Tokens generated per timed run.
+        variants: One measured (dtype, attention) variant each: load seconds, prefill seconds and
+            decode tokens per second.
+        fingerprint: (key, value) pairs of the measuring machine's `Machine.fingerprint()`.
+        measured_at: ISO date of the measurement.
+        path: The file it was read from ("" when built in memory).
+
+    Examples:
+        >>> import cudaload
+        >>> record = cudaload.TuningRecord("Qwen3ForCausalLM params=1", 512, 128, (), (("cpu", "x"),), "2026-01-01")
+        >>> record.prompt_tokens, record.path
+        (512, '')
+    """
 
     model_key: str
     """The model's shape (architecture, sizes, checkpoint dtype) as one string: see `model_key()`."""
@@ -239,6 +397,37 @@ class TuningRecord:
 
 @dataclass(frozen=True)
 class Machine:
+    """The facts a plan is made from: GPUs, CPU, installed software, Hub state, launch, measurements.
+
+    `detect()` returns the machine this process runs on; `Machine.simulated()` builds one you
+    don't have, so `plan(..., machine=...)` can say what another machine would get.
+
+    Attributes:
+        gpus: The CUDA devices this process sees, in torch's order (empty: none).
+        cpu: The CPU (model, usable cores, ISA flags, memory).
+        software: Installed package versions and what transformers accepts.
+        hub: Hub offline mode and which attention kernels are cached.
+        launch: How the process was launched (single, torchrun, accelerate, ...).
+        source: Where the GPU facts came from: "nvml", "torch", "none" (no GPU found) or
+            "simulated" ("detected" only for a Machine built by hand without a source).
+        warnings: Problems detection found that every plan repeats (e.g. how CUDA_VISIBLE_DEVICES
+            or CUDA_DEVICE_ORDER was read).
+        gpu_notes: Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...").
+        dtype_probe: The CPU dtype measurement for the model being planned (None: not measured,
+            e.g. simulated).
+        tuning: Bench records for the model being planned's shape, matching this machine or not
+            (the policy judges whether each is stale).
+        threads: torch CPU threads this process uses (measurements depend on it); None when unknown.
+
+    Examples:
+        >>> import cudaload
+        >>> machine = cudaload.Machine.simulated("A100", count=2)
+        >>> machine.describe(), machine.source
+        ('2x NVIDIA A100-SXM4-80GB (sm_80)', 'simulated')
+        >>> cudaload.Machine.simulated().describe()
+        'CPU simulated CPU (8 cores), no CUDA GPU'
+    """
+
     gpus: tuple[Gpu, ...]
     cpu: Cpu
     software: Software = field(default_factory=Software)
@@ -307,6 +496,33 @@ class Machine:
         `gpu` may be a list of names for a mixed machine; `count` repeats a single name.
         `cached_kernels` names Hub kernel repos to treat as cached for this torch/CUDA.
         A simulated machine has no measurements unless `dtype_probe` / `tuning` give them.
+
+        Args:
+            gpu: A catalog GPU name or alias ("T4", "A100", "H100", ...), a list of them for a
+                mixed machine, or None (the default) for a CPU-only machine.
+            count: How many of a single named GPU (default 1).
+            packages: Distribution -> version, added to (or replacing) the default torch 2.13.0,
+                transformers 5.22.2 and accelerate 1.16.0.
+            offline: Simulate HF_HUB_OFFLINE (default False).
+            cached_kernels: Hub kernel repos to treat as cached (default none).
+            cpu_flags: The CPU's ISA flags (default `("avx2",)`).
+            cpu_memory_gib: RAM in GiB, total and available (default 64).
+            launch: The launch (default: a single process).
+            dtype_probe: A CPU dtype measurement to plan with (default None: the static table).
+            tuning: Bench records to plan with (default none).
+
+        Returns:
+            A Machine with `source="simulated"`, an 8-core "simulated CPU" and, with GPUs, torch
+            built for CUDA 12.8.
+
+        Raises:
+            UnknownGpuError: a GPU name the catalog does not know.
+
+        Examples:
+            >>> import cudaload
+            >>> machine = cudaload.Machine.simulated(["A100", "T4"])
+            >>> [gpu.sm for gpu in machine.gpus], machine.weakest_gpu.name
+            (['sm_80', 'sm_75'], 'Tesla T4')
         """
         from ..catalog import lookup_gpu
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version

@@ -14,7 +14,28 @@ __all__ = ["WORKLOADS", "Request", "Workload", "workload_from"]
 @dataclass(frozen=True)
 class Workload:
     """The job a measured dtype choice is optimised for: one load, then a prompt of
-    `prompt_tokens` and `new_tokens` generated one at a time."""
+    `prompt_tokens` and `new_tokens` generated one at a time.
+
+    Pass one as `plan(..., workload=...)` (or a name: "balanced" is Workload(512, 128),
+    "prefill-heavy" Workload(2048, 16), "decode-heavy" Workload(64, 512); or a
+    (prompt_tokens, new_tokens) pair). Its prompt + new tokens is also the default generation
+    context, and whether decoding is long enough for a static cache depends on it.
+
+    Attributes:
+        prompt_tokens: Tokens in the prompt (one prefill forward); default 512.
+        new_tokens: Tokens generated one at a time after it; default 128.
+        include_load: Count loading (a checkpoint cast to another dtype pays a conversion);
+            default True.
+        training: Fine-tuning steps: forward and backward over `prompt_tokens` (prefill-shaped), no
+            generation; default False. Fine-tuning plans build this one themselves.
+
+    Examples:
+        >>> import cudaload
+        >>> cudaload.Workload(2048, 16).describe()
+        'load + a 2048-token prompt + 16 new tokens'
+        >>> cudaload.Workload(prompt_tokens=1024, new_tokens=0, include_load=False, training=True).describe()
+        'training steps over 1024 tokens (forward and backward, prefill-shaped)'
+    """
 
     prompt_tokens: int = 512
     new_tokens: int = 128
