@@ -7,11 +7,16 @@ applied, and on the weights it ended with (compared with a snapshot taken before
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,14 +43,37 @@ def _failure(what: str, outputs: list[tuple[str, str]]) -> str:
     return "\n".join([what, *parts])
 
 
-def _run(cmd: list[str], what: str) -> None:
+def _attempt(cmd: list[str]) -> tuple[int | None, str, str]:
+    """Run a launcher in its own process group; on timeout, SIGABRT the group first so that the
+    workers' faulthandler prints where each one hung, then kill it. (None, ...) on a timeout."""
+    env = {**_env(), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=WORKERS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
-        done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, cwd=WORKERS)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        err = (exc.stderr or b"").decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        pytest.fail(_failure(f"{what} did not finish in {TIMEOUT_S} s", [(out, err)]))
-    assert done.returncode == 0, _failure(f"{what} exited with {done.returncode}", [(done.stdout, done.stderr)])
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+        return proc.returncode, out, err
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGABRT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            time.sleep(2)
+        out, err = proc.communicate()
+        return None, out, err
+
+
+def _run(build: Callable[[], list[str]], what: str) -> None:
+    """Run the command `build()` makes (a fresh port each time). A run that hangs is tried once
+    more: a gloo teardown hung once in CI (transformers 5.25, torchrun trainer_worker) after every
+    rank had finished, and did not recur in three runs by hand. The first hang's tracebacks are
+    kept as a warning, so a pass after a retry still shows where it hung; two hangs fail."""
+    code, out, err = _attempt(build())
+    if code is None:
+        warnings.warn(f"{what} hung (no exit in {TIMEOUT_S} s); retrying once:\n{err[-3000:]}", stacklevel=2)
+        code, out, err = _attempt(build())
+        if code is None:
+            pytest.fail(_failure(f"{what} did not finish in {TIMEOUT_S} s, twice", [(out, err)]))
+    assert code == 0, _failure(f"{what} exited with {code}", [(out, err)])
 
 
 def _reports(out: Path, ranks: int) -> list[dict]:
@@ -58,35 +86,40 @@ def _reports(out: Path, ranks: int) -> list[dict]:
 
 def _torchrun(worker: str, out: Path, *args: str) -> list[dict]:
     """Run tests/distributed/<worker> under a 2-process torchrun on CPU; its per-rank reports."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={_free_port()}",
-        str(WORKERS / worker),
-        *args,
-        str(out),
-    ]
+
+    def cmd() -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            str(WORKERS / worker),
+            *args,
+            str(out),
+        ]
+
     _run(cmd, f"torchrun {worker}")
     return _reports(out, 2)
 
 
 def _accelerate(flags: list[str], worker: str, out: Path, *args: str, ranks: int) -> list[dict]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        *flags,
-        "--num_machines=1",
-        "--mixed_precision=no",
-        "--dynamo_backend=no",
-        f"--main_process_port={_free_port()}",
-        str(WORKERS / worker),
-        *args,
-        str(out),
-    ]
+    def cmd() -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            *flags,
+            "--num_machines=1",
+            "--mixed_precision=no",
+            "--dynamo_backend=no",
+            f"--main_process_port={_free_port()}",
+            str(WORKERS / worker),
+            *args,
+            str(out),
+        ]
+
     _run(cmd, f"accelerate launch {' '.join(flags)} {worker}")
     return _reports(out, ranks)
 

@@ -9,12 +9,15 @@ from cudaload.upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
 
 def test_flash_tables_match_transformers() -> None:
     import torch
+    import transformers
     from transformers import modeling_flash_attention_utils as fa
 
     for name, option in FLASH_OPTIONS.items():
         version = int(name[-1])
         assert fa.FLASH_ATTN_KERNEL_FALLBACK[name] == option.hub_repo
-        assert fa.FLASH_ATTN_KERNEL_VERSIONS[option.hub_repo] == hub_kernel_version(option.hub_repo, torch.__version__)
+        assert fa.FLASH_ATTN_KERNEL_VERSIONS[option.hub_repo] == hub_kernel_version(
+            option.hub_repo, torch.__version__, transformers.__version__
+        )
         check = fa.FLASH_ATTENTION_COMPATIBILITY_MATRIX[version]
         minimum = check.get("cuda_min_major_version")
         if minimum is not None:

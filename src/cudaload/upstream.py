@@ -109,15 +109,22 @@ def flash_preference(major: int) -> tuple[str, ...]:
     return tuple(f"flash_attention_{v}" for v in order)
 
 
-def hub_kernel_version(repo: str, torch_version: str | None) -> int | None:
-    """The `v<N>` branch transformers loads for a Hub attention kernel (FLASH_ATTN_KERNEL_VERSIONS)."""
+def hub_kernel_version(repo: str, torch_version: str | None, transformers_version: str | None = None) -> int | None:
+    """The `v<N>` branch transformers loads for a Hub attention kernel (FLASH_ATTN_KERNEL_VERSIONS).
+
+    `transformers_version` None means the tested set's (5.22); the table moved in 5.25.
+    """
     if repo == "kernels-community/flash-attn2":
         # transformers: "v4 was only tested on 2.10 and upwards".
         if torch_version is None:
             return 4
         major, minor = (int(p) for p in torch_version.split(".")[:2])
         return 4 if (major, minor) >= (2, 10) else 3
-    return {"kernels-community/vllm-flash-attn3": 1, "kernels-community/flash-attn4": 0}.get(repo)
+    if repo == "kernels-community/flash-attn4":
+        # transformers 5.25 moved FLASH_ATTN_KERNEL_VERSIONS["kernels-community/flash-attn4"] from 0 to 1.
+        release = tuple(int(p) for p in (transformers_version or "5.22").split(".")[:2])
+        return 1 if release >= (5, 25) else 0
+    return {"kernels-community/vllm-flash-attn3": 1}.get(repo)
 
 
 # `kernels` versions each transformers minor accepts: [KERNELS_MIN_VERSION, KERNELS_MAX_VERSION).

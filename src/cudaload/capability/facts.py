@@ -542,7 +542,7 @@ class Machine:
             kernels=tuple(
                 HubKernel(
                     o.hub_repo,
-                    hub_kernel_version(o.hub_repo, versions["torch"]),
+                    hub_kernel_version(o.hub_repo, versions["torch"], versions["transformers"]),
                     "simulated" if o.hub_repo in cached else None,
                     "cached (simulated)" if o.hub_repo in cached else "not in the local cache",
                 )

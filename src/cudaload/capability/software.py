@@ -226,7 +226,7 @@ def probe_hub(env: Mapping[str, str], software: Software) -> Hub:
     torch_version = software.version("torch")
     kernels = []
     for repo in sorted(o.hub_repo for o in FLASH_OPTIONS.values()):
-        version = hub_kernel_version(repo, torch_version)
+        version = hub_kernel_version(repo, torch_version, software.version("transformers"))
         if repo in overrides:
             kernels.append(HubKernel(repo, version, f"local:{overrides[repo]}", "LOCAL_KERNELS override"))
         else:
