@@ -104,7 +104,7 @@ def load_for_finetune(
         >>> model = cudaload.load_for_finetune(path, quantize=None, dtype="float32", seq_len=64)
         >>> type(model).__name__, model.cudaload_plan.plan.extras["trainable_parameters"]
         ('PeftModelForCausalLM', 32768)
-        >>> args = cudaload.training_arguments(model)  # transformers 5.25 renamed the flag
+        >>> args = cudaload.training_arguments(model)  # transformers 5.23 renamed the flag
         >>> args.get("gradient_checkpointing", args.get("activation_checkpointing"))
         True
     """
@@ -160,7 +160,7 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
     Returns:
         A dict of TrainingArguments keyword arguments: the precision flags (`bf16`, `fp16`, and
         `tf32` on sm80+ GPUs), `optim`, `gradient_checkpointing` (`activation_checkpointing`
-        from transformers 5.25) with its kwargs, on a CPU `use_cpu` and `dataloader_pin_memory`,
+        from transformers 5.23) with its kwargs, on a CPU `use_cpu` and `dataloader_pin_memory`,
         then your overrides.
 
     Raises:
