@@ -268,6 +268,15 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; quick 1)")
     bench.add_argument("--model-dir", help="save and reuse built models here (default: a temporary folder)")
     bench.add_argument(
+        "--generation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also compare the plan's generation settings with default generate() (default: on)",
+    )
+    bench.add_argument(
+        "--generation-batch", type=int, help="prompts of different lengths in that comparison (default 4; quick 2)"
+    )
+    bench.add_argument(
         "--overhead",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -331,6 +340,8 @@ def _bench(args: argparse.Namespace) -> int:
             batch=args.batch,
             repeats=args.repeats,
             threads=args.threads,
+            generation=args.generation,
+            generation_batch=args.generation_batch,
             random_weights=args.random_weights,
             model_dir=args.model_dir,
             save=args.save,

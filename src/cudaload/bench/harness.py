@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import SettingError
 from ..loaders import input_device
@@ -35,6 +35,8 @@ class Workload:
     warmup: int = 1
     threads: int | None = None
     """torch CPU threads during the run; None: torch's default (one per usable core)."""
+    generation_batch: int = 4
+    """Prompts of different lengths in the generation comparison (`bench.generation`)."""
 
 
 def workload_for(
@@ -45,12 +47,13 @@ def workload_for(
     batch: int | None = None,
     repeats: int | None = None,
     threads: int | None = None,
+    generation_batch: int | None = None,
 ) -> Workload:
     """The run's workload: the mode's defaults, then what the caller set (each checked)."""
     base = (
         # A smoke test: on small VMs, OpenMP threads spinning between a tiny model's many short ops
         # made 2-thread decode up to 50x slower and erratic (measured on a 2-vCPU KVM guest).
-        Workload(prompt_tokens=64, new_tokens=16, repeats=1, threads=1)
+        Workload(prompt_tokens=64, new_tokens=16, repeats=1, threads=1, generation_batch=2)
         if quick
         else Workload(prompt_tokens=256, new_tokens=64)
     )
@@ -60,6 +63,7 @@ def workload_for(
         "batch": batch,
         "repeats": repeats,
         "threads": threads,
+        "generation_batch": generation_batch,
     }
     for name, value in chosen.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -126,6 +130,13 @@ class _StepClock:
         return scores
 
 
+class _Measured(Protocol):
+    """What `_Memory.watch` reads and fills: a load variant or a generation variant."""
+
+    weights_bytes: int | None
+    peak_bytes: int | None
+
+
 class _Memory:
     """Peak memory of one round. CUDA: max_memory_allocated above what was allocated before the
     round (the other resident variants), plus this variant's weights. CPU: the growth of the
@@ -161,7 +172,7 @@ class _Memory:
         return True
 
     @contextmanager
-    def watch(self, variant: Variant) -> Iterator[None]:
+    def watch(self, variant: _Measured) -> Iterator[None]:
         if not self.available:
             yield
             return

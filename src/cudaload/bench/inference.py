@@ -32,7 +32,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION = ("sdpa", "eager")
 """Attention implementations tried besides the plan's chain (on CUDA the chain adds FlashAttention etc.)."""
 
-SCHEMA = 2
+SCHEMA = 3
+"""3: adds `generation` (the generation comparison) and `workload.generation_batch`."""
 
 
 def variants_for(plan: Any) -> list[Variant]:
@@ -59,6 +60,8 @@ def run_bench(
     batch: int | None = None,
     repeats: int | None = None,
     threads: int | None = None,
+    generation: bool = True,
+    generation_batch: int | None = None,
     random_weights: bool = False,
     model_dir: str | os.PathLike[str] | None = None,
     save: bool = False,
@@ -74,6 +77,9 @@ def run_bench(
     - `quick`: the tiny built-in model (when `model` is None), a short prompt, one measured round.
     - `prompt_tokens`, `new_tokens`, `batch`, `repeats` (measured rounds after one warm-up; each
       number is their median), `threads` (torch CPU threads, restored afterwards): the workload.
+    - `generation`: also compare the plan's generation settings (`plan.generation`: cache, padding
+      side) with default generate() and each cache it rejected, on `generation_batch` prompts of
+      different lengths (default 4; quick 2), one model loaded with the plan (`bench.generation`).
     - `model_dir`: where a built model is saved and reused (default: a temporary folder).
     - `save`: store the measured grid as a tuning record; later plans of this model shape on this
       machine (same CPU/GPUs, torch, threads) pick the measured winner.
@@ -91,7 +97,13 @@ def run_bench(
     from ..planner import plan as make_plan
 
     work = workload_for(
-        quick=quick, prompt_tokens=prompt_tokens, new_tokens=new_tokens, batch=batch, repeats=repeats, threads=threads
+        quick=quick,
+        prompt_tokens=prompt_tokens,
+        new_tokens=new_tokens,
+        batch=batch,
+        repeats=repeats,
+        threads=threads,
+        generation_batch=generation_batch,
     )
     started = time.perf_counter()
 
@@ -107,7 +119,7 @@ def run_bench(
         say("preparing the model")
         bench_model = resolve_model(model, workdir, quick=quick, random_weights=random_weights)
         say(f"model: {bench_model.name} ({bench_model.architecture}) in {bench_model.path}")
-        the_plan = make_plan(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens))
+        the_plan = make_plan(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens), generate=True)
         variants = variants_for(the_plan)
         on_cuda = bool(machine.gpus) and torch.cuda.is_available()
         measured = measure(
@@ -119,6 +131,22 @@ def run_bench(
             progress=progress,
             say=say,
         )
+        compared = None
+        if generation and not measured.interrupted and the_plan.generation is not None:
+            from .generation import compare_generation
+
+            try:
+                compared = compare_generation(
+                    bench_model.path,
+                    the_plan,
+                    work,
+                    work.generation_batch,
+                    bench_model.vocab_size,
+                    on_cuda=on_cuda,
+                    say=say,
+                )
+            except KeyboardInterrupt:
+                compared = None
         shape_key = _shape_key(bench_model.path) if save and not measured.interrupted else ""
         costs = None
         if (not quick if overhead is None else overhead) and not measured.interrupted:
@@ -147,6 +175,7 @@ def run_bench(
             "new_tokens": work.new_tokens,
             "batch": work.batch,
             "threads": threads_used,
+            "generation_batch": work.generation_batch,
             "warmup_rounds": work.warmup,
             "measured_rounds": work.repeats,
             "statistic": "median",
@@ -172,6 +201,7 @@ def run_bench(
         "variants": [r.to_dict() for r in rows],
         "best": best,
         "summary": summary,
+        "generation": compared,
         "overhead": costs,
     }
     if shape_key:

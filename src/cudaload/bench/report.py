@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["format_report"]
+__all__ = ["format_generation", "format_report"]
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -68,6 +68,8 @@ def format_report(result: dict[str, Any]) -> str:
     lines.append(f"peak memory: {work['peak_memory']}")
     if result.get("interrupted"):
         lines.append("INTERRUPTED (Ctrl-C): the numbers are what was measured before it; rounds may be missing")
+    if result.get("generation"):
+        lines.append(format_generation(result["generation"]))
     if result.get("overhead"):
         from .overhead import format_overhead
 
@@ -102,4 +104,37 @@ def format_report(result: dict[str, Any]) -> str:
     if "written_to" in result:
         lines.append(f"written to {result['written_to']}")
     lines.append(f"took {result.get('wall_s', 0):.0f} s")
+    return "\n".join(lines)
+
+
+def format_generation(section: dict[str, Any]) -> str:
+    """The generation comparison as a table (from the result dict)."""
+    lines = [
+        f"generation: batch {section['batch']} (prompts of {min(section['prompt_lengths'])}-"
+        f"{max(section['prompt_lengths'])} tokens, padded) + {section['new_tokens']} new tokens, greedy; "
+        f"plan: {section['plan']['generate_kwargs'] or 'no generate() arguments'}, "
+        f"padding {section['plan']['padding_side']}",
+        f"  {'variant':<32} {'cache':<10} {'padding':<7} {'decode tok/s':>12} {'generate s':>10} {'peak MiB':>9} "
+        f"{'KV MiB':>8} {'as alone':>8}   over default: decode / generate / memory",
+    ]
+    for row in section["variants"]:
+        label = row["name"] + (" (= default)" if row["is_plan"] and row["is_default"] else "")
+        mark = "*" if row["is_plan"] else " "
+        cache = row["generate_kwargs"].get("cache_implementation", "default")
+        if not row["ok"]:
+            lines.append(f"{mark} {label:<32} {cache:<10} {row['padding_side']:<7} failed: {row['error']}")
+            continue
+        peak = row["peak_memory_bytes"] / 2**20 if row["peak_memory_bytes"] else None
+        kv = row["kv_cache_bytes"] / 2**20 if row["kv_cache_bytes"] is not None else None
+        s = row["speedup_over_default"]
+        lines.append(
+            f"{mark} {label:<32} {cache:<10} {row['padding_side']:<7} {_fmt(row['decode_tokens_per_s'], '12.1f')} "
+            f"{_fmt(row['generate_s'], '10.3f')} {_fmt(peak, '9.0f')} {_fmt(kv, '8.2f')} "
+            f"{row['matches_unpadded']}/{row['sequences']:<6}   {_fmt(s['decode'], '.2f')} / "
+            f"{_fmt(s['generate'], '.2f')} / {_fmt(row['memory_over_default'], '.2f')}"
+        )
+    lines.append(
+        f"  KV cache the plan estimates for batch x (longest prompt + new tokens - 1, what generate() keeps): "
+        f"{section['kv_cache_bytes_planned'] / 2**20:.2f} MiB; 'as alone': {section['matches_unpadded']}"
+    )
     return "\n".join(lines)

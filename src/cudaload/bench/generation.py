@@ -1,0 +1,259 @@
+"""The generation comparison: the plan's generation settings against default `generate()`.
+
+One model is loaded with the plan's from_pretrained kwargs; then a batch of prompts of different
+lengths is generated, in interleaved rounds (as `harness` does), with:
+
+- the plan's settings (`plan.generation`: its `generate_kwargs` and `padding_side`);
+- default `generate()`: no cache arguments, inputs padded on the side a tokenizer pads by default
+  (the checkpoint's tokenizer_config.json `padding_side`, else transformers'
+  `PreTrainedTokenizerBase.padding_side = "right"`);
+- every cache implementation the plan rejected (e.g. "static" on a CPU), with the plan's padding.
+
+For each: decode tokens/s over the batch, generate() seconds, peak memory (measured as `harness`
+does), the KV-cache bytes generate() really held (summed over the returned cache's tensors) beside
+the plan's estimate, and how many sequences continued exactly as they do when generated alone,
+unpadded (greedy decoding: a mismatch means padding changed the output, as right padding does to a
+decoder-only model).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..generation import CACHE_IMPLEMENTATIONS
+from .harness import Workload, _describe, _Memory, _StepClock
+from .results import _median, _ratio
+
+__all__ = ["GenerationVariant", "compare_generation", "generation_variants", "prompt_lengths"]
+
+TRANSFORMERS_PADDING_SIDE = "right"
+"""`PreTrainedTokenizerBase.padding_side` (tokenization_utils_base.py): what a tokenizer pads on
+unless its tokenizer_config.json says otherwise."""
+
+
+@dataclass
+class GenerationVariant:
+    """One way of calling generate(), and what was measured of it."""
+
+    name: str
+    generate_kwargs: dict[str, Any]
+    padding_side: str
+    is_plan: bool = False
+    is_default: bool = False
+    error: str | None = None
+    generate_s: list[float] = field(default_factory=list)
+    decode_tps: list[float] = field(default_factory=list)
+    weights_bytes: int | None = None
+    peak_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    matches_unpadded: int | None = None
+    """Sequences whose greedy continuation equals the one generated for them alone (warm-up round)."""
+
+    @property
+    def cache(self) -> str:
+        return str(self.generate_kwargs.get("cache_implementation", "default"))
+
+    def to_dict(self, default: GenerationVariant | None, batch: int) -> dict[str, Any]:
+        generate_s, decode = _median(self.generate_s), _median(self.decode_tps)
+        base_s = _median(default.generate_s) if default else None
+        base_tps = _median(default.decode_tps) if default else None
+        return {
+            "name": self.name,
+            "generate_kwargs": self.generate_kwargs,
+            "padding_side": self.padding_side,
+            "is_plan": self.is_plan,
+            "is_default": self.is_default,
+            "ok": self.error is None and decode is not None,
+            "error": self.error,
+            "generate_s": generate_s,
+            "decode_tokens_per_s": decode,
+            "peak_memory_bytes": self.peak_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "matches_unpadded": self.matches_unpadded,
+            "sequences": batch,
+            # Over default generate(): >1 this variant is faster / uses more memory.
+            "speedup_over_default": {
+                "generate": _ratio(base_s, generate_s),
+                "decode": _ratio(decode, base_tps),
+            },
+            "memory_over_default": _ratio(self.peak_bytes, default.peak_bytes if default else None),
+        }
+
+
+def default_padding_side(path: Path) -> str:
+    """The side the checkpoint's own tokenizer pads on by default (transformers' default without one)."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return TRANSFORMERS_PADDING_SIDE
+    side = config.get("padding_side") if isinstance(config, dict) else None
+    return side if side in ("left", "right") else TRANSFORMERS_PADDING_SIDE
+
+
+def generation_variants(generation: Any, default_padding: str) -> list[GenerationVariant]:
+    """The plan's settings, default generate() and each rejected cache, without duplicates.
+
+    Two variants are the same when they build the same cache and pad on the same side; the plan's
+    row then also carries `is_default`."""
+    planned = GenerationVariant("plan", dict(generation.generate_kwargs), generation.padding_side, is_plan=True)
+    default = GenerationVariant("default generate()", {}, default_padding, is_default=True)
+    variants = [planned]
+    if (planned.cache, planned.padding_side) == (default.cache, default.padding_side):
+        planned.is_default = True
+    else:
+        variants.append(default)
+    rejected = generation.decision("generation.cache_implementation").rejected
+    for option in rejected:
+        if option.value not in CACHE_IMPLEMENTATIONS:
+            continue
+        candidate = GenerationVariant(
+            f"{option.value} cache", {"cache_implementation": option.value}, generation.padding_side
+        )
+        if all((v.cache, v.padding_side) != (candidate.cache, candidate.padding_side) for v in variants):
+            variants.append(candidate)
+    return variants
+
+
+def prompt_lengths(prompt_tokens: int, batch: int) -> list[int]:
+    """Lengths from `prompt_tokens` down to about half of it, so a batch needs padding."""
+    return [max(1, prompt_tokens - i * prompt_tokens // (2 * batch)) for i in range(batch)]
+
+
+def _padded(torch: Any, prompts: list[Any], side: str, pad: int) -> tuple[Any, Any]:
+    longest = max(int(p.shape[0]) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        n = int(p.shape[0])
+        where = slice(longest - n, longest) if side == "left" else slice(0, n)
+        ids[i, where], mask[i, where] = p, 1
+    return ids, mask
+
+
+def _cache_bytes(cache: Any) -> int | None:
+    """Bytes of the K/V tensors a transformers Cache holds (None when it exposes no layers)."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        return None
+    total = 0
+    for layer in layers:
+        for tensor in (getattr(layer, "keys", None), getattr(layer, "values", None)):
+            if tensor is not None and hasattr(tensor, "nbytes"):
+                total += int(tensor.nbytes)
+    return total
+
+
+def compare_generation(
+    path: Path,
+    the_plan: Any,
+    work: Workload,
+    batch: int,
+    vocab_size: int,
+    *,
+    on_cuda: bool,
+    say: Callable[[str], None] = lambda line: None,
+) -> dict[str, Any]:
+    """Measure every generation variant on one model loaded with the plan (see the module docstring)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ..loaders import input_device
+
+    generation = the_plan.generation
+    variants = generation_variants(generation, default_padding_side(path))
+    memory = _Memory(torch, on_cuda)
+
+    def sync() -> None:
+        if on_cuda:
+            torch.cuda.synchronize()
+
+    lengths = prompt_lengths(work.prompt_tokens, batch)
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, max(vocab_size, 3), (n,), generator=generator) for n in lengths]
+    new = work.new_tokens
+    previous_threads = torch.get_num_threads()
+    if work.threads is not None:
+        torch.set_num_threads(work.threads)
+    say(f"generation: loading the model with the plan, {len(variants)} generate() variants")
+    kwargs = the_plan.from_pretrained_kwargs()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    device = input_device(model)
+    weights = int(model.get_memory_footprint())
+
+    def generate(ids: Any, mask: Any, settings: dict[str, Any], clock: Any = None) -> Any:
+        return model.generate(
+            input_ids=ids.to(device),
+            attention_mask=mask.to(device),
+            do_sample=False,
+            min_new_tokens=new,
+            max_new_tokens=new,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            logits_processor=[clock] if clock is not None else None,
+            **settings,
+        )
+
+    try:
+        with torch.inference_mode():
+            say("generation: each prompt alone, unpadded (the reference continuation)")
+            alone = [generate(p[None], torch.ones(1, int(p.shape[0]), dtype=torch.long), {}) for p in prompts]
+            reference = [out.sequences[0, -new:].cpu() for out in alone]
+            del alone
+            rounds = work.warmup + work.repeats
+            for r in range(rounds):
+                say(f"generation round {r + 1}/{rounds}")
+                for v in variants:
+                    if v.error is not None:
+                        continue
+                    v.weights_bytes = weights
+                    ids, mask = _padded(torch, prompts, v.padding_side, pad)
+                    clock = _StepClock(sync)
+                    try:
+                        with memory.watch(v) if r >= work.warmup else nullcontext():
+                            sync()
+                            start = time.perf_counter()
+                            out = generate(ids, mask, v.generate_kwargs, clock)
+                            sync()
+                            seconds = time.perf_counter() - start
+                    except Exception as exc:  # an unusable setting is a result, not a crash
+                        v.error = _describe(exc)
+                        continue
+                    continuation = out.sequences[:, ids.shape[1] :].cpu()
+                    if r == 0:
+                        v.kv_cache_bytes = _cache_bytes(out.past_key_values)
+                        v.matches_unpadded = sum(
+                            bool(torch.equal(continuation[i], reference[i])) for i in range(len(prompts))
+                        )
+                    del out
+                    if r >= work.warmup:
+                        span = clock.stamps[-1] - clock.stamps[0] if len(clock.stamps) > 1 else 0.0
+                        v.generate_s.append(seconds)
+                        v.decode_tps.append(
+                            len(prompts) * (new - 1) / span if span > 0 else len(prompts) * new / seconds
+                        )
+    finally:
+        torch.set_num_threads(previous_threads)
+
+    default = next(v for v in variants if v.is_default)
+    rows = [v.to_dict(default, len(prompts)) for v in variants]
+    # generate() sizes and fills the cache for max_length - 1 tokens: the last token is never fed
+    # back (generation/utils.py, `max_cache_length = generation_config.max_length - 1`).
+    kept = max(lengths) + new - 1
+    return {
+        "batch": len(prompts),
+        "prompt_lengths": lengths,
+        "new_tokens": new,
+        "plan": generation.to_dict(),
+        "kv_cache_bytes_planned": generation.kv_cache_bytes(len(prompts), kept),
+        "kv_cache_measured": "bytes of the K/V tensors in the cache generate() returned",
+        "matches_unpadded": "sequences whose greedy continuation equals generating that prompt alone, unpadded",
+        "peak_memory": memory.method if memory.available else "not measured (no /proc/self/clear_refs)",
+        "variants": rows,
+    }
