@@ -36,6 +36,12 @@ class FakeProbe:
     def driver_version(self) -> str | None:
         return "575.51"
 
+    def __enter__(self) -> FakeProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
 
 def probe(devices: list[RawDevice], **env: str):
     return probe_gpus(env, [lambda: FakeProbe(devices)])

@@ -7,6 +7,7 @@ applied afterwards by the pure `visible.visible_gpus`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,14 @@ class ProbeFailed(Exception):
 
 
 class GpuProbe(Protocol):
+    """One way of reading the GPUs. Used as a context manager: what it started (NVML) is shut down
+    on exit, whether or not reading succeeded."""
+
     name: str
+
+    def __enter__(self) -> GpuProbe: ...
+
+    def __exit__(self, *exc: object) -> None: ...
 
     def devices(self) -> list[RawDevice]: ...
 
@@ -96,6 +104,18 @@ class NvmlProbe:
         except pynvml.NVMLError as exc:
             no_driver = isinstance(exc, (pynvml.NVMLError_LibraryNotFound, pynvml.NVMLError_DriverNotLoaded))
             raise ProbeFailed(f"NVML could not start: {exc}", no_driver=no_driver) from exc
+        self._started = True
+
+    def __enter__(self) -> NvmlProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # NVML counts nvmlInit calls; each needs its nvmlShutdown, or the library (and its handle
+        # on the driver) stays loaded for the life of the process (vLLM wraps it the same way).
+        if self._started:
+            self._started = False
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlShutdown()
 
     def driver_version(self) -> str | None:
         try:
@@ -176,6 +196,12 @@ class TorchProbe:
             raise ProbeFailed("torch sees no CUDA device")
         self._torch: Any = torch
 
+    def __enter__(self) -> TorchProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None  # a CUDA context, once created, lives as long as the process
+
     def driver_version(self) -> str | None:
         return None
 
@@ -228,8 +254,9 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
     notes: list[str] = []
     for factory in probes:
         try:
-            candidate: GpuProbe = factory()
-            raw = candidate.devices()
+            with factory() as candidate:
+                raw = candidate.devices()
+                driver = candidate.driver_version()
         except ProbeFailed as exc:
             notes.append(f"{getattr(factory, 'name', factory)}: {exc}")
             if exc.no_driver:
@@ -244,7 +271,5 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
         else:
             gpus, warnings = visible_gpus(raw, env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
         late = late_visibility_warning(_initialised_cuda_device_count(), len(gpus))
-        return GpuReport(
-            gpus, candidate.name, candidate.driver_version(), (*warnings, *([late] if late else [])), tuple(notes)
-        )
+        return GpuReport(gpus, candidate.name, driver, (*warnings, *([late] if late else [])), tuple(notes))
     return GpuReport((), "none", None, (), tuple(notes))
