@@ -64,9 +64,8 @@ def _attempt(cmd: list[str]) -> tuple[int | None, str, str]:
 
 def _run(build: Callable[[], list[str]], what: str) -> None:
     """Run the command `build()` makes (a fresh port each time). A run that hangs is tried once
-    more: a gloo teardown hung once in CI (transformers 5.25, torchrun trainer_worker) after every
-    rank had finished, and did not recur in three runs by hand. The first hang's tracebacks are
-    kept as a warning, so a pass after a retry still shows where it hung; two hangs fail."""
+    more, its tracebacks kept as a warning (a pass after a retry still shows where it hung); two
+    hangs fail. The one hang seen so far, the gloo teardown deadlock in `worker_exit`, is fixed."""
     code, out, err = _attempt(build())
     if code is None:
         warnings.warn(f"{what} hung (no exit in {TIMEOUT_S} s); retrying once:\n{err[-3000:]}", stacklevel=2)
@@ -143,18 +142,6 @@ def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
     assert reports[0]["losses"] != reports[1]["losses"]
 
 
-def _transformers_release() -> tuple[int, ...]:
-    from importlib.metadata import version
-
-    return tuple(int(p) for p in version("transformers").split(".")[:2])
-
-
-# Inside the full suite on transformers 5.25.0 this launch hung after both ranks had trained (twice
-# in CI, 240 s each); alone it passes in 11-12 s. Skipped there until the teardown race is found;
-# the tested set (5.22) runs it, and so do the other torchrun tests on every version.
-@pytest.mark.skipif(
-    _transformers_release() >= (5, 25), reason="hangs at teardown inside the full suite on transformers 5.25"
-)
 def test_torchrun_trainer_is_data_parallel_on_cpu(tiny_models, tmp_path: Path) -> None:
     reports = _torchrun("trainer_worker.py", tmp_path, str(tiny_models["qwen3"]))
     for report in reports:

@@ -61,6 +61,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
     dist.destroy_process_group()
+    exit_without_teardown()  # while main's locals live: see worker_exit
 
 
 if __name__ == "__main__":

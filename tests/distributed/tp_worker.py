@@ -41,6 +41,7 @@ def main(model_path: str, out_dir: str) -> None:
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
     dist.barrier()
+    exit_without_teardown()  # while main's locals live: see worker_exit
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ def main(model_path: str, out_dir: str) -> None:
         # ("terminate called without an active exception") while the other still talks to it.
         dist.barrier()
         dist.destroy_process_group()
+    exit_without_teardown()  # while main's locals live: see worker_exit
 
 
 if __name__ == "__main__":

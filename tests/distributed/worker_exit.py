@@ -12,6 +12,12 @@ def exit_without_teardown() -> None:
     At teardown the DDP Reducer and torch's ProcessGroupGloo are destroyed; the destructor can join
     a gloo thread that waits for the GIL the main thread holds (seen as a 300 s hang), or abort
     ("terminate called without an active exception", SIGABRT). Every report is written by now.
+
+    Call it as the worker's last statement *inside* main(): when main() returns, its locals are
+    freed, and the DDP Reducer held the last reference to the gloo group. py-spy of a hung rank
+    (2026-12-04, torch 2.13.0): the main thread in `~Reducer` -> `~ProcessGroupGloo` ->
+    `std::thread::join`, holding the GIL; the gloo thread it joins in `~AsyncAllgatherWork` ->
+    `decref_pyobject`, waiting for the GIL. Exiting from inside main() frees nothing.
     """
     sys.stdout.flush()
     sys.stderr.flush()
