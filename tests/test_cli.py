@@ -96,3 +96,20 @@ def test_a_model_without_logits_is_not_called_verified(tiny_models) -> None:
 
     model = load(str(tiny_models["llama"]), model_class="AutoModel")
     assert model.cudaload_plan.verified is None
+
+
+def test_doctor_reports_invalid_launch_variables_instead_of_failing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    from cudaload.capability import detect
+
+    detect.cache_clear()
+    try:
+        assert main(["doctor"]) == 0
+    finally:
+        detect.cache_clear()
+    out = capsys.readouterr().out
+    assert "Launch: env rank 5/2" in out
+    assert "no plan: The distributed launch variables are invalid: RANK=5 is not below WORLD_SIZE=2" in out

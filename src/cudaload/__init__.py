@@ -23,6 +23,7 @@ _EXPORTS = {
     "tokenizer_for": "cudaload.tokenizers",
     "pipeline": "cudaload.pipelines",
     "GenerationPlan": "cudaload.generation",
+    "FinetunePlan": "cudaload.plans",
     "detect": "cudaload.capability",
     "Plan": "cudaload.plans",
     "Decision": "cudaload.plans",
@@ -65,6 +66,7 @@ __all__ = [
     "DtypeUnsupportedError",
     "Fallback",
     "FinetuneConfigError",
+    "FinetunePlan",
     "GenerationPlan",
     "Gpu",
     "Hub",
@@ -122,7 +124,7 @@ if TYPE_CHECKING:
     from .model_facts import ModelFacts, read_model_facts
     from .pipelines import pipeline
     from .planner import plan
-    from .plans import Decision, Plan, Rejected
+    from .plans import Decision, FinetunePlan, Plan, Rejected
     from .policy.request import Workload
     from .tokenizers import tokenizer_for
 

@@ -24,20 +24,23 @@ def _gib(n: int | None) -> str:
 
 
 def _backends(machine: Machine) -> dict[str, Any]:
+    """What a plan for a generic model would choose here: the policy decides, doctor prints."""
     from .model_facts import reference_model
-    from .policy.attention import decide_attention
-    from .policy.precision import decide_dtype
+    from .planner import plan
 
     model = reference_model()
-    dtype, _ = decide_dtype(machine, model, None)
-    decision, chain = decide_attention(machine, model, dtype.value, None)
+    try:
+        planned = plan(model, machine=machine)
+    except CudaloadError as exc:  # e.g. invalid launch variables: doctor reports, it does not fail
+        return {"model": model.source, "error": str(exc)}
+    dtype, attention = planned.decision("dtype"), planned.decision("attn_implementation")
     return {
         "model": model.source,
         "dtype": dtype.value,
         "dtype_reason": dtype.reason,
-        "attention_chain": list(chain),
-        "attention_reason": decision.reason,
-        "unusable": {str(r.value): r.reason for r in decision.rejected},
+        "attention_chain": list(planned.attention_chain),
+        "attention_reason": attention.reason,
+        "unusable": {str(r.value): r.reason for r in attention.rejected},
     }
 
 
@@ -135,9 +138,15 @@ def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
         ),
         "",
         f"What you get here (for {backends['model']}):",
-        f"  dtype: {backends['dtype']} - {backends['dtype_reason']}",
-        f"  attention: {' -> '.join(backends['attention_chain'])} - {backends['attention_reason']}",
-        *(f"  x {name}: {why}" for name, why in backends["unusable"].items()),
+        *(
+            [f"  no plan: {backends['error']}"]
+            if "error" in backends
+            else [
+                f"  dtype: {backends['dtype']} - {backends['dtype_reason']}",
+                f"  attention: {' -> '.join(backends['attention_chain'])} - {backends['attention_reason']}",
+                *(f"  x {name}: {why}" for name, why in backends["unusable"].items()),
+            ]
+        ),
     ]
     if machine.warnings:
         lines += ["", "Warnings:", *(f"  {w}" for w in machine.warnings)]

@@ -11,13 +11,14 @@ from typing import Any
 
 from .errors import FinetuneConfigError, MissingPackageError
 from .loaders import apply_plan
-from .plans import Plan
+from .plans import FinetunePlan, Plan
 
 __all__ = ["load_for_finetune", "training_arguments"]
 
 
-def _prepare(model: Any, checkpointing: bool) -> None:
-    """Freeze the base and set up checkpointing, without peft's fp32 upcast.
+def _prepare(model: Any, finetune: FinetunePlan) -> None:
+    """Apply the plan's k-bit preparation: freeze the base, checkpointing as planned, the planned
+    `use_cache`; without peft's fp32 upcast.
 
     peft's `prepare_model_for_kbit_training` also casts every non-quantized weight (norms,
     embeddings, lm_head) to fp32, which multiplies their memory (81 GB vs 63 GB peak in one
@@ -25,8 +26,8 @@ def _prepare(model: Any, checkpointing: bool) -> None:
     """
     for param in model.parameters():
         param.requires_grad_(False)
-    if checkpointing:
-        kwargs = {"use_reentrant": False}
+    if finetune.gradient_checkpointing:
+        kwargs = dict(finetune.checkpointing_kwargs)
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:  # the old name, deprecated (FutureWarning) since 5.23
@@ -34,7 +35,7 @@ def _prepare(model: Any, checkpointing: bool) -> None:
         # With the embeddings frozen, the checkpointed blocks' inputs need grads for the
         # backward to reach the adapters.
         model.enable_input_require_grads()
-        model.config.use_cache = False  # a KV cache is useless in training and conflicts with checkpointing
+    model.config.use_cache = finetune.use_cache
 
 
 def load_for_finetune(
@@ -57,7 +58,7 @@ def load_for_finetune(
     lora: LoraConfig overrides (r, lora_alpha, lora_dropout, target_modules, ...).
     Under torchrun / accelerate each rank loads the whole model on its own device
     (`device_map={"": LOCAL_RANK}`; none under FSDP / ZeRO-3). `model.cudaload_plan` is the
-    AppliedPlan; its `plan.extras["training_arguments"]` feeds `training_arguments()`.
+    AppliedPlan; its `plan.finetune.training_arguments` feeds `training_arguments()`.
 
     The base weights are frozen (without peft's fp32 upcast of norms and embeddings), gradient
     checkpointing is enabled when planned, and the load is always verified by a short forward in
@@ -79,7 +80,7 @@ def load_for_finetune(
 
     Returns:
         A peft `PeftModel` with trainable LoRA adapters; `model.cudaload_plan` is the
-        `AppliedPlan`, its `plan.extras["trainable_parameters"]` the adapters' parameter count.
+        `AppliedPlan`, its `plan.finetune.trainable_parameters` the adapters' parameter count.
 
     Raises:
         MissingPackageError: peft is not installed, or `quantize="4bit"`/`"8bit"` without a usable
@@ -102,7 +103,7 @@ def load_for_finetune(
         >>> from cudaload.demo import build_tiny_model
         >>> path = build_tiny_model(tempfile.mkdtemp())
         >>> model = cudaload.load_for_finetune(path, quantize=None, dtype="float32", seq_len=64)
-        >>> type(model).__name__, model.cudaload_plan.plan.extras["trainable_parameters"]
+        >>> type(model).__name__, model.cudaload_plan.plan.finetune.trainable_parameters
         ('PeftModelForCausalLM', 32768)
         >>> args = cudaload.training_arguments(model)  # transformers 5.23 renamed the flag
         >>> args.get("gradient_checkpointing", args.get("activation_checkpointing"))
@@ -128,18 +129,19 @@ def load_for_finetune(
         **overrides,
     )
     planned = time.perf_counter() - start
+    assert the_plan.finetune is not None  # plan(finetune=True) always has the section
     base = apply_plan(the_plan, model_class=model_class, strict=strict, verify=True, training=True)
-    _prepare(base, gradient_checkpointing)
+    _prepare(base, the_plan.finetune)
     with warnings.catch_warnings():
         # peft (<= 0.21.2) reads the deprecated `is_gradient_checkpointing`, a FutureWarning on
         # transformers >= 5.23 that the caller cannot act on.
         warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
-        peft_model = get_peft_model(base, LoraConfig(**the_plan.extras["lora"]))
+        peft_model = get_peft_model(base, LoraConfig(**the_plan.finetune.lora))
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     applied = base.cudaload_plan
     peft_model.cudaload_plan = replace(
         applied,
-        plan=replace(applied.plan, extras={**applied.plan.extras, "trainable_parameters": trainable}),
+        plan=replace(applied.plan, finetune=replace(the_plan.finetune, trainable_parameters=trainable)),
         timings={"plan": planned, **applied.timings},
     )
     return peft_model
@@ -177,20 +179,16 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
          'gradient_checkpointing_kwargs': {'use_reentrant': False}, 'output_dir': 'out'}
     """
     if model_or_plan is None:
-        from .capability import detect
-        from .model_facts import any_model
-        from .policy.finetune import decide_training_arguments
-        from .policy.precision import decide_dtype
+        from .model_facts import reference_model
+        from .planner import plan
 
-        machine = detect()
-        dtype, _ = decide_dtype(machine, any_model(), None)
-        _, args = decide_training_arguments(machine, str(dtype.value), False, True)
-        return {**args, **overrides}
-    plan = model_or_plan if isinstance(model_or_plan, Plan) else model_or_plan.cudaload_plan.plan
-    planned = plan.extras.get("training_arguments")
-    if planned is None:
+        # Planned as any fine-tuning plan is, for a 16-bit model: the flags do not depend on its size.
+        model_or_plan = plan(reference_model(), finetune=True, quantize=None)
+    the_plan = model_or_plan if isinstance(model_or_plan, Plan) else model_or_plan.cudaload_plan.plan
+    if the_plan.finetune is None:
         raise FinetuneConfigError(
             "This plan is not a fine-tuning plan (no training arguments): build it with "
             "cudaload.plan(..., finetune=True) or load the model with load_for_finetune()."
         )
+    planned = the_plan.finetune.training_arguments
     return {**planned, **overrides}

@@ -285,7 +285,7 @@ def _plan_generation(
         gen_facts,
         dtype=result.dtype,
         attention=result.attn_implementation,
-        weight_bytes=int(result.extras.get("weight_bytes", 0)),
+        weight_bytes=result.weight_bytes or 0,
         device_map=result.kwargs.get("device_map"),
         quantized="quantization_config" in result.kwargs or facts.quantized is not None,
         workload=request.workload,

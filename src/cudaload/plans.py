@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from .generation import GenerationPlan
 
-__all__ = ["Decision", "Plan", "Rejected"]
+__all__ = ["Decision", "DecisionSource", "FinetunePlan", "Plan", "Rejected"]
+
+
+DecisionSource = Literal["auto", "user"]
+"""Who made a Decision: cudaload ("auto") or the caller ("user")."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class Decision:
     value: Any
     reason: str
     rejected: tuple[Rejected, ...] = ()
-    source: str = "auto"
+    source: DecisionSource = "auto"
     """"auto" when cudaload decided, "user" when the caller set it."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +104,59 @@ def _short(value: Any, width: int) -> str:
 
 
 @dataclass(frozen=True)
+class FinetunePlan:
+    """The fine-tuning section of a Plan (`plan.finetune`): what `load_for_finetune()` applies.
+
+    Attributes:
+        lora: `peft.LoraConfig` keyword arguments (the "lora" decision's value).
+        training_arguments: `TrainingArguments` keyword arguments (`training_arguments()` returns
+            them, with yours on top).
+        memory_estimate: The training-memory estimate per quantization option ("16bit", "4bit",
+            "8bit"; each a dict of bytes with a "total"), and under "assumes" the sequence length,
+            batch size and checkpointing it assumes.
+        gradient_checkpointing: Activation checkpointing is on.
+        checkpointing_kwargs: The keyword arguments checkpointing is enabled with on the model
+            (the planned `..._checkpointing_kwargs` training argument).
+        use_cache: The model's `config.use_cache` while training (the "use_cache" decision).
+        trainable_parameters: The adapters' parameter count, known once `load_for_finetune()`
+            has added them; None in a plan that loaded nothing.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> a100 = cudaload.Machine.simulated("A100")
+        >>> section = cudaload.plan(path, machine=a100, finetune=True).finetune
+        >>> section.lora["r"], section.gradient_checkpointing, section.checkpointing_kwargs, section.use_cache
+        (16, True, {'use_reentrant': False}, False)
+        >>> section.training_arguments["bf16"], section.trainable_parameters
+        (True, None)
+        >>> cudaload.plan(path, machine=a100).finetune is None  # an inference plan has no section
+        True
+    """
+
+    lora: Mapping[str, Any]
+    training_arguments: Mapping[str, Any]
+    memory_estimate: Mapping[str, Any]
+    gradient_checkpointing: bool
+    checkpointing_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    use_cache: bool = False
+    trainable_parameters: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as the fine-tuning keys of `Plan.to_dict()["extras"]` (stable since 0.1)."""
+        out: dict[str, Any] = {
+            "lora": jsonable(self.lora),
+            "training_arguments": jsonable(self.training_arguments),
+            "memory_estimate": jsonable(self.memory_estimate),
+            "gradient_checkpointing": self.gradient_checkpointing,
+        }
+        if self.trainable_parameters is not None:
+            out["trainable_parameters"] = self.trainable_parameters
+        return out
+
+
+@dataclass(frozen=True)
 class Plan:
     """What `plan()` decided: the exact from_pretrained keyword arguments and the reason for each.
 
@@ -118,9 +175,11 @@ class Plan:
         decisions: One `Decision` per setting.
         warnings: Settings that work but cost you (load() issues each as a CudaloadWarning).
         explicit: Settings the caller set: they never fall back.
-        extras: Plan facts that are not from_pretrained kwargs: "parameters", "model_class",
-            "weight_bytes", and for fine-tuning plans "lora", "training_arguments",
-            "memory_estimate" (after `load_for_finetune()` also "trainable_parameters").
+        model_class: The transformers Auto class the model loads with (e.g.
+            "AutoModelForCausalLM"); `load(plan)` uses it.
+        parameters: The model's parameter count (tied weights once); None when unknown.
+        weight_bytes: The weights' size in memory as planned (dtype and quantization applied).
+        finetune: The fine-tuning section (`FinetunePlan`); None for inference plans.
         timings: Seconds spent planning on measurements: "probe" when the CPU dtype probe ran
             (not cached).
         generation: Generation settings (`GenerationPlan`); None for plans that do not generate
@@ -150,8 +209,10 @@ class Plan:
     warnings: tuple[str, ...] = ()
     explicit: frozenset[str] = frozenset()
     """Settings the caller set: they never fall back."""
-    extras: Mapping[str, Any] = field(default_factory=dict)
-    """Plan facts that are not from_pretrained kwargs (fine-tuning settings, estimates)."""
+    model_class: str = "AutoModelForCausalLM"
+    parameters: int | None = None
+    weight_bytes: int | None = None
+    finetune: FinetunePlan | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds spent planning on measurements: "probe" when the CPU dtype probe ran (not cached)."""
     generation: GenerationPlan | None = None
@@ -172,6 +233,20 @@ class Plan:
     @property
     def dtype(self) -> str:
         return str(self.kwargs["dtype"])
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """The plan's facts that are not from_pretrained kwargs, as one JSON-ready dict (the
+        "extras" of `to_dict()`): "parameters", "model_class", "weight_bytes", and for a
+        fine-tuning plan the `FinetunePlan` keys ("lora", "training_arguments",
+        "memory_estimate", "gradient_checkpointing", after loading "trainable_parameters").
+        Read the typed attributes in code; this is the stable JSON view."""
+        out: dict[str, Any] = {"parameters": self.parameters, "model_class": self.model_class}
+        if self.finetune is not None:
+            out |= self.finetune.to_dict()
+        if self.weight_bytes is not None:
+            out["weight_bytes"] = self.weight_bytes
+        return out
 
     def with_attention(self, implementation: str) -> Plan:
         """This plan with another attention implementation (used when falling back)."""
@@ -219,7 +294,7 @@ class Plan:
             for r in d.rejected:
                 rejected = _short(r.value, VALUE_WIDTH - 2)
                 lines.append(f"  {'':<{width}}  x {rejected:<{VALUE_WIDTH - 2}}  {r.reason}")
-        estimate = self.extras.get("memory_estimate")
+        estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
             assumes = estimate["assumes"]
             lines.append(

@@ -60,7 +60,7 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
         source = model_or_plan.model
         revision = model_or_plan.kwargs.get("revision")
         generation = model_or_plan.generation
-        generates = any(k in str(model_or_plan.extras.get("model_class", "")) for k in ("CausalLM", "Seq2SeqLM"))
+        generates = any(k in model_or_plan.model_class for k in ("CausalLM", "Seq2SeqLM"))
     else:
         source = str(getattr(model_or_plan, "name_or_path", "") or model_or_plan.config._name_or_path)
         revision = None

@@ -24,7 +24,7 @@ optimizer's state exist; the gradients were dropped):
   imports).
 
 Each measurement sits next to the plan's estimate of the same quantity (`estimate_training_memory`,
-in `plan.extras["memory_estimate"]`, for this run's seq_len x batch):
+in `plan.finetune.memory_estimate`, for this run's seq_len x batch):
 
 - `step`: growth over the baseline during the timed steps <-> activations + LoRA gradients (fp32,
   4 bytes per adapter parameter): what the measured phase allocates.
@@ -226,10 +226,10 @@ def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
     from ..model_facts import read_model_facts
     from ..policy.memory import lora_parameters
 
-    extras = plan.extras
+    finetune = plan.finetune
     quantization = plan.decision("quantize").value
-    lora = dict(extras["lora"])
-    estimates = extras["memory_estimate"]
+    lora = dict(finetune.lora)
+    estimates = finetune.memory_estimate
     estimate = estimates["16bit" if quantization is None else quantization]
     facts = read_model_facts(path)
     adapters = lora_parameters(facts, int(lora["r"]), tuple(lora["target_modules"]))
@@ -239,9 +239,9 @@ def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
         "quantization": quantization,
         "quantization_config": plan.kwargs.get("quantization_config"),
         "lora": lora,
-        "optimizer": extras["training_arguments"].get("optim"),
-        "training_arguments": dict(extras["training_arguments"]),
-        "gradient_checkpointing": extras.get("gradient_checkpointing"),
+        "optimizer": finetune.training_arguments.get("optim"),
+        "training_arguments": dict(finetune.training_arguments),
+        "gradient_checkpointing": finetune.gradient_checkpointing,
         "decisions": {d.setting: d.reason for d in plan.decisions if d.setting in ("dtype", "quantize", "lora")},
         "memory_estimate": {"assumes": estimates["assumes"], **estimate},
         "lora_parameters_estimated": adapters,

@@ -11,7 +11,7 @@ from typing import Any
 from ..capability.facts import Machine
 from ..errors import PlacementError
 from ..model_facts import ModelFacts
-from ..plans import Decision, Plan, Rejected
+from ..plans import Decision, FinetunePlan, Plan, Rejected
 from .attention import decide_attention
 from .devices import check_max_memory, usable_machine
 from .finetune import decide_lora, decide_training_arguments
@@ -51,7 +51,7 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         "dtype": dtype.value,
         "attn_implementation": attention.value,
     }
-    extras: dict[str, Any] = {"parameters": model.parameters, "model_class": model.model_class}
+    finetune: FinetunePlan | None = None
     quantize: str | None = None
     estimates: dict[str | None, TrainingMemory] = {}
     if request.training:
@@ -80,15 +80,19 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         training, training_args = decide_training_arguments(
             machine, dtype.value, quantize is not None, request.gradient_checkpointing
         )
-        decisions += [quant, lora, _kbit_preparation(quantize), *training]
-        extras |= {
-            "lora": lora_config,
-            "training_arguments": training_args,
-            "memory_estimate": _estimates_dict(estimates, request),
-            "gradient_checkpointing": request.gradient_checkpointing,
-        }
+        use_cache = _training_cache(request.gradient_checkpointing)
+        decisions += [quant, lora, _kbit_preparation(quantize), use_cache, *training]
+        finetune = FinetunePlan(
+            lora=lora_config,
+            training_arguments=training_args,
+            memory_estimate=_estimates_dict(estimates, request),
+            gradient_checkpointing=request.gradient_checkpointing,
+            checkpointing_kwargs=next(
+                (d.value for d in training if d.setting.endswith("checkpointing_kwargs")), {}
+            ),
+            use_cache=use_cache.value,
+        )
     size = weight_bytes(model, dtype.value, quantize)
-    extras["weight_bytes"] = size
     tp_requested = bool({"tp_plan", "tp_size", "distributed_config"} & set(request.passthrough))
     tensor_parallel = decide_tensor_parallel(
         machine, model, size, request.training, tp_requested or request.device_map is not None
@@ -132,7 +136,10 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         decisions=tuple(decisions),
         warnings=tuple(warnings),
         explicit=explicit,
-        extras=extras,
+        model_class=model.model_class,
+        parameters=model.parameters,
+        weight_bytes=size,
+        finetune=finetune,
     )
 
 
@@ -150,6 +157,16 @@ def _kbit_preparation(quantize: str | None) -> Decision:
             ),
         ),
     )
+
+
+def _training_cache(checkpointing: bool) -> Decision:
+    """config.use_cache while fine-tuning: off. Training reads no KV cache, and with checkpointing on
+    transformers turns it off by itself with a warning ("Caching is incompatible with gradient
+    checkpointing", modeling_layers.py `GradientCheckpointingLayer.__call__`)."""
+    reason = "training runs whole sequences and never reads a KV cache; building one costs memory"
+    if checkpointing:
+        reason += " (and transformers would turn it off under checkpointing, with a warning)"
+    return Decision("use_cache", False, reason, (Rejected(True, "a cache is only read when generating"),))
 
 
 def _estimates_dict(estimates: dict[str | None, TrainingMemory], request: Request) -> dict[str, Any]:
