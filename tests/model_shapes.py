@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cudaload.model_facts import ModelFacts, any_model
+from cudaload.facts.model import ModelFacts, any_model
 
 PROJ = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
 

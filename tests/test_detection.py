@@ -6,10 +6,10 @@ import pytest
 
 from cudaload.capability import detect_uncached
 from cudaload.capability.cpu import parse_cpuinfo, parse_meminfo
-from cudaload.capability.facts import GiB
 from cudaload.capability.gpus import ProbeFailed, probe_gpus
 from cudaload.capability.launch import read_launch
 from cudaload.capability.visible import RawDevice, RawMigSlice, parse_visible_devices
+from cudaload.facts.machine import GiB
 
 A100 = dict(
     name="NVIDIA A100-SXM4-80GB", capability=(8, 0), total_memory=80 * GiB, free_memory=79 * GiB, multiprocessors=108
@@ -249,8 +249,8 @@ def test_launch(
 
 # --- installed packages and the Hub-kernel cache -------------------------------------------------
 
-from cudaload.capability.facts import Software  # noqa: E402
 from cudaload.capability.software import find_cached_kernel, flash_provided, probe_hub  # noqa: E402
+from cudaload.facts.machine import Software  # noqa: E402
 
 
 @pytest.mark.parametrize(

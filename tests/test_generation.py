@@ -12,9 +12,9 @@ import pytest
 
 import cudaload
 from cudaload import Machine
-from cudaload.capability.facts import GiB
 from cudaload.cli import main
 from cudaload.errors import ModelConfigError, SettingError
+from cudaload.facts.machine import GiB
 from cudaload.generation import CACHE_IMPLEMENTATIONS, GenerationFacts, KvLayers, read_generation_facts
 from cudaload.policy.generation import decide_generation
 from cudaload.policy.request import WORKLOADS

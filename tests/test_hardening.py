@@ -14,7 +14,7 @@ from cudaload import Machine, ModelConfigError, PlacementError, SettingError
 from cudaload.capability.launch import read_launch
 from cudaload.cli import main
 from cudaload.demo import build_tiny_model
-from cudaload.model_facts import any_model
+from cudaload.facts.model import any_model
 from cudaload.policy import Request, make_plan
 
 MODEL = replace(any_model(), parameters=1_000_000, hidden_size=64, num_layers=2, vocab_size=256)

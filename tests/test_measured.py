@@ -14,9 +14,10 @@ import cudaload
 from cudaload import CudaloadWarning, DtypeProbe, Machine, TuningRecord, Workload, WorkloadError
 from cudaload.capability import detect, measure_for
 from cudaload.capability.dtype_probe import cached_dtype_probe, measure_dtypes, shape_bucket
-from cudaload.capability.facts import DTYPES, TunedVariant
 from cudaload.capability.tuning import read_tuning_records, write_tuning_record
-from cudaload.model_facts import any_model
+from cudaload.facts.dtypes import DTYPES
+from cudaload.facts.machine import TunedVariant
+from cudaload.facts.model import any_model
 from cudaload.policy import Request, make_plan
 from cudaload.policy.request import workload_from
 

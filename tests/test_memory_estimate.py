@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from cudaload.model_facts import ModelFacts, any_model
+from cudaload.facts.model import ModelFacts, any_model
 from cudaload.policy.memory import (
     CUDA_OVERHEAD,
     estimate_training_memory,

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from cudaload import AttentionUnavailableError, DtypeUnsupportedError, Machine, MissingPackageError, PlacementError
-from cudaload.capability.facts import Launch
-from cudaload.catalog import KNOWN_GPUS
-from cudaload.model_facts import ModelFacts, any_model
+from cudaload.facts.catalog import KNOWN_GPUS
+from cudaload.facts.machine import Launch
+from cudaload.facts.model import ModelFacts, any_model
 from cudaload.policy import Request, make_plan
 
 LLAMA_8B = replace(

@@ -80,7 +80,7 @@ def test_accelerate_cpu_launch_that_got_one_process_is_noted() -> None:
 from dataclasses import replace  # noqa: E402
 
 from cudaload import Machine  # noqa: E402
-from cudaload.capability.facts import GiB, Launch  # noqa: E402
+from cudaload.facts.machine import GiB, Launch  # noqa: E402
 from cudaload.policy import Request, make_plan  # noqa: E402
 from cudaload.policy.placement import HEADROOM  # noqa: E402
 from model_shapes import llama  # noqa: E402

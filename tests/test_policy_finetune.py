@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from cudaload import FinetuneConfigError, Machine, MissingPackageError, PlacementError, QuantizationError
-from cudaload.capability.facts import Launch
-from cudaload.model_facts import ModelFacts
+from cudaload.facts.machine import Launch
+from cudaload.facts.model import ModelFacts
 from cudaload.policy import Request, make_plan
 from model_shapes import PROJ, llama
 

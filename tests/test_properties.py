@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cudaload import CudaloadError, Machine
-from cudaload.capability.facts import Launch
-from cudaload.catalog import KNOWN_GPUS
-from cudaload.model_facts import any_model
+from cudaload.facts.catalog import KNOWN_GPUS
+from cudaload.facts.machine import Launch
+from cudaload.facts.model import any_model
 from cudaload.policy import Request, make_plan
 from cudaload.upstream import FLASH_OPTIONS
 

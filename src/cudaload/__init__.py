@@ -28,14 +28,14 @@ _EXPORTS = {
     "Plan": "cudaload.plans",
     "Decision": "cudaload.plans",
     "Rejected": "cudaload.plans",
-    "Machine": "cudaload.capability.facts",
-    "Gpu": "cudaload.capability.facts",
-    "Cpu": "cudaload.capability.facts",
-    "Software": "cudaload.capability.facts",
-    "Hub": "cudaload.capability.facts",
-    "HubKernel": "cudaload.capability.facts",
-    "Launch": "cudaload.capability.facts",
-    "ModelFacts": "cudaload.model_facts",
+    "Machine": "cudaload.facts.machine",
+    "Gpu": "cudaload.facts.machine",
+    "Cpu": "cudaload.facts.machine",
+    "Software": "cudaload.facts.machine",
+    "Hub": "cudaload.facts.machine",
+    "HubKernel": "cudaload.facts.machine",
+    "Launch": "cudaload.facts.machine",
+    "ModelFacts": "cudaload.facts.model",
     "read_model_facts": "cudaload.model_facts",
     "CudaloadError": "cudaload.errors",
     "AttentionUnavailableError": "cudaload.errors",
@@ -51,8 +51,8 @@ _EXPORTS = {
     "UnknownGpuError": "cudaload.errors",
     "WorkloadError": "cudaload.errors",
     "Workload": "cudaload.policy.request",
-    "DtypeProbe": "cudaload.capability.facts",
-    "TuningRecord": "cudaload.capability.facts",
+    "DtypeProbe": "cudaload.facts.machine",
+    "TuningRecord": "cudaload.facts.machine",
 }
 
 __all__ = [
@@ -101,7 +101,6 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .capability import detect
-    from .capability.facts import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
     from .errors import (
         AttentionUnavailableError,
         CudaloadError,
@@ -118,10 +117,12 @@ if TYPE_CHECKING:
         UnknownGpuError,
         WorkloadError,
     )
+    from .facts.machine import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
+    from .facts.model import ModelFacts
     from .finetune import load_for_finetune, training_arguments
     from .generation import GenerationPlan
     from .loaders import AppliedPlan, Fallback, load
-    from .model_facts import ModelFacts, read_model_facts
+    from .model_facts import read_model_facts
     from .pipelines import pipeline
     from .planner import plan
     from .plans import Decision, FinetunePlan, Plan, Rejected

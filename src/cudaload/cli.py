@@ -12,8 +12,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .capability.facts import GiB, Launch, Machine
 from .errors import CudaloadError, MissingPackageError
+from .facts.machine import GiB, Launch, Machine
 from .plans import jsonable
 
 __all__ = ["main"]
@@ -25,7 +25,7 @@ def _gib(n: int | None) -> str:
 
 def _backends(machine: Machine) -> dict[str, Any]:
     """What a plan for a generic model would choose here: the policy decides, doctor prints."""
-    from .model_facts import reference_model
+    from .facts.model import reference_model
     from .planner import plan
 
     model = reference_model()
@@ -82,7 +82,7 @@ def _probe_lines(machine: Machine) -> list[str]:
 
 def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
     from .capability import measure_for
-    from .model_facts import reference_model
+    from .facts.model import reference_model
     from .policy.devices import usable_machine
 
     # What a plan may use here: GPUs this torch cannot drive are reported and planned around.

@@ -179,7 +179,7 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
          'gradient_checkpointing_kwargs': {'use_reentrant': False}, 'output_dir': 'out'}
     """
     if model_or_plan is None:
-        from .model_facts import reference_model
+        from .facts.model import reference_model
         from .planner import plan
 
         # Planned as any fine-tuning plan is, for a 16-bit model: the flags do not depend on its size.

@@ -188,7 +188,7 @@ class GenerationPlan:
 
     def kv_cache_bytes(self, batch: int, context: int) -> int:
         """KV-cache bytes for `batch` sequences of `context` tokens in the plan's dtype."""
-        from .policy.memory import BYTES
+        from .facts.dtypes import BYTES
 
         return self.facts.kv_bytes(batch, context, BYTES.get(self.dtype, 4))
 

@@ -279,8 +279,8 @@ def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[
 
 def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> GenerationPlan:
     """The generation decisions again, with the attention and dtype the loaded model has."""
+    from .facts.dtypes import BYTES
     from .policy.generation import decide_generation
-    from .policy.memory import BYTES
 
     inputs = dict(planned.inputs)
     machine = inputs.pop("machine")

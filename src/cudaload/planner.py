@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .capability.facts import Machine
 from .errors import DtypeUnsupportedError, FinetuneConfigError, ModelConfigError, QuantizationError, SettingError
-from .model_facts import ModelFacts, read_model_facts
+from .facts.machine import Machine
+from .facts.model import ModelFacts
+from .model_facts import read_model_facts
 from .plans import Plan
 
 if TYPE_CHECKING:

@@ -24,7 +24,6 @@ __all__ = [
     "TESTED_KERNELS_RANGE",
     "FlashOption",
     "fa4_head_dims_ok",
-    "flash_preference",
     "hub_kernel_version",
 ]
 
@@ -95,18 +94,6 @@ def fa4_head_dims_ok(head_dims: tuple[int, ...], qk_v: tuple[int, int] | None) -
 FLASH_DISTRIBUTIONS: dict[str, tuple[str, str]] = {
     name: (o.distribution, o.module) for name, o in FLASH_OPTIONS.items()
 }
-
-
-def flash_preference(major: int) -> tuple[str, ...]:
-    """FlashAttention versions in order of preference for a GPU generation (vLLM's order)."""
-    order: tuple[int, ...]
-    if major == 9:
-        order = (3, 4, 2)
-    elif major == 10:
-        order = (4, 2)
-    else:
-        order = (2, 3, 4)
-    return tuple(f"flash_attention_{v}" for v in order)
 
 
 def hub_kernel_version(repo: str, torch_version: str | None, transformers_version: str | None = None) -> int | None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import cudaload
-from cudaload.model_facts import reference_model
+from cudaload.facts.model import reference_model
 
 
 def main(out_dir: str) -> None:

@@ -230,8 +230,8 @@ def _save_record(
     model_key: str, machine: Any, result: dict[str, Any], rows: list[VariantResult], threads: int
 ) -> Path | None:
     """Store the measured grid (every variant that ran, bare excluded) as a tuning record."""
-    from ..capability.facts import TunedVariant, TuningRecord
     from ..capability.tuning import write_tuning_record
+    from ..facts.machine import TunedVariant, TuningRecord
 
     work = result["workload"]
     if work["batch"] != 1:

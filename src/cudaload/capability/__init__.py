@@ -12,16 +12,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..facts.machine import Cpu, Gpu, Hub, HubKernel, Launch, Machine, Software
 from .cpu import probe_cpu
 from .dtype_probe import cached_dtype_probe, probe_enabled, shape_bucket, torch_threads
-from .facts import Cpu, Gpu, Hub, HubKernel, Launch, Machine, Software
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
 from .software import probe_hub, probe_software
 from .tuning import read_tuning_records
 
 if TYPE_CHECKING:
-    from ..model_facts import ModelFacts
+    from ..facts.model import ModelFacts
 
 __all__ = [
     "Cpu",

@@ -6,7 +6,7 @@ import os
 import platform
 from pathlib import Path
 
-from .facts import Cpu
+from ..facts.machine import Cpu
 
 __all__ = ["parse_cpuinfo", "parse_meminfo", "probe_cpu"]
 

@@ -28,8 +28,9 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from ..facts.dtypes import DTYPES
+from ..facts.machine import DtypeProbe, Machine
 from .cache import cache_dir, cache_key, read_json, write_json
-from .facts import DTYPES, DtypeProbe, Machine
 
 __all__ = [
     "PREFILL_TOKENS",

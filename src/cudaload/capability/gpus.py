@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .facts import Gpu
+from ..facts.machine import Gpu
 from .visible import RawDevice, RawMigSlice, visible_gpus
 
 __all__ = ["GpuProbe", "GpuReport", "NvmlProbe", "ProbeFailed", "TorchProbe", "late_visibility_warning", "probe_gpus"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .facts import Launch
+from ..facts.machine import Launch
 
 __all__ = ["read_launch"]
 

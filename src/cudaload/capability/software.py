@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from ..facts.machine import Hub, HubKernel, Software
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
-from .facts import Hub, HubKernel, Software
 
 __all__ = [
     "check_hub_reachable",

@@ -12,8 +12,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..facts.machine import TunedVariant, TuningRecord
 from .cache import cache_dir, cache_key, read_json, write_json
-from .facts import TunedVariant, TuningRecord
 
 __all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .facts import Gpu
+from ..facts.machine import Gpu
 
 __all__ = ["RawDevice", "RawMigSlice", "parse_visible_devices", "visible_gpus"]
 

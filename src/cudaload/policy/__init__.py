@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capability.facts import Machine
 from ..errors import PlacementError
-from ..model_facts import ModelFacts
+from ..facts.machine import Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, FinetunePlan, Plan, Rejected
 from .attention import decide_attention
 from .devices import check_max_memory, usable_machine
@@ -87,9 +87,7 @@ def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             training_arguments=training_args,
             memory_estimate=_estimates_dict(estimates, request),
             gradient_checkpointing=request.gradient_checkpointing,
-            checkpointing_kwargs=next(
-                (d.value for d in training if d.setting.endswith("checkpointing_kwargs")), {}
-            ),
+            checkpointing_kwargs=next((d.value for d in training if d.setting.endswith("checkpointing_kwargs")), {}),
             use_cache=use_cache.value,
         )
     size = weight_bytes(model, dtype.value, quantize)

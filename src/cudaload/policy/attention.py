@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from ..capability.facts import Machine
 from ..errors import AttentionUnavailableError
-from ..model_facts import ModelFacts
+from ..facts.machine import Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..upstream import (
     FA4_MAJORS_WIDE,
@@ -22,11 +22,22 @@ from ..upstream import (
     FLASH_MAX_HEAD_DIM,
     FLASH_OPTIONS,
     fa4_head_dims_ok,
-    flash_preference,
 )
 from .kernels import kernels_status
 
 __all__ = ["decide_attention"]
+
+
+def flash_preference(major: int) -> tuple[str, ...]:
+    """FlashAttention versions in order of preference for a GPU generation (vLLM's order)."""
+    order: tuple[int, ...]
+    if major == 9:
+        order = (3, 4, 2)
+    elif major == 10:
+        order = (4, 2)
+    else:
+        order = (2, 3, 4)
+    return tuple(f"flash_attention_{v}" for v in order)
 
 
 def _hub_kernel(machine: Machine, repo: str) -> tuple[bool, str]:

@@ -12,8 +12,8 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..capability.facts import Machine
 from ..errors import PlacementError
+from ..facts.machine import Machine
 
 __all__ = ["check_device_map", "check_max_memory", "usable_machine"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..capability.facts import Machine
 from ..errors import FinetuneConfigError
-from ..model_facts import ModelFacts
+from ..facts.machine import Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 
 __all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "lora_targets"]

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capability.facts import GiB, Machine
 from ..errors import SettingError
+from ..facts.dtypes import BYTES
+from ..facts.machine import GiB, Machine
 from ..generation import CACHE_IMPLEMENTATIONS, GenerationFacts, GenerationPlan
 from ..plans import Decision, Rejected
-from .memory import BYTES
 from .request import Workload
 
 __all__ = [

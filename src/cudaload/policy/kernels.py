@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from ..capability.facts import Machine
 from ..errors import MissingPackageError
+from ..facts.machine import Machine
 from ..plans import Decision, Rejected
 
 __all__ = ["decide_use_kernels", "kernels_status"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..capability.facts import DtypeProbe, Machine, TunedVariant, TuningRecord
-from ..model_facts import ModelFacts
+from ..facts.machine import DtypeProbe, Machine, TunedVariant, TuningRecord
+from ..facts.model import ModelFacts
 from .request import Workload
 
 __all__ = ["Estimate", "matching_record", "probe_estimate", "record_estimate"]

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..model_facts import ModelFacts
+from ..facts.dtypes import BYTES
+from ..facts.model import ModelFacts
 
 __all__ = [
     "TrainingMemory",
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 CUDA_OVERHEAD = 1 << 30  # CUDA context + allocator slack
-BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32 = 4
 # bitsandbytes 8-bit optimizers (bitsandbytes/optim/optimizer.py:502-529, optim/adamw.py:20).
 BNB_MIN_8BIT_SIZE = 4096

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..capability.facts import GiB, Machine
 from ..errors import PlacementError
-from ..model_facts import ModelFacts
+from ..facts.machine import GiB, Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .devices import check_device_map
 

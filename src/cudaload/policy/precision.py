@@ -3,38 +3,28 @@ dtype measured fastest for the workload on this CPU (the static ISA table only w
 
 from __future__ import annotations
 
-from ..capability.facts import DTYPES, DtypeProbe, Machine
 from ..errors import DtypeUnsupportedError
-from ..model_facts import ModelFacts
+from ..facts.dtypes import DTYPES, canonical_dtype
+from ..facts.machine import DtypeProbe, Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .measured import Estimate, matching_record, probe_estimate, record_estimate
 from .request import Workload
 
 __all__ = ["decide_dtype", "normalise_dtype"]
 
-_ALIASES = {
-    "float": "float32",
-    "fp32": "float32",
-    "float32": "float32",
-    "half": "float16",
-    "fp16": "float16",
-    "float16": "float16",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-}
-
 
 def normalise_dtype(value: object, checkpoint: str | None) -> str:
     """'bfloat16' for torch.bfloat16, 'bf16', ...; "auto" means the checkpoint's dtype."""
-    name = str(value).removeprefix("torch.")
-    if name == "auto":
+    if str(value) == "auto":
         return checkpoint or "float32"
-    if name not in _ALIASES:
+    name = canonical_dtype(value)
+    if name is None:
         raise DtypeUnsupportedError(
             f"dtype={value!r} is not a dtype cudaload can plan with. Use 'bfloat16', 'float16', 'float32' "
             "or 'auto' (the checkpoint's dtype), or leave it unset."
         )
-    return _ALIASES[name]
+    return name
 
 
 def _user_dtype(machine: Machine, model: ModelFacts, dtype: str, asked: str) -> tuple[Decision, tuple[str, ...]]:

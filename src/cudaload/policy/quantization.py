@@ -6,9 +6,9 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..capability.facts import GiB, Machine
 from ..errors import MissingPackageError, QuantizationError
-from ..model_facts import ModelFacts
+from ..facts.machine import GiB, Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .memory import TrainingMemory
 from .placement import TRAINING_SHARE

@@ -8,8 +8,8 @@ the links of the attention chain. A setting the user gave is never replaced.
 
 from __future__ import annotations
 
-from ..capability.facts import Machine
-from ..model_facts import ModelFacts
+from ..facts.machine import Machine
+from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .measured import matching_record, record_estimate
 from .request import Workload

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .capability.facts import GiB, Gpu
-from .errors import UnknownGpuError
+from ..errors import UnknownGpuError
+from .machine import GiB, Gpu
 
 __all__ = ["KNOWN_GPUS", "CatalogGpu", "lookup_gpu"]
 

@@ -9,7 +9,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
-    "DTYPES",
     "Cpu",
     "DtypeProbe",
     "Gpu",
@@ -266,10 +265,6 @@ class Launch:
         return self.strategy == "fsdp" or (self.strategy == "deepspeed" and self.zero_stage == 3)
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""The floating dtypes cudaload plans with and measures."""
-
-
 @dataclass(frozen=True)
 class DtypeProbe:
     """`F.linear` timed on this machine's CPU per dtype: a prefill-shaped GEMM, a decode-shaped GEMV,
@@ -524,8 +519,8 @@ class Machine:
             >>> [gpu.sm for gpu in machine.gpus], machine.weakest_gpu.name
             (['sm_80', 'sm_75'], 'Tesla T4')
         """
-        from ..catalog import lookup_gpu
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
+        from .catalog import lookup_gpu
 
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
         gpus = tuple(lookup_gpu(name).as_gpu(i) for i, name in enumerate(names))

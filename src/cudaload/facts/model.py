@@ -1,0 +1,180 @@
+"""What the policy knows about a model: `ModelFacts`, plain data (no reading, no deciding).
+
+`read_model_facts()` (cudaload/model_facts.py) builds them from a config; the policy takes them as
+arguments, and tests build them by hand (`any_model()`, `reference_model()`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..upstream import FP16_FRAGILE_FAMILIES
+
+__all__ = ["ModelFacts", "any_model", "reference_model"]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the policy knows about a model, read from its config and class alone (no weights).
+
+    `read_model_facts()` builds it; `plan()` accepts it in place of a model (for planning a model
+    without its files, e.g. in tests), except with `generate=True`.
+
+    Attributes:
+        source: Where the config came from: the path or Hub id (a config object's `_name_or_path`).
+        model_type: The config's `model_type` (e.g. "qwen3", "llama", "gpt2").
+        model_class: The class the Auto class resolves to (e.g. "Qwen3ForCausalLM").
+        auto_class: The Auto class it was resolved with (e.g. "AutoModelForCausalLM").
+        supports_flash: The class supports FlashAttention (`_supports_flash_attn`).
+        supports_sdpa: The class supports torch SDPA (`_supports_sdpa`).
+        supports_flex: The class supports flex attention (`_supports_flex_attn`).
+        parameters: Exact count of the model's parameters (tied weights counted once).
+        checkpoint_dtype: "float32", "float16" or "bfloat16" from the config (or, without one,
+            the safetensors header); None when unknown.
+        head_dim: The attention head dimension; None when unknown.
+        num_layers: Decoder layers; None when unknown.
+        hidden_size: Hidden size; None when unknown.
+        sliding_window: The sliding attention window in tokens; None without one.
+        softcap: `attn_logit_softcapping` (Gemma 2): SDPA cannot apply it; of the FlashAttention
+            kernels only FA2 is known to. None without it.
+        quantized: The checkpoint's `quantization_config.quant_method` (e.g. "bitsandbytes",
+            "gptq"), if already quantized; else None.
+        remote_code: The config has an `auto_map` (the repository ships its own code).
+        linear_names: Leaf names of the nn.Linear layers in the decoder (LoRA targets), lm_head
+            excluded.
+        linear_shapes: (leaf name, in_features, out_features, how many) for those layers.
+        vocab_size: The vocabulary size; None when unknown.
+        conv1d: Projections are transformers' Conv1D (GPT-2 style), not nn.Linear.
+        head_dims: Every attention head dimension the config declares: a FlashAttention kernel
+            must support each. Empty when unknown.
+        qk_v_head_dims: (query-key, value) head dims when they differ (MLA); else None.
+        expert_parameters: Fused MoE expert weights (3-D parameters), which LoRA reaches through
+            peft's `target_parameters`; empty for dense models.
+        compatible_flash: The class's `_compatible_flash_implementations`, or None.
+        attention_heads: `num_attention_heads`; None when unknown.
+        kv_heads: `num_key_value_heads` (= heads without GQA); None when unknown.
+        tp_plan: The config has a `base_model_tp_plan` (`tp_plan="auto"` can shard it).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> facts = cudaload.read_model_facts(str(build_tiny_model(tempfile.mkdtemp())))
+        >>> facts.model_type, facts.model_class, facts.checkpoint_dtype, facts.num_layers, facts.kv_heads
+        ('qwen3', 'Qwen3ForCausalLM', 'bfloat16', 2, 2)
+        >>> facts.linear_names
+        ('down_proj', 'gate_proj', 'k_proj', 'o_proj', 'q_proj', 'up_proj', 'v_proj')
+    """
+
+    source: str
+    model_type: str
+    model_class: str
+    auto_class: str
+    supports_flash: bool
+    supports_sdpa: bool
+    supports_flex: bool
+    parameters: int
+    """Exact count of the model's parameters (tied weights counted once)."""
+    checkpoint_dtype: str | None = None
+    head_dim: int | None = None
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    sliding_window: int | None = None
+    softcap: float | None = None
+    """`attn_logit_softcapping` (Gemma 2): SDPA cannot apply it; of the FlashAttention kernels only
+    FA2 is known to (transformers raises for a kernel without it)."""
+    quantized: str | None = None
+    """The checkpoint's `quantization_config.quant_method`, if already quantized."""
+    remote_code: bool = False
+    linear_names: tuple[str, ...] = ()
+    """Leaf names of the nn.Linear layers in the decoder (LoRA targets), lm_head excluded."""
+    linear_shapes: tuple[tuple[str, int, int, int], ...] = ()
+    """(leaf name, in_features, out_features, how many) for those layers."""
+    vocab_size: int | None = None
+    conv1d: bool = False
+    """Projections are transformers' Conv1D (GPT-2 style), not nn.Linear."""
+    head_dims: tuple[int, ...] = ()
+    """Every attention head dimension the config declares (head_dim, sliding/global variants, MLA's
+    query-key and value dims): a FlashAttention kernel must support each. Empty when unknown."""
+    qk_v_head_dims: tuple[int, int] | None = None
+    """(query-key, value) head dims when they differ (MLA, e.g. DeepSeek's 192/128)."""
+    expert_parameters: tuple[str, ...] = ()
+    """Fused MoE expert weights (3-D nn.Parameters such as `mlp.experts.gate_up_proj`, named from the
+    layer down): transformers 5 fuses experts, so `target_modules` cannot reach them; peft's
+    `target_parameters` can."""
+    compatible_flash: tuple[str, ...] | None = None
+    """The class's `_compatible_flash_implementations`: transformers replaces any other
+    FlashAttention request with the first of these it can run (modeling_utils.py)."""
+    attention_heads: int | None = None
+    kv_heads: int | None = None
+    """`num_attention_heads` and `num_key_value_heads` (= heads without GQA): tensor parallelism splits
+    heads, so both must divide the TP size."""
+    tp_plan: bool = False
+    """The config has a `base_model_tp_plan`: `tp_plan="auto"` can shard it (transformers' `supports_tp_plan`)."""
+
+    @property
+    def linear_parameters(self) -> int:
+        """Weights in those layers: what 4-/8-bit quantization shrinks."""
+        return sum(fan_in * fan_out * count for _, fan_in, fan_out, count in self.linear_shapes)
+
+    @property
+    def shape_key(self) -> str:
+        """The model's shape as one string: architecture, sizes, linear layers and checkpoint dtype.
+
+        Two checkpoints with the same key run the same computation at the same speed, so a
+        benchmark of one (a tuning record) applies to the other.
+        """
+        linears = ",".join(f"{name}:{fan_in}x{fan_out}x{count}" for name, fan_in, fan_out, count in self.linear_shapes)
+        return (
+            f"{self.model_class} params={self.parameters} layers={self.num_layers} hidden={self.hidden_size} "
+            f"head_dim={self.head_dim} vocab={self.vocab_size} dtype={self.checkpoint_dtype} linears={linears}"
+        )
+
+    @property
+    def intermediate_size(self) -> int | None:
+        """The widest decoder projection (the MLP's), from the linear layers; None when unknown."""
+        return max((max(fan_in, fan_out) for _, fan_in, fan_out, _ in self.linear_shapes), default=None)
+
+    @property
+    def fp16_fragile(self) -> bool:
+        return self.model_type in FP16_FRAGILE_FAMILIES
+
+
+def any_model() -> ModelFacts:
+    """A bf16 model that supports every attention backend: asks "what would I get here?"."""
+    return ModelFacts(
+        source="(any model supporting FlashAttention and SDPA)",
+        model_type="llama",
+        model_class="a model",
+        auto_class="AutoModelForCausalLM",
+        supports_flash=True,
+        supports_sdpa=True,
+        supports_flex=True,
+        parameters=0,
+        checkpoint_dtype="bfloat16",
+    )
+
+
+def reference_model() -> ModelFacts:
+    """any_model() with the shape of Llama-3.2-1B (16 layers, hidden 2048, MLP 8192, vocab 128256):
+    a concrete size for "what dtype would a measured plan pick here?" (`cudaload doctor`)."""
+    layers = 16
+    shapes = (
+        ("down_proj", 8192, 2048, layers),
+        ("gate_proj", 2048, 8192, layers),
+        ("k_proj", 2048, 512, layers),
+        ("o_proj", 2048, 2048, layers),
+        ("q_proj", 2048, 2048, layers),
+        ("up_proj", 2048, 8192, layers),
+        ("v_proj", 2048, 512, layers),
+    )
+    return replace(
+        any_model(),
+        source="a Llama-3.2-1B-shaped model",
+        parameters=1_235_814_400,
+        head_dim=64,
+        num_layers=layers,
+        hidden_size=2048,
+        vocab_size=128_256,
+        linear_names=tuple(name for name, *_ in shapes),
+        linear_shapes=shapes,
+    )
