@@ -15,13 +15,13 @@ from cudaload.capability.launch import read_launch
 from cudaload.cli import main
 from cudaload.demo import build_tiny_model
 from cudaload.facts.model import any_model
-from cudaload.policy import Request, make_plan
+from cudaload.policy import Request, decide_plan
 
 MODEL = replace(any_model(), parameters=1_000_000, hidden_size=64, num_layers=2, vocab_size=256)
 
 
 def plan_for(machine: Machine, **request):
-    return make_plan(machine, MODEL, Request(**request))
+    return decide_plan(machine, MODEL, Request(**request))
 
 
 def test_gpus_a_cpu_only_torch_cannot_drive_are_planned_around_loudly() -> None:

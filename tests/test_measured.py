@@ -18,7 +18,7 @@ from cudaload.capability.tuning import read_tuning_records, write_tuning_record
 from cudaload.facts.dtypes import DTYPES
 from cudaload.facts.machine import TunedVariant
 from cudaload.facts.model import any_model
-from cudaload.policy import Request, make_plan
+from cudaload.policy import Request, decide_plan
 from cudaload.policy.request import workload_from
 
 # A 0.6B-shaped model: 28 layers of hidden 1024, MLP 3072, vocab 151936, saved in bf16.
@@ -75,7 +75,7 @@ def cpu(dtype_probe: DtypeProbe | None = None, tuning=()) -> Machine:
 
 
 def plan_for(machine: Machine, model=QWEN, **request):
-    return make_plan(machine, model, Request(**request))
+    return decide_plan(machine, model, Request(**request))
 
 
 # ---- policy: measurements passed in -------------------------------------------------------

@@ -10,7 +10,7 @@ from cudaload import AttentionUnavailableError, DtypeUnsupportedError, Machine, 
 from cudaload.facts.catalog import KNOWN_GPUS
 from cudaload.facts.machine import Launch
 from cudaload.facts.model import ModelFacts, any_model
-from cudaload.policy import Request, make_plan
+from cudaload.policy import Request, decide_plan
 
 LLAMA_8B = replace(
     any_model(),
@@ -29,7 +29,7 @@ KERNELS = {"kernels": "0.17.2"}
 
 
 def plan_for(machine: Machine, model: ModelFacts = LLAMA_8B, **request):
-    return make_plan(machine, model, Request(**request))
+    return decide_plan(machine, model, Request(**request))
 
 
 # (gpu, packages, cached hub kernels, offline) -> attention chain, dtype

@@ -81,7 +81,7 @@ from dataclasses import replace  # noqa: E402
 
 from cudaload import Machine  # noqa: E402
 from cudaload.facts.machine import GiB, Launch  # noqa: E402
-from cudaload.policy import Request, make_plan  # noqa: E402
+from cudaload.policy import Request, decide_plan  # noqa: E402
 from cudaload.policy.placement import HEADROOM  # noqa: E402
 from model_shapes import llama  # noqa: E402
 
@@ -117,7 +117,7 @@ TP_TABLE = [
 @pytest.mark.parametrize(("launch", "count", "model", "tp_plan", "device_map", "why"), TP_TABLE)
 def test_tensor_parallel_or_spread_under_torchrun(launch, count, model, tp_plan, device_map, why) -> None:
     machine = Machine.simulated("A100", count=count, launch=launch)
-    plan = make_plan(machine, model, Request())
+    plan = decide_plan(machine, model, Request())
     assert plan.kwargs.get("tp_plan") == tp_plan
     assert plan.kwargs.get("device_map") == device_map
     decision = plan.decision("tp_plan")
@@ -141,14 +141,14 @@ def test_tensor_parallel_or_spread_under_torchrun(launch, count, model, tp_plan,
     ],
 )
 def test_tensor_parallel_is_not_a_question_here(machine, request_) -> None:
-    plan = make_plan(machine, _model(70), request_)
+    plan = decide_plan(machine, _model(70), request_)
     assert "tp_plan" not in plan.kwargs
     assert "tp_plan" not in [d.setting for d in plan.decisions]
 
 
 def test_a_tp_plan_you_pass_drops_the_device_map() -> None:
     """transformers refuses tp_plan together with device_map; on a CPU the plan would set 'cpu'."""
-    plan = make_plan(Machine.simulated(None, launch=_ranks(2)), _model(1), Request(passthrough={"tp_plan": "auto"}))
+    plan = decide_plan(Machine.simulated(None, launch=_ranks(2)), _model(1), Request(passthrough={"tp_plan": "auto"}))
     assert plan.kwargs["tp_plan"] == "auto" and "device_map" not in plan.kwargs
     assert "your tp_plan" in plan.decision("device_map").reason
 
@@ -156,7 +156,7 @@ def test_a_tp_plan_you_pass_drops_the_device_map() -> None:
 def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
     from transformers.distributed import DistributedConfig
 
-    plan = make_plan(Machine.simulated("A100", count=4, launch=_ranks(4)), _model(70), Request())
+    plan = decide_plan(Machine.simulated("A100", count=4, launch=_ranks(4)), _model(70), Request())
     kwargs = plan.from_pretrained_kwargs()
     assert "tp_plan" not in kwargs and isinstance(kwargs["distributed_config"], DistributedConfig)
     assert kwargs["distributed_config"].tp_plan == "auto"
@@ -166,6 +166,6 @@ def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
 @pytest.mark.parametrize("gpu", [None, "A100"])
 def test_sharding_on_a_cpu_only_machine_warns_that_accelerate_runs_ddp(strategy, gpu) -> None:
     launch = replace(_ranks(2, strategy=strategy), zero_stage=3 if strategy == "deepspeed" else None)
-    plan = make_plan(Machine.simulated(gpu, count=2, launch=launch), _model(1), Request(training=True, quantize=None))
+    plan = decide_plan(Machine.simulated(gpu, count=2, launch=launch), _model(1), Request(training=True, quantize=None))
     assert "device_map" not in plan.kwargs
     assert any("plain DDP" in w for w in plan.warnings) == (gpu is None)

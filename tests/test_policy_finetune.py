@@ -9,14 +9,14 @@ import pytest
 from cudaload import FinetuneConfigError, Machine, MissingPackageError, PlacementError, QuantizationError
 from cudaload.facts.machine import Launch
 from cudaload.facts.model import ModelFacts
-from cudaload.policy import Request, make_plan
+from cudaload.policy import Request, decide_plan
 from model_shapes import PROJ, llama
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
 
 
 def finetune(machine: Machine, model: ModelFacts | None = None, **request):
-    return make_plan(machine, model or llama(8), Request(training=True, **{"quantize": "auto", **request}))
+    return decide_plan(machine, model or llama(8), Request(training=True, **{"quantize": "auto", **request}))
 
 
 DDP8 = Launch("torchrun", rank=3, local_rank=3, world_size=8, local_world_size=8, strategy="ddp")

@@ -13,7 +13,7 @@ from cudaload import CudaloadError, Machine
 from cudaload.facts.catalog import KNOWN_GPUS
 from cudaload.facts.machine import Launch
 from cudaload.facts.model import any_model
-from cudaload.policy import Request, make_plan
+from cudaload.policy import Request, decide_plan
 from cudaload.upstream import FLASH_OPTIONS
 
 GPUS = [g.name for g in KNOWN_GPUS]
@@ -87,7 +87,7 @@ def requests(draw: st.DrawFn) -> Request:
 
 def _plan(machine: Machine, model, request: Request):
     try:
-        return make_plan(machine, model, request)
+        return decide_plan(machine, model, request)
     except CudaloadError:
         return None  # refused with our own error: allowed; anything else fails the test
 
@@ -121,7 +121,7 @@ def test_plans_are_valid_for_the_machine_or_refused_with_a_cudaload_error(machin
     if request.device_map is not None:
         assert plan.kwargs["device_map"] == request.device_map
     # Deterministic.
-    assert make_plan(machine, model, request) == plan
+    assert decide_plan(machine, model, request) == plan
 
 
 @settings(max_examples=100, deadline=None)

@@ -20,7 +20,7 @@ _EXPORTS = {
     "AppliedPlan": "cudaload.loaders",
     "Fallback": "cudaload.loaders",
     "CudaloadWarning": "cudaload.errors",
-    "tokenizer_for": "cudaload.tokenizers",
+    "tokenizer_for": "cudaload.tokenizer",
     "pipeline": "cudaload.pipelines",
     "GenerationPlan": "cudaload.generation",
     "FinetunePlan": "cudaload.plans",
@@ -127,7 +127,7 @@ if TYPE_CHECKING:
     from .planner import plan
     from .plans import Decision, FinetunePlan, Plan, Rejected
     from .policy.request import Workload
-    from .tokenizers import tokenizer_for
+    from .tokenizer import tokenizer_for
 
 
 def __getattr__(name: str) -> Any:

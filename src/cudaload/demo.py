@@ -79,7 +79,7 @@ def run_demo(directory: str | Path) -> str:
     import torch
 
     from .loaders import load
-    from .tokenizers import tokenizer_for
+    from .tokenizer import tokenizer_for
 
     path = build_tiny_model(directory)
     model = load(str(path))

@@ -103,7 +103,7 @@ def pipeline(
                 f"{', generating' if task in _GENERATING else ''}): drop {key}={overrides[key]!r}."
             )
     from .loaders import load
-    from .tokenizers import tokenizer_for
+    from .tokenizer import tokenizer_for
 
     generating = task in _GENERATING
     # A generating task's padding side is a plan decision (tokenizer_for follows it); an encoder's

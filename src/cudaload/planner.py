@@ -15,7 +15,7 @@ from .plans import Plan
 
 if TYPE_CHECKING:
     from .generation import GenerationPlan
-from .policy import Request, make_plan
+from .policy import Request, decide_plan
 from .policy.request import Workload, workload_from
 
 __all__ = ["plan", "split_overrides"]
@@ -237,7 +237,7 @@ def plan(
 
         on_cpu = not usable_machine(machine)[0].gpus
         machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
-    result = make_plan(machine, facts, request)
+    result = decide_plan(machine, facts, request)
     if generate or (generate is None and not finetune and not isinstance(model, ModelFacts)):
         try:
             generation = _plan_generation(model, machine, facts, result, request, overrides, generation_settings)

@@ -94,7 +94,7 @@ def run_bench(
     import torch
 
     from ..capability import detect
-    from ..planner import plan as make_plan
+    from ..planner import plan as plan_model
 
     work = workload_for(
         quick=quick,
@@ -119,7 +119,7 @@ def run_bench(
         say("preparing the model")
         bench_model = resolve_model(model, workdir, quick=quick, random_weights=random_weights)
         say(f"model: {bench_model.name} ({bench_model.architecture}) in {bench_model.path}")
-        the_plan = make_plan(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens), generate=True)
+        the_plan = plan_model(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens), generate=True)
         variants = variants_for(the_plan)
         on_cuda = bool(machine.gpus) and torch.cuda.is_available()
         measured = measure(

@@ -1,7 +1,7 @@
 """The pure policy: (machine facts, model facts, request) -> Plan.
 
 No torch, no probing: every fact is an argument, so any machine can be planned for and
-tests pass facts in. One module per decision; `make_plan` composes them.
+tests pass facts in. One module per decision; `decide_plan` composes them.
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ from .quantization import decide_quantization
 from .request import Request, Workload
 from .tuning import tune_on_gpu
 
-__all__ = ["Request", "Workload", "make_plan"]
+__all__ = ["Request", "Workload", "decide_plan"]
 
 
-def make_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
+def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
+    """Every decision for `model` on `machine` as `request` asks, composed into a Plan.
+
+    The names: `cudaload.plan()` (planner.py) gathers the facts (detects the machine, reads the
+    config) and calls this; this decides; `Plan` (plans.py) is what it returns; `load()` applies it.
+    """
     machine, device_warnings = usable_machine(machine)
     warnings: list[str] = [*machine.warnings, *device_warnings, *machine.launch.notes]
     if machine.launch.problems:
