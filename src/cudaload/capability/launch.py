@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..facts.machine import Launch
+from ..facts.machine import Launch, Strategy
 
 __all__ = ["read_launch"]
 
@@ -69,7 +69,7 @@ def read_launch(env: Mapping[str, str]) -> Launch:
             "--multi_gpu --num_processes N, which runs torchrun)."
         )
 
-    strategy: str | None = None
+    strategy: Strategy | None = None
     zero_stage: int | None = None
     if env.get("ACCELERATE_USE_FSDP", "").lower() in _TRUE or env.get("FSDP_SHARDING_STRATEGY"):
         strategy = "fsdp"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 __all__ = [
     "Cpu",
@@ -17,6 +18,7 @@ __all__ = [
     "Launch",
     "Machine",
     "Software",
+    "Strategy",
     "TunedVariant",
     "TuningRecord",
 ]
@@ -214,6 +216,10 @@ class Hub:
         return None
 
 
+Strategy = Literal["ddp", "fsdp", "deepspeed"]
+"""How a distributed launch shares the model: data parallel, FSDP, or DeepSpeed ZeRO."""
+
+
 @dataclass(frozen=True)
 class Launch:
     """How this process was launched (torchrun, accelerate, SLURM) and what it shards with.
@@ -247,7 +253,7 @@ class Launch:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
-    strategy: str | None = None
+    strategy: Strategy | None = None
     """"ddp", "fsdp" or "deepspeed" when known; None for a single process."""
     zero_stage: int | None = None
     problems: tuple[str, ...] = ()
