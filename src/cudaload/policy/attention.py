@@ -8,6 +8,9 @@ upstream does not build for. Several GPUs: the weakest decides.
 
 from __future__ import annotations
 
+import re
+from typing import Literal
+
 from packaging.version import InvalidVersion, Version
 
 from ..errors import AttentionUnavailableError
@@ -25,7 +28,33 @@ from ..upstream import (
 )
 from .kernels import kernels_status
 
-__all__ = ["decide_attention"]
+__all__ = ["AttentionKind", "attention_kind", "decide_attention", "is_flash_attention"]
+
+AttentionKind = Literal["flash", "hub_kernel", "sdpa", "flex", "eager", "other"]
+"""What an `attn_implementation` string is to transformers."""
+
+# transformers' own test for a Hub-kernel attn_implementation ("org/repo[@revision][:function]"):
+# integrations/hub_kernels.py, `is_kernel`.
+_HUB_KERNEL = re.compile(r"^[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
+
+
+def attention_kind(implementation: str) -> AttentionKind:
+    """Classify an `attn_implementation` as transformers does: a FlashAttention package name
+    ("flash_attention_2"...), a Hub kernel repository (its `is_kernel` pattern), "sdpa",
+    "flex_attention", "eager", or another registered name ("other")."""
+    if implementation in FLASH_OPTIONS:
+        return "flash"
+    if _HUB_KERNEL.match(implementation):
+        return "hub_kernel"
+    named: dict[str, AttentionKind] = {"sdpa": "sdpa", "flex_attention": "flex", "eager": "eager"}
+    return named.get(implementation, "other")
+
+
+def is_flash_attention(implementation: str) -> bool:
+    """FlashAttention from its package or a Hub kernel of it (`kernels-community/flash-attn3`,
+    `.../vllm-flash-attn3`): attention that takes no padding mask (varlen / unpadded inputs)."""
+    kind = attention_kind(implementation)
+    return kind == "flash" or (kind == "hub_kernel" and "flash-attn" in implementation.split("/", 1)[1])
 
 
 def flash_preference(major: int) -> tuple[str, ...]:
@@ -150,11 +179,6 @@ def _sdpa(model: ModelFacts) -> tuple[bool, str]:
     return True, "torch SDPA: fused attention on every device"
 
 
-def _is_flash(implementation: str) -> bool:
-    """A FlashAttention option by name or a Hub kernel repository (org/name), as transformers sees it."""
-    return implementation.startswith("flash_attention") or "/" in implementation
-
-
 def _redirected(model: ModelFacts, option: str) -> str:
     accepted = ", ".join(model.compatible_flash or ())
     return (
@@ -171,7 +195,7 @@ def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -
         )
 
     compatible = model.compatible_flash
-    if compatible is not None and requested not in compatible and _is_flash(requested):
+    if compatible is not None and requested not in compatible and attention_kind(requested) in ("flash", "hub_kernel"):
         raise refuse(_redirected(model, requested))
     if requested in FLASH_OPTIONS:
         impl, why = _flash(machine, model, dtype, requested)
@@ -183,12 +207,12 @@ def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -
         if impl is None:
             raise refuse(why)
         return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
-    if requested.startswith("kernels-community/"):
+    if attention_kind(requested) == "hub_kernel":
         ok, why = _hub_kernel(machine, requested)
         if not ok:
             raise refuse(why)
-        if not machine.gpus:
-            raise refuse("Hub attention kernels are built for CUDA and there is no GPU here")
+        if not machine.gpus and is_flash_attention(requested):
+            raise refuse("FlashAttention Hub kernels are built for CUDA and there is no GPU here")
         return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
     if requested == "sdpa":
         ok, why = _sdpa(model)
@@ -200,7 +224,7 @@ def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -
 
 def _consent_needed(machine: Machine, link: str) -> bool:
     """A Hub-kernel link whose code is not in the local cache: using it downloads and runs code."""
-    if "/" not in link:
+    if attention_kind(link) != "hub_kernel":
         return False
     kernel = machine.hub.kernel(link)
     return kernel is None or not kernel.cached
@@ -271,7 +295,7 @@ def decide_attention(
     reasons["eager"] = "the reference implementation: works everywhere, slowest"
 
     choice = chain[0]
-    if _is_flash(choice):
+    if attention_kind(choice) in ("flash", "hub_kernel"):
         where = f"{gpu.name} ({gpu.sm})" if gpu else ""
         reason = f"fastest supported on {where}: {reasons[choice]}"
     else:

@@ -32,6 +32,7 @@ from ..facts.dtypes import BYTES
 from ..facts.machine import GiB, Machine
 from ..generation import CACHE_IMPLEMENTATIONS, GenerationFacts, GenerationPlan
 from ..plans import Decision, Rejected
+from .attention import is_flash_attention
 from .request import Workload
 
 __all__ = [
@@ -343,7 +344,7 @@ def decide_generation(
     decisions.append(cache)
     static = cache.value in ("static", "offloaded_static")
     compiles = static and blocker is None
-    flash = attention.startswith("flash_attention") or "flash-attn" in attention
+    flash = is_flash_attention(attention)
     if compiles:
         compile_reason = (
             "generate() compiles the forward itself with a static cache on a GPU (`_valid_auto_compile_criteria`), "
