@@ -82,7 +82,7 @@ from dataclasses import replace  # noqa: E402
 from cudaload import Machine  # noqa: E402
 from cudaload.facts.machine import GiB, Launch  # noqa: E402
 from cudaload.policy import Request, decide_plan  # noqa: E402
-from cudaload.policy.placement import HEADROOM  # noqa: E402
+from cudaload.policy.fit import HEADROOM  # noqa: E402
 from model_shapes import llama  # noqa: E402
 
 

@@ -15,6 +15,7 @@ from ..plans import Decision, FinetunePlan, Plan, Rejected
 from .attention import decide_attention
 from .devices import check_max_memory, usable_machine
 from .finetune import decide_lora, decide_training_arguments
+from .fit import HEADROOM, percent
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import decide_placement, decide_tensor_parallel
@@ -122,7 +123,11 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     elif max_memory is not None:
         kwargs["max_memory"] = max_memory
         decisions.append(
-            Decision("max_memory", max_memory, "80% of each device's free memory (total memory when free is unknown)")
+            Decision(
+                "max_memory",
+                max_memory,
+                f"{percent(HEADROOM)} of each device's free memory (total memory when free is unknown)",
+            )
         )
     if use_kernels.value:
         kwargs["use_kernels"] = True

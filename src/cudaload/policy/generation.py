@@ -29,10 +29,11 @@ from typing import Any
 
 from ..errors import SettingError
 from ..facts.dtypes import BYTES
-from ..facts.machine import GiB, Machine
+from ..facts.machine import Machine
 from ..generation import CACHE_IMPLEMENTATIONS, GenerationFacts, GenerationPlan
 from ..plans import Decision, Rejected
 from .attention import is_flash_attention
+from .fit import gib
 from .request import Workload
 
 __all__ = [
@@ -56,10 +57,6 @@ workload generates at least this many tokens and at least as many as it reads.""
 PADDING_SIDES = ("left", "right")
 
 
-def _gib(n: float) -> str:
-    return f"{n / GiB:.1f} GiB" if abs(n) >= GiB / 10 else f"{n / 2**20:.1f} MiB"
-
-
 def _size(n: int) -> str:
     return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
 
@@ -74,8 +71,8 @@ def kv_budget(machine: Machine, device_map: Any, weight_bytes: int) -> tuple[int
         if available is None:
             return None, "RAM (size unknown)"
         return int((available - weight_bytes) * CPU_SHARE), (
-            f"{int(CPU_SHARE * 100)}% of the RAM left beside the weights ({_gib(available)} available - "
-            f"{_gib(weight_bytes)} of weights)"
+            f"{int(CPU_SHARE * 100)}% of the RAM left beside the weights ({gib(available)} available - "
+            f"{gib(weight_bytes)} of weights)"
         )
     indices: set[int] = set()
     if isinstance(device_map, str) and device_map.startswith("cuda:"):
@@ -86,8 +83,8 @@ def kv_budget(machine: Machine, device_map: Any, weight_bytes: int) -> tuple[int
     free = sum(g.usable_memory for g in gpus)
     where = gpus[0].name if len(gpus) == 1 else f"{len(gpus)} GPUs"
     return int((free - weight_bytes) * GPU_SHARE), (
-        f"{int(GPU_SHARE * 100)}% of the memory left beside the weights on {where} ({_gib(free)} free - "
-        f"{_gib(weight_bytes)} of weights)"
+        f"{int(GPU_SHARE * 100)}% of the memory left beside the weights on {where} ({gib(free)} free - "
+        f"{gib(weight_bytes)} of weights)"
     )
 
 
@@ -328,14 +325,14 @@ def decide_generation(
             Decision(
                 "generation.max_batch",
                 {"batch": max_batch, "context": chosen_context},
-                f"{fit} fit in {_gib(max(budget, 0))}: {where}, the share transformers' continuous batching "
+                f"{fit} fit in {gib(max(budget, 0))}: {where}, the share transformers' continuous batching "
                 f"gives its cache (`resolve_max_memory_percent`); one sequence fits up to {max_context} tokens",
             )
         )
         if max_batch == 0:
             warnings.append(
                 f"one sequence of {chosen_context} tokens needs {_size(per_sequence)} of KV cache, more than the "
-                f"{_gib(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
+                f"{gib(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
                 "fit), quantize the weights, or use a GPU with more memory."
             )
     offloaded = isinstance(device_map, str) and device_map == "auto" and budget is not None and budget < 0

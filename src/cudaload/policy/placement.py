@@ -10,19 +10,9 @@ from ..facts.machine import GiB, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .devices import check_device_map
+from .fit import HEADROOM, TRAINING_SHARE, fit_one_gpu, gib, percent
 
-__all__ = ["HEADROOM", "TRAINING_SHARE", "decide_placement", "decide_tensor_parallel"]
-
-# Weights may use at most this share of a device's free memory: the rest holds activations,
-# the KV cache and the CUDA context (~0.5 GiB). accelerate's own default keeps 10% free.
-HEADROOM = 0.8
-# A training estimate already counts activations, LoRA/optimizer states and the CUDA context,
-# so it may use more of the device; the quantization decision uses the same share.
-TRAINING_SHARE = 0.9
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+__all__ = ["decide_placement", "decide_tensor_parallel"]
 
 
 def decide_tensor_parallel(
@@ -41,8 +31,8 @@ def decide_tensor_parallel(
     world = launch.world_size
     weakest = min(g.usable_memory for g in machine.gpus)
     budget = int(weakest * HEADROOM)
-    size = f"~{_gib(weight_bytes)} of weights"
-    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({_gib(budget)} usable)")
+    size = f"~{gib(weight_bytes)} of weights"
+    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({gib(budget)} usable)")
     if weight_bytes <= budget:
         return Decision(
             "tp_plan",
@@ -70,12 +60,12 @@ def decide_tensor_parallel(
             "on cuda:LOCAL_RANK"
         )
     elif weight_bytes / world > budget:
-        why_not = f"a 1/{world} shard (~{_gib(weight_bytes / world)}) still exceeds one GPU ({_gib(budget)} usable)"
+        why_not = f"a 1/{world} shard (~{gib(weight_bytes / world)}) still exceeds one GPU ({gib(budget)} usable)"
     if why_not is None:
         return Decision(
             "tp_plan",
             "auto",
-            f"{size} exceed one GPU ({_gib(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
+            f"{size} exceed one GPU ({gib(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
             f"base_model_tp_plan splits its {heads} heads ({kv} key/value) across the {world} ranks, each on its "
             "GPU (cuda:LOCAL_RANK)",
             (data_parallel, Rejected("auto (device_map)", "one rank at a time computes: the other GPUs wait")),
@@ -124,7 +114,7 @@ def decide_placement(
     if requested is not None:
         return _user_placement(machine, requested, quantized), None, ()
     launch = machine.launch
-    size = f"~{_gib(weight_bytes)} of weights"
+    size = f"~{gib(weight_bytes)} of weights"
     if tp_requested or (tensor_parallel is not None and tensor_parallel.value == "auto"):
         who = "your tp_plan" if tp_requested else "tp_plan='auto'"
         return (
@@ -183,7 +173,7 @@ def decide_placement(
                 "auto",
                 f"{size} exceed one GPU and tensor parallelism is out ({why_not_tp}): "
                 f"this rank's copy spreads over the {len(budgets)} GPUs with max_memory = 1/{ranks} of each "
-                f"(80% of free memory, shared by the node's {ranks} ranks)",
+                f"({percent(HEADROOM)} of free memory, shared by the node's {ranks} ranks)",
                 (Rejected({"": launch.local_rank}, f"{size} exceed one GPU"),),
             ),
             spread,
@@ -214,27 +204,26 @@ def decide_placement(
         warnings: tuple[str, ...] = ()
         available = machine.cpu.memory_available
         if available is not None and weight_bytes > available * HEADROOM:
-            warnings = (f"{size} but only {_gib(available)} of RAM available: expect swapping or an OOM kill.",)
+            warnings = (f"{size} but only {gib(available)} of RAM available: expect swapping or an OOM kill.",)
         return Decision("device_map", "cpu", f"no CUDA GPU: {size} in RAM"), None, warnings
     budgets = {g.index: int(g.usable_memory * HEADROOM) for g in machine.gpus}
     if training_bytes is None:
-        need, fits, what = weight_bytes, budgets, size
+        fit, what = fit_one_gpu(machine, weight_bytes, HEADROOM), size
     else:
-        need = training_bytes
-        fits = {g.index: int(g.usable_memory * TRAINING_SHARE) for g in machine.gpus}
-        what = f"~{_gib(training_bytes)} to train (weights, LoRA + AdamW, activations)"
-    for gpu in sorted(machine.gpus, key=lambda g: (-fits[g.index], g.index)):
-        if need <= fits[gpu.index]:
-            return (
-                Decision(
-                    "device_map",
-                    f"cuda:{gpu.index}",
-                    f"{what} fit on {gpu.name} (cuda:{gpu.index}, {_gib(gpu.usable_memory)} free) with headroom",
-                    (Rejected("auto", "splitting a model that fits on one GPU only adds transfers"),),
-                ),
-                None,
-                (),
-            )
+        fit = fit_one_gpu(machine, training_bytes, TRAINING_SHARE)
+        what = f"~{gib(training_bytes)} to train (weights, LoRA + AdamW, activations)"
+    if fit.fits and fit.gpu is not None:
+        gpu = fit.gpu
+        return (
+            Decision(
+                "device_map",
+                f"cuda:{gpu.index}",
+                f"{what} fit on {gpu.name} (cuda:{gpu.index}, {gib(gpu.usable_memory)} free) with headroom",
+                (Rejected("auto", "splitting a model that fits on one GPU only adds transfers"),),
+            ),
+            None,
+            (),
+        )
     max_memory: dict[Any, str] = {i: f"{b / GiB:.1f}GiB" for i, b in budgets.items()}
     total = sum(budgets.values())
     if weight_bytes <= total:
@@ -243,7 +232,7 @@ def decide_placement(
                 "device_map",
                 "auto",
                 f"{size} exceed one GPU: spread over {len(budgets)} GPUs with an explicit max_memory "
-                "(80% of each one's free memory)",
+                f"({percent(HEADROOM)} of each one's free memory)",
             ),
             max_memory,
             (),
@@ -252,7 +241,7 @@ def decide_placement(
     max_memory["cpu"] = f"{available * HEADROOM / GiB:.1f}GiB"
     spill = weight_bytes - total
     warning = (
-        f"{size} exceed all GPU memory: ~{_gib(spill)} will be offloaded to CPU"
+        f"{size} exceed all GPU memory: ~{gib(spill)} will be offloaded to CPU"
         f"{' and disk' if spill > available * HEADROOM else ''}, and every forward copies them back (very slow). "
         "Quantize (4-bit), use more GPUs, or a smaller model."
     )

@@ -7,11 +7,11 @@ from typing import Any
 from packaging.version import Version
 
 from ..errors import MissingPackageError, QuantizationError
-from ..facts.machine import GiB, Machine
+from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from .fit import TRAINING_SHARE, fit_one_gpu, gib
 from .memory import TrainingMemory
-from .placement import TRAINING_SHARE
 
 __all__ = ["QUANTIZE_CHOICES", "bitsandbytes_status", "decide_quantization"]
 
@@ -41,10 +41,6 @@ def _config(quantize: str, dtype: str, machine: Machine) -> dict[str, Any]:
         "bnb_4bit_compute_dtype": dtype,
         "bnb_4bit_quant_storage": storage,
     }
-
-
-def _gib(n: float) -> str:
-    return f"{n / GiB:.1f} GiB"
 
 
 def decide_quantization(
@@ -96,14 +92,15 @@ def decide_quantization(
             None,
             (),
         )
-    gpu = machine.weakest_gpu
-    assert gpu is not None
-    budget = gpu.usable_memory * TRAINING_SHARE
+    # Judged on the GPU placement will use (fit.py): on a mixed machine, the biggest one.
+    fit = fit_one_gpu(machine, plain.total, TRAINING_SHARE)
+    assert fit.gpu is not None
+    gpu, budget = fit.gpu, fit.budget
     how = (
-        f"estimated {_gib(plain.total)} for {dtype} LoRA (weights {_gib(plain.weights)}, LoRA+Adam "
-        f"{_gib(plain.lora)}, activations {_gib(plain.activations)}) vs {_gib(budget)} usable on {gpu.name}"
+        f"estimated {gib(plain.total)} for {dtype} LoRA (weights {gib(plain.weights)}, LoRA+Adam "
+        f"{gib(plain.lora)}, activations {gib(plain.activations)}) vs {gib(budget)} usable on {gpu.name}"
     )
-    if plain.total <= budget:
+    if fit.fits:
         return (
             Decision(
                 "quantize",
@@ -124,14 +121,14 @@ def decide_quantization(
     warnings: tuple[str, ...] = ()
     if four.total > budget:
         warnings = (
-            f"Even 4-bit needs ~{_gib(four.total)} and {gpu.name} has {_gib(budget)} usable: "
+            f"Even 4-bit needs ~{gib(four.total)} and {gpu.name} has {gib(budget)} usable: "
             "shorten sequences, lower the batch, or use a bigger GPU.",
         )
     return (
         Decision(
             "quantize",
             "4bit",
-            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{_gib(four.total)}",
+            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{gib(four.total)}",
             (Rejected(None, "does not fit"),),
         ),
         _config("4bit", dtype, machine),
