@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from packaging.version import Version
+
 __all__ = [
     "FA4_MAJORS_WIDE",
     "FA4_WIDE_VERSION",
@@ -96,6 +98,11 @@ FLASH_DISTRIBUTIONS: dict[str, tuple[str, str]] = {
 }
 
 
+def _release(version: str) -> tuple[int, ...]:
+    """(major, minor) of a version string: "2.13.0+cpu" -> (2, 13), "5.25.0rc1" -> (5, 25)."""
+    return Version(version).release[:2]
+
+
 def hub_kernel_version(repo: str, torch_version: str | None, transformers_version: str | None = None) -> int | None:
     """The `v<N>` branch transformers loads for a Hub attention kernel (FLASH_ATTN_KERNEL_VERSIONS).
 
@@ -105,12 +112,10 @@ def hub_kernel_version(repo: str, torch_version: str | None, transformers_versio
         # transformers: "v4 was only tested on 2.10 and upwards".
         if torch_version is None:
             return 4
-        major, minor = (int(p) for p in torch_version.split(".")[:2])
-        return 4 if (major, minor) >= (2, 10) else 3
+        return 4 if _release(torch_version) >= (2, 10) else 3
     if repo == "kernels-community/flash-attn4":
         # transformers 5.25 moved FLASH_ATTN_KERNEL_VERSIONS["kernels-community/flash-attn4"] from 0 to 1.
-        release = tuple(int(p) for p in (transformers_version or "5.22").split(".")[:2])
-        return 1 if release >= (5, 25) else 0
+        return 1 if _release(transformers_version or "5.22") >= (5, 25) else 0
     return {"kernels-community/vllm-flash-attn3": 1}.get(repo)
 
 
