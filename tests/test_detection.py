@@ -302,10 +302,11 @@ def test_a_matching_variant_is_found(tmp_path) -> None:
 
 def test_probe_hub_reads_offline_cache_and_local_overrides(tmp_path) -> None:
     software = Software(packages=(("torch", "2.13.0"),), torch_cuda="12.8")
+    (tmp_path / "fa4" / "build" / "torch-universal").mkdir(parents=True)  # a noarch build loads anywhere
     env = {
         "HF_HUB_OFFLINE": "1",
         "KERNELS_CACHE": str(tmp_path),
-        "LOCAL_KERNELS": "kernels-community/flash-attn4=/opt/fa4",
+        "LOCAL_KERNELS": f"kernels-community/flash-attn4={tmp_path / 'fa4'}",
     }
     hub = probe_hub(env, software)
     assert hub.offline
@@ -313,6 +314,11 @@ def test_probe_hub_reads_offline_cache_and_local_overrides(tmp_path) -> None:
     assert fa4 is not None and fa4.cached and "LOCAL_KERNELS" in fa4.detail
     fa2 = hub.kernel("kernels-community/flash-attn2")
     assert fa2 is not None and not fa2.cached and fa2.version == 4
+    # kernels resolves an override before the cache and raises FileNotFoundError when the folder has
+    # no variant for this system: an override to nothing is not usable.
+    missing = probe_hub({**env, "LOCAL_KERNELS": f"kernels-community/flash-attn4={tmp_path / 'none'}"}, software)
+    fa4 = missing.kernel("kernels-community/flash-attn4")
+    assert fa4 is not None and not fa4.cached and "FileNotFoundError" in fa4.detail
 
 
 # --- our CUDA_VISIBLE_DEVICES parser against torch's own -----------------------------------------

@@ -172,8 +172,29 @@ def test_tokenizer_for_generation_and_training(tiny_models) -> None:
 
 def test_load_of_a_plan_takes_no_overrides(tiny_models) -> None:
     plan = cudaload.plan(str(tiny_models["qwen3"]))
-    with pytest.raises(LoadFailedError, match="no overrides"):
+    with pytest.raises(cudaload.SettingError, match="load\\(plan\\) was given dtype"):
         load(plan, dtype="float16")
+    with pytest.raises(cudaload.SettingError, match="was given machine"):
+        load(plan, machine=cudaload.Machine.simulated("H100"))
+    with pytest.raises(cudaload.SettingError, match="was given model_class='AutoModel'"):
+        load(plan, model_class="AutoModel")
+
+
+def test_a_plan_loads_through_the_auto_class_it_was_planned_with(tiny_models) -> None:
+    # An encoder plan needs no model_class repeated at load time.
+    plan = cudaload.plan(str(tiny_models["llama"]), model_class="AutoModel")
+    assert plan.auto_class == "AutoModel" and plan.model_class == "LlamaModel"
+    model = load(plan, model_class="AutoModel")  # naming the same class is fine
+    assert type(model).__name__ == "LlamaModel"
+    assert type(load(plan)).__name__ == "LlamaModel"
+
+
+def test_an_unknown_auto_class_is_a_model_config_error_for_a_path_and_a_plan(tiny_models) -> None:
+    with pytest.raises(cudaload.ModelConfigError, match="no such Auto class"):
+        load(str(tiny_models["llama"]), model_class="AutoModelForNothing")
+    plan = replace(cudaload.plan(str(tiny_models["llama"])), auto_class="AutoModelForNothing")
+    with pytest.raises(cudaload.ModelConfigError, match="no such Auto class"):
+        load(plan)
 
 
 def test_load_refuses_a_config_object() -> None:

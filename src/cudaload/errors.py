@@ -192,18 +192,18 @@ class LoadFailedError(CudaloadError, RuntimeError):
     reason no other attention implementation can fix (mismatched or truncated weights, a missing
     file or package: the message names the likely cause), when an attention option fails at load
     or at the test forward and there is nothing to fall back to (you chose it, `strict=True`, or
-    the chain is exhausted), when every option gives non-finite logits, for a `model_class` that is
-    not a transformers Auto class, and for `load(plan, **overrides)`. Follow the message: fix the
-    checkpoint, pass another attention implementation or dtype, or let cudaload fall back.
+    the chain is exhausted), and when every option gives non-finite logits. Follow the message: fix
+    the checkpoint, pass another attention implementation or dtype, or let cudaload fall back.
 
     Examples:
-        >>> import tempfile, cudaload
+        >>> import pathlib, tempfile, cudaload
         >>> from cudaload.demo import build_tiny_model
-        >>> plan = cudaload.plan(build_tiny_model(tempfile.mkdtemp()), machine=cudaload.Machine.simulated())
-        >>> cudaload.load(plan, dtype="float32")
+        >>> folder = pathlib.Path(build_tiny_model(tempfile.mkdtemp()))
+        >>> (folder / "model.safetensors").unlink()  # the config is left, the weights are gone
+        >>> cudaload.load(str(folder), machine=cudaload.Machine.simulated())  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        cudaload.errors.LoadFailedError: load(plan) takes no overrides: build the plan with them instead.
+        cudaload.errors.LoadFailedError: Loading ... failed: OSError: ... check the folder.
     """
 
 
@@ -231,8 +231,9 @@ class SettingError(CudaloadError, ValueError):
     `cache_implementation`, `padding_side`) without `generate=True` or with `finetune=True`, or
     with impossible values; by `pipeline()` for an unknown task or a `model_class`/`generate`
     override; by `tokenizer_for()` for a `padding_side` other than "left"/"right"; and by
-    `cudaload.demo.build_tiny_model()` for a folder it did not make. Pass a value of the kind the
-    message names.
+    `cudaload.demo.build_tiny_model()` for a folder it did not make; and by `load(plan, ...)` given
+    overrides, a `machine` or another `model_class` (a Plan loads as planned). Pass a value of the
+    kind the message names.
 
     Examples:
         >>> import cudaload

@@ -130,7 +130,7 @@ def load_for_finetune(
     )
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
-    base = apply_plan(the_plan, model_class=model_class, strict=strict, verify=True, training=True)
+    base = apply_plan(the_plan, strict=strict, verify=True, training=True)
     _prepare(base, the_plan.finetune)
     with warnings.catch_warnings():
         # peft (<= 0.21.2) reads the deprecated `is_gradient_checkpointing`, a FutureWarning on

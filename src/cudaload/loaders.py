@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError
+from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError
 from .plans import Decision, Plan, Rejected
 
 if TYPE_CHECKING:
@@ -131,13 +132,63 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
-def _attention_related(exc: BaseException, option: str) -> bool:
-    """Does this failure come from the attention option (so the next link may work)?"""
-    # By message, not type: transformers raises ImportError, ValueError, KeyError ("... is not a
-    # valid attention implementation registered in the `AttentionInterface`") or RuntimeError
-    # ("no kernel image is available") depending on where the option breaks.
-    text = f"{type(exc).__name__} {exc}".lower()
-    return any(k in text for k in (option.lower(), "flash", "attn", "attention", "kernel", "sdpa"))
+# Where transformers chooses, checks, loads or runs an attention implementation (5.22-5.25):
+# modeling_utils.py `PreTrainedModel._check_and_adjust_attn_implementation`,
+# `get_correct_attn_implementation`, `_flash_attn_can_dispatch`, `_sdpa_can_dispatch`,
+# `_flex_attn_can_dispatch`, `set_attn_implementation`; integrations/hub_kernels.py
+# `load_and_register_attn_kernel`, `lazy_load_kernel`; and `AttentionInterface` lookups of an
+# unregistered name (utils/generic.py `GeneralInterface.__getitem__`).
+_ATTENTION_FUNCTIONS = frozenset(
+    {
+        "_check_and_adjust_attn_implementation",
+        "get_correct_attn_implementation",
+        "_flash_attn_can_dispatch",
+        "_sdpa_can_dispatch",
+        "_flex_attn_can_dispatch",
+        "set_attn_implementation",
+        "load_and_register_attn_kernel",
+        "lazy_load_kernel",
+    }
+)
+# Modules that run one: the FlashAttention packages, Hub kernels, transformers' attention integrations.
+_ATTENTION_MODULES = (
+    "flash_attn",
+    "flash_attn_interface",
+    "kernels",
+    "transformers.integrations.flash_attention",
+    "transformers.integrations.sdpa_attention",
+    "transformers.integrations.flex_attention",
+    "transformers.integrations.hub_kernels",
+    "transformers.modeling_flash_attention_utils",
+)
+
+
+def _errors(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or while handling."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _attention_related(exc: BaseException) -> bool:
+    """Was `exc` raised while transformers chose, checked, loaded or ran the attention option?
+
+    Judged by where it was raised (the traceback's frames), not by its text: an error naming a
+    path with "flash" in it, or bitsandbytes' "no kernel image is available", is not attention's.
+    """
+    for error in _errors(exc):
+        for frame, _ in traceback.walk_tb(error.__traceback__):
+            module = str(frame.f_globals.get("__name__", ""))
+            if module.startswith("transformers") and frame.f_code.co_name in _ATTENTION_FUNCTIONS:
+                return True
+            if any(module == m or module.startswith(f"{m}.") for m in _ATTENTION_MODULES):
+                return True
+            if type(frame.f_locals.get("self")).__name__ == "AttentionInterface":
+                return True
+    return False
 
 
 def _load_error(model: str, exc: BaseException) -> LoadFailedError:
@@ -159,22 +210,6 @@ def _load_error(model: str, exc: BaseException) -> LoadFailedError:
     else:
         hint = "see the cause above"
     return LoadFailedError(f"Loading {model} failed: {_describe(exc)}. Likely cause: {hint}.")
-
-
-def _auto_class(name: str) -> Any:
-    import transformers
-
-    auto = getattr(transformers, name, None)
-    if auto is None or not hasattr(auto, "from_pretrained"):
-        raise LoadFailedError(f"model_class={name!r} is not a transformers Auto class with from_pretrained.")
-    return auto
-
-
-def _first_float_dtype(model: Any) -> str:
-    for param in model.parameters():
-        if param.is_floating_point():
-            return str(param.dtype).removeprefix("torch.")
-    return "unknown"
 
 
 def input_device(model: Any) -> Any:
@@ -268,7 +303,7 @@ def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[
             model.set_attn_implementation(chain[index])
             return index
         except Exception as exc:
-            if index == len(chain) - 1 or not _attention_related(exc, chain[index]):
+            if index == len(chain) - 1 or not _attention_related(exc):
                 raise LoadFailedError(
                     f"Could not switch to attn_implementation={chain[index]!r} after the others failed: "
                     f"{_describe(exc)}. Tried: {', '.join(f.option for f in fallbacks)}."
@@ -284,15 +319,17 @@ def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> 
 
     inputs = dict(planned.inputs)
     machine = inputs.pop("machine")
-    dtype = _first_float_dtype(model)
+    dtype = str(model.dtype).removeprefix("torch.")
     return decide_generation(
         machine, planned.facts, dtype=dtype if dtype in BYTES else planned.dtype, attention=attention, **inputs
     )
 
 
-def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, training: bool = False) -> Any:
-    """Load `plan.model` with `plan`, falling back along `plan.attention_chain`."""
-    auto = _auto_class(model_class)
+def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False) -> Any:
+    """Load `plan.model` through `plan.auto_class`, falling back along `plan.attention_chain`."""
+    from .model_facts import resolve_auto_class
+
+    auto = resolve_auto_class(plan.auto_class)
     fallbacks: list[Fallback] = []
     timings: dict[str, float] = dict(plan.timings)  # "probe" when planning measured this CPU
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
@@ -326,7 +363,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
             last = index == len(chain) - 1
             if isinstance(exc, CudaloadError):
                 raise
-            if not _attention_related(exc, option):
+            if not _attention_related(exc):
                 raise _load_error(plan.model, exc) from exc
             if not can_fall_back or last:
                 raise give_up(option, "load", _describe(exc)) from exc
@@ -345,7 +382,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
                 verified = True if outcome is _PASSED else None
                 break
             problem, error = outcome
-            if error is not None and not _attention_related(error, option):
+            if error is not None and not _attention_related(error):
                 raise LoadFailedError(
                     f"{plan.model} loaded, but a test forward failed for a reason unrelated to attention: "
                     f"{problem}. Check the placement (device_map/max_memory) and dtype, or pass verify=False "
@@ -376,7 +413,7 @@ def apply_plan(plan: Plan, *, model_class: str, strict: bool, verify: bool, trai
     applied = AppliedPlan(
         plan=applied_plan,
         attn_implementation=str(model.config._attn_implementation),
-        dtype=_first_float_dtype(model),
+        dtype=str(model.dtype).removeprefix("torch."),  # transformers: the first floating parameter's
         device=str(model.device),
         device_map=dict(device_map) if device_map else None,
         fallbacks=tuple(fallbacks),
@@ -395,7 +432,7 @@ def load(
     strict: bool = False,
     verify: bool = True,
     machine: Any = None,
-    model_class: str = "AutoModelForCausalLM",
+    model_class: str | None = None,
     **overrides: Any,
 ) -> Any:
     """Load `model` (a local path, a hub id, or a ready `Plan`) with the plan for this machine.
@@ -420,7 +457,8 @@ def load(
         machine: The `Machine` to plan for (default None: `detect()` this one, and measure the
             CPU dtype when planning for its CPU). A simulated machine is planned as given.
         model_class: The transformers Auto class to load with (default "AutoModelForCausalLM";
-            e.g. "AutoModel", "AutoModelForSequenceClassification"). Also used for a given Plan.
+            e.g. "AutoModel", "AutoModelForSequenceClassification"). A Plan loads through the
+            Auto class it was planned with (`Plan.auto_class`); naming another one is an error.
         **overrides: from_pretrained keyword arguments (`dtype`, `attn_implementation`,
             `device_map`, `max_memory`, `use_kernels`, `revision`, `trust_remote_code`, ...) and
             `plan()` keyword arguments (`workload`, `probe`, `hub_kernels`, `generate`, `context`,
@@ -432,15 +470,15 @@ def load(
 
     Raises:
         ModelConfigError: `model` is not a path, Hub id or Plan, its config cannot be read, or
-            `model_class` is not an Auto class that supports it (when planning).
+            `model_class` is not a transformers Auto class that supports it.
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
-        LoadFailedError: a Plan was given with overrides, or with a `model_class` that is not a
-            transformers Auto class; loading failed for a reason no fallback can fix (the message
+        LoadFailedError: loading failed for a reason no fallback can fix (the message
             names the likely cause); the test forward failed for a reason unrelated to attention;
             or an attention option failed with nothing to fall back to (you chose it,
             `strict=True`, or the chain ran out).
         SettingError: an override of the wrong type or an impossible generation setting
-            (`WorkloadError` for an unknown `workload`).
+            (`WorkloadError` for an unknown `workload`); a Plan given with overrides, a `machine`,
+            or a `model_class` other than the one it was planned with.
         DtypeUnsupportedError: a `dtype` this machine cannot run.
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
         PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
@@ -463,17 +501,27 @@ def load(
             "config object use cudaload.plan(config); to load, save the model and pass its folder."
         )
     if isinstance(model, Plan):
-        if overrides:
-            raise LoadFailedError("load(plan) takes no overrides: build the plan with them instead.")
+        given = [
+            *([f"model_class={model_class!r}"] if model_class not in (None, model.auto_class) else []),
+            *(["machine"] if machine is not None else []),
+            *overrides,
+        ]
+        if given:
+            raise SettingError(
+                f"load(plan) was given {', '.join(given)}: a Plan is loaded as planned "
+                f"(for {model.machine}, through {model.auto_class}). Build the plan with them instead: "
+                "cudaload.plan(model, ...)."
+            )
         the_plan = model
     else:
         from .planner import plan
 
-        if "generate" not in overrides and any(k in model_class for k in ("CausalLM", "Seq2SeqLM")):
+        auto_class = model_class or "AutoModelForCausalLM"
+        if "generate" not in overrides and any(k in auto_class for k in ("CausalLM", "Seq2SeqLM")):
             overrides["generate"] = None  # plan generation when the config allows it
-        the_plan = plan(str(model), machine=machine, model_class=model_class, **overrides)
+        the_plan = plan(str(model), machine=machine, model_class=auto_class, **overrides)
     planned = time.perf_counter() - start
-    loaded = apply_plan(the_plan, model_class=model_class, strict=strict, verify=verify)
+    loaded = apply_plan(the_plan, strict=strict, verify=verify)
     applied: AppliedPlan = loaded.cudaload_plan
     loaded.cudaload_plan = replace(applied, timings={"plan": planned, **applied.timings})
     return loaded

@@ -26,7 +26,7 @@ from .facts.model import ModelFacts
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["read_model_facts"]
+__all__ = ["read_model_facts", "resolve_auto_class"]
 
 
 def _normalise_dtype(value: Any) -> str | None:
@@ -89,17 +89,27 @@ def _remote_class(reference: str, source: str, revision: str | None) -> type:
         ) from exc
 
 
+def resolve_auto_class(name: str) -> Any:
+    """The transformers Auto class called `name` (e.g. "AutoModelForCausalLM").
+
+    Raises:
+        ModelConfigError: transformers has no Auto class of that name with `from_pretrained`.
+    """
+    import transformers
+
+    auto = getattr(transformers, name, None)
+    if auto is None or not hasattr(auto, "from_pretrained"):
+        raise ModelConfigError(
+            f"model_class={name!r}: transformers has no such Auto class. Pass the name of one, e.g. "
+            "'AutoModelForCausalLM' or 'AutoModelForSequenceClassification'."
+        )
+    return auto
+
+
 def _model_class(
     config: Any, auto_class: str, trust_remote_code: bool = False, source: str = "", revision: str | None = None
 ) -> type:
-    import transformers
-
-    auto = getattr(transformers, auto_class, None)
-    if auto is None:
-        raise ModelConfigError(
-            f"model_class={auto_class!r}: transformers has no such Auto class. Pass the name of one, e.g. "
-            "'AutoModelForCausalLM' or 'AutoModelForSequenceClassification'."
-        )
+    auto = resolve_auto_class(auto_class)
     auto_map = getattr(config, "auto_map", None) or {}
     # With trust_remote_code=True, from_pretrained prefers the repository's class to the library's.
     if trust_remote_code and auto_class in auto_map and source:

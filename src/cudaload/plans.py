@@ -175,8 +175,9 @@ class Plan:
         decisions: One `Decision` per setting.
         warnings: Settings that work but cost you (load() issues each as a CudaloadWarning).
         explicit: Settings the caller set: they never fall back.
-        model_class: The transformers Auto class the model loads with (e.g.
-            "AutoModelForCausalLM"); `load(plan)` uses it.
+        model_class: The model's class as transformers resolves it (e.g. "Qwen3ForCausalLM").
+        auto_class: The transformers Auto class it loads through (e.g. "AutoModelForCausalLM");
+            `load(plan)` uses it.
         parameters: The model's parameter count (tied weights once); None when unknown.
         weight_bytes: The weights' size in memory as planned (dtype and quantization applied).
         finetune: The fine-tuning section (`FinetunePlan`); None for inference plans.
@@ -210,6 +211,7 @@ class Plan:
     explicit: frozenset[str] = frozenset()
     """Settings the caller set: they never fall back."""
     model_class: str = "AutoModelForCausalLM"
+    auto_class: str = "AutoModelForCausalLM"
     parameters: int | None = None
     weight_bytes: int | None = None
     finetune: FinetunePlan | None = None

@@ -145,6 +145,7 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         warnings=tuple(warnings),
         explicit=explicit,
         model_class=model.model_class,
+        auto_class=model.auto_class,
         parameters=model.parameters,
         weight_bytes=size,
         finetune=finetune,
