@@ -16,14 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from cudaload.capability.kernel_variants import BuildSystem, resolve_build_variants
 from cudaload.capability.software import (
-    BuildSystem,
     find_cached_kernel,
     hub_cache_dir,
     hub_offline,
     parse_local_kernels,
     probe_hub,
-    resolve_build_variants,
 )
 from cudaload.facts.machine import Software
 from cudaload.upstream import FLASH_OPTIONS, hub_kernel_version

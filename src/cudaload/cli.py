@@ -13,14 +13,16 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .errors import CudaloadError, MissingPackageError
-from .facts.machine import GiB, Launch, Machine
+from .facts.machine import Launch, Machine
 from .plans import jsonable
 
 __all__ = ["main"]
 
 
 def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / GiB:.1f} GiB"
+    from .policy.fit import gib
+
+    return "?" if n is None else gib(n)
 
 
 def _backends(machine: Machine) -> dict[str, Any]:

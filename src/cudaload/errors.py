@@ -22,7 +22,14 @@ __all__ = [
     "SettingError",
     "UnknownGpuError",
     "WorkloadError",
+    "describe_error",
 ]
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a foreign exception in a message or a result: "TypeName: first line"."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 class CudaloadError(Exception):

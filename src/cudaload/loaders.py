@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError
+from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
 from .plans import Decision, Plan, Rejected
 
 if TYPE_CHECKING:
@@ -127,11 +127,6 @@ class AppliedPlan:
         }
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
 # Where transformers chooses, checks, loads or runs an attention implementation (5.22-5.25):
 # modeling_utils.py `PreTrainedModel._check_and_adjust_attn_implementation`,
 # `get_correct_attn_implementation`, `_flash_attn_can_dispatch`, `_sdpa_can_dispatch`,
@@ -209,7 +204,7 @@ def _load_error(model: str, exc: BaseException) -> LoadFailedError:
         hint = "a file the model needs is missing or unreadable (a config.json without weights?): check the folder"
     else:
         hint = "see the cause above"
-    return LoadFailedError(f"Loading {model} failed: {_describe(exc)}. Likely cause: {hint}.")
+    return LoadFailedError(f"Loading {model} failed: {describe_error(exc)}. Likely cause: {hint}.")
 
 
 def input_device(model: Any) -> Any:
@@ -249,7 +244,7 @@ def _verify(model: Any, training: bool) -> tuple[str, BaseException | None]:
         with torch.no_grad() if training else torch.inference_mode():
             out = model(input_ids=ids)
     except Exception as exc:  # any failure in the forward is a verification failure
-        return _describe(exc), exc
+        return describe_error(exc), exc
     logits = getattr(out, "logits", None)
     if logits is None:
         return _SKIPPED
@@ -306,9 +301,9 @@ def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[
             if index == len(chain) - 1 or not _attention_related(exc):
                 raise LoadFailedError(
                     f"Could not switch to attn_implementation={chain[index]!r} after the others failed: "
-                    f"{_describe(exc)}. Tried: {', '.join(f.option for f in fallbacks)}."
+                    f"{describe_error(exc)}. Tried: {', '.join(f.option for f in fallbacks)}."
                 ) from exc
-            fallbacks.append(Fallback(chain[index], "switch", _describe(exc)))
+            fallbacks.append(Fallback(chain[index], "switch", describe_error(exc)))
             index += 1
 
 
@@ -366,8 +361,8 @@ def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False
             if not _attention_related(exc):
                 raise _load_error(plan.model, exc) from exc
             if not can_fall_back or last:
-                raise give_up(option, "load", _describe(exc)) from exc
-            fallbacks.append(Fallback(option, "load", _describe(exc)))
+                raise give_up(option, "load", describe_error(exc)) from exc
+            fallbacks.append(Fallback(option, "load", describe_error(exc)))
             index += 1
             continue
         timings["load"] = time.perf_counter() - start
@@ -403,11 +398,9 @@ def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
     notes = list(plan.warnings)
     if offloaded:
-        notes.append(
-            f"{plan.model}: device_map offloaded {len(offloaded)} module(s) ({', '.join(offloaded[:4])}"
-            f"{', ...' if len(offloaded) > 4 else ''}): every forward copies those weights back (from disk "
-            "or CPU), which is many times slower. Quantize (4-bit), add GPU memory, or pick a smaller model."
-        )
+        from .policy.placement import offload_warning
+
+        notes.append(offload_warning(plan.model, offloaded))
     for note in notes:
         _warn_once(note)
     applied = AppliedPlan(

@@ -49,6 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..errors import describe_error
 from .environment import machine_facts, versions
 
 __all__ = ["format_finetune_report", "run_finetune_bench"]
@@ -200,11 +201,6 @@ def _status(key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status has no {key}")
-
-
-def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _optimizer(torch: Any, name: str, params: list[Any], on_cuda: bool) -> tuple[Any, str]:
@@ -378,7 +374,7 @@ def _child_main() -> None:
     except Exception as exc:  # a variant that cannot run here is a result, not a crash
         import traceback
 
-        result = {"error": _describe(exc), "traceback": traceback.format_exc()[-4000:]}
+        result = {"error": describe_error(exc), "traceback": traceback.format_exc()[-4000:]}
         try:
             from ..planner import plan
             from ..plans import jsonable
@@ -393,7 +389,7 @@ def _child_main() -> None:
             )
             result["plan"] = jsonable(_plan_facts(planned, spec["model"]))
         except Exception as plan_exc:  # planning failed too: the load's error says why
-            result["plan_error"] = _describe(plan_exc)
+            result["plan_error"] = describe_error(plan_exc)
     Path(spec["out"]).write_text(json.dumps(result))
 
 
@@ -523,7 +519,7 @@ def _model_info(path: Path) -> dict[str, Any]:
         info["parameters"] = read_model_facts(str(path)).parameters
     except Exception as exc:  # the variants will say what is wrong with the checkpoint
         info["parameters"] = None
-        info["parameters_error"] = _describe(exc)
+        info["parameters_error"] = describe_error(exc)
     return info
 
 

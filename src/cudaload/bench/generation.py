@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import describe_error
 from ..generation import CACHE_IMPLEMENTATIONS
-from .harness import Workload, _describe, _Memory, _StepClock
+from .harness import Workload, _Memory, _StepClock
 from .results import _median, _ratio
 
 __all__ = ["GenerationVariant", "compare_generation", "generation_variants", "prompt_lengths"]
@@ -223,7 +224,7 @@ def compare_generation(
                             sync()
                             seconds = time.perf_counter() - start
                     except Exception as exc:  # an unusable setting is a result, not a crash
-                        v.error = _describe(exc)
+                        v.error = describe_error(exc)
                         continue
                     continuation = out.sequences[:, ids.shape[1] :].cpu()
                     if r == 0:

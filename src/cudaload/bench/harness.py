@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import SettingError
+from ..errors import SettingError, describe_error
 from ..loaders import input_device
 
 __all__ = ["Measurement", "Variant", "Workload", "measure", "workload_for"]
@@ -106,11 +106,6 @@ class Measurement:
     interrupted: bool
     peak_memory: str
     """How `Variant.peak_bytes` was measured on this device."""
-
-
-def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 class _StepClock:
@@ -254,7 +249,7 @@ def measure(
                 try:
                     model, seconds = load(v)
                 except Exception as exc:  # an unusable option is a result, not a crash
-                    v.error = f"load: {_describe(exc)}"
+                    v.error = f"load: {describe_error(exc)}"
                     release()
                     continue
                 if r >= work.warmup:
@@ -272,7 +267,7 @@ def measure(
                 try:
                     v.model, _ = load(v)
                 except Exception as exc:  # e.g. out of memory with every variant resident
-                    v.error = f"load: {_describe(exc)}"
+                    v.error = f"load: {describe_error(exc)}"
                     release()
         generator = torch.Generator().manual_seed(0)
         prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
@@ -287,7 +282,7 @@ def measure(
                     with memory.watch(v) if r >= work.warmup else nullcontext():
                         finite, prefill_s, decode_tps, generate_s = _run(v.model, prompt, work.new_tokens, sync, torch)
                 except Exception as exc:
-                    v.error = f"run: {_describe(exc)}"
+                    v.error = f"run: {describe_error(exc)}"
                     v.model = None
                     release()
                     continue

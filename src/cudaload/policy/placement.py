@@ -12,7 +12,18 @@ from ..plans import Decision, Rejected
 from .devices import check_device_map
 from .fit import HEADROOM, TRAINING_SHARE, fit_one_gpu, gib, percent
 
-__all__ = ["decide_placement", "decide_tensor_parallel"]
+__all__ = ["decide_placement", "decide_tensor_parallel", "offload_warning"]
+
+
+def offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
+    """What to say when from_pretrained's device_map put modules on the CPU or disk (known only
+    after loading: the loader reports `hf_device_map`, the policy words it)."""
+    shown = ", ".join(offloaded[:4]) + (", ..." if len(offloaded) > 4 else "")
+    return (
+        f"{model}: device_map offloaded {len(offloaded)} module(s) ({shown}): every forward copies those weights "
+        "back (from disk or CPU), which is many times slower. Quantize (4-bit), add GPU memory, or pick a smaller "
+        "model."
+    )
 
 
 def decide_tensor_parallel(
