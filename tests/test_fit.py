@@ -1,20 +1,29 @@
-"""One fit judgement for placement and quantize="auto": both look at the same GPU."""
+"""One fit judgement (policy/fit.py) for placement and quantize="auto": both look at the same GPU,
+on mixed machines in either index order, equal GPUs, no GPU, and per rank under torchrun."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from cudaload import Launch, Machine
 from cudaload.facts.machine import GiB
+from cudaload.plans import Plan
 from cudaload.policy import Request, decide_plan
-from cudaload.policy.fit import HEADROOM, TRAINING_SHARE, fit_one_gpu
+from cudaload.policy.fit import HEADROOM, TRAINING_SHARE, gib, judge_fit, percent, pinned_gpu
+from cudaload.policy.memory import estimate_training_memory
+from cudaload.policy.quantization import decide_quantization
 from model_shapes import llama
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
-DDP2 = Launch("torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2, strategy="ddp")
 
 
-def finetune(machine: Machine, billions: float):
+def _ddp(rank: int, world: int = 2) -> Launch:
+    return Launch("torchrun", rank=rank, local_rank=rank, world_size=world, local_world_size=world, strategy="ddp")
+
+
+def finetune(machine: Machine, billions: float) -> Plan:
     return decide_plan(machine, llama(billions), Request(training=True, quantize="auto"))
 
 
@@ -22,49 +31,218 @@ def _index(machine: Machine, name: str) -> int:
     return next(g.index for g in machine.gpus if name in g.name)
 
 
+def _judged_index(reason: str) -> int:
+    """The cuda:<i> the quantize reason says it judged on."""
+    found = re.findall(r"usable on [^(]+\(cuda:(\d+),", reason)
+    assert len(found) == 1, reason
+    return int(found[0])
+
+
+# --- mixed machines: quantize="auto" and placement judge the same GPU ------------------------------
+
+
 @pytest.mark.parametrize("gpus", [["A100", "T4"], ["T4", "A100"]])
 def test_a_model_that_fits_the_big_gpu_is_not_quantized_and_goes_there(gpus: list[str]) -> None:
-    # 8B bf16 LoRA needs ~20 GiB: more than a T4's 90%, far less than an A100's.
+    # 8B fp16 LoRA needs ~20 GiB: more than a T4's 90% (13.5 GiB), far less than an A100's (72 GiB).
     machine = Machine.simulated(gpus, packages=BNB)
+    a100 = _index(machine, "A100")
     plan = finetune(machine, 8)
     quantize = plan.decision("quantize")
     assert quantize.value is None, quantize.reason
-    assert "A100" in quantize.reason and "T4" not in quantize.reason
-    assert plan.kwargs["device_map"] == f"cuda:{_index(machine, 'A100')}"
     assert "quantization_config" not in plan.kwargs
+    assert "A100" in quantize.reason and "T4" not in quantize.reason
+    assert _judged_index(quantize.reason) == a100
+    assert plan.kwargs["device_map"] == f"cuda:{a100}"
+    assert f"(cuda:{a100}," in plan.decision("device_map").reason
+    assert not plan.warnings
 
 
-def test_a_model_that_fits_no_gpu_is_quantized_judged_on_the_big_gpu() -> None:
-    machine = Machine.simulated(["T4", "A100"], packages=BNB)
-    plan = finetune(machine, 70)  # ~140 GiB of bf16 weights
+@pytest.mark.parametrize("gpus", [["A100", "T4"], ["T4", "A100"]])
+def test_a_model_that_fits_no_gpu_is_quantized_judged_on_the_big_gpu_and_placed_there(gpus: list[str]) -> None:
+    # 70B: ~130 GiB in 16-bit LoRA (fits neither), ~43 GiB as QLoRA (fits the A100).
+    machine = Machine.simulated(gpus, packages=BNB)
+    a100 = _index(machine, "A100")
+    plan = finetune(machine, 70)
     quantize = plan.decision("quantize")
     assert quantize.value == "4bit"
-    assert "usable on NVIDIA A100" in quantize.reason
+    assert plan.kwargs["quantization_config"]["load_in_4bit"] is True
+    assert "usable on NVIDIA A100" in quantize.reason and "T4" not in quantize.reason
+    assert _judged_index(quantize.reason) == a100
+    assert plan.kwargs["device_map"] == f"cuda:{a100}"
+    assert not any("Even 4-bit" in w for w in plan.warnings)
 
 
-def test_data_parallel_ranks_are_judged_on_the_smallest_gpu() -> None:
-    # Each rank holds a whole copy on its own GPU: the T4 rank must fit too.
-    machine = Machine.simulated(["A100", "T4"], launch=DDP2, packages=BNB)
-    fit = fit_one_gpu(machine, 20 * GiB, TRAINING_SHARE)
-    assert fit.per_rank and "T4" in fit.gpu.name and not fit.fits
-    quantize = finetune(machine, 8).decision("quantize")
-    assert quantize.value == "4bit" and "T4" in quantize.reason
+def test_even_4bit_too_big_warns_naming_the_gpu_it_was_judged_on() -> None:
+    machine = Machine.simulated(["T4", "A100"], packages=BNB)
+    plan = finetune(machine, 300)  # ~165 GiB even as QLoRA
+    assert plan.decision("quantize").value == "4bit"
+    (warning,) = [w for w in plan.warnings if w.startswith("Even 4-bit")]
+    assert "NVIDIA A100-SXM4-80GB (cuda:1," in warning and "T4" not in warning
+    # Placement agrees it fits no single GPU: it spreads over both, with the CPU for the rest.
+    assert plan.kwargs["device_map"] == "auto"
+    assert set(plan.kwargs["max_memory"]) == {0, 1, "cpu"}
 
 
-def test_two_equal_gpus_pick_the_first() -> None:
-    machine = Machine.simulated("A100", count=2)
-    fit = fit_one_gpu(machine, GiB, HEADROOM)
-    assert fit.gpu.index == 0 and fit.fits
+def test_two_equal_gpus_are_judged_and_used_at_the_first() -> None:
+    machine = Machine.simulated("A100", count=2, packages=BNB)
+    fit = judge_fit(machine, GiB, HEADROOM)
+    assert fit.gpu is not None and fit.gpu.index == 0 and fit.devices == (0,)
+    plan = finetune(machine, 8)
+    assert plan.decision("quantize").value is None
+    assert _judged_index(plan.decision("quantize").reason) == 0
+    assert plan.kwargs["device_map"] == "cuda:0"
+
+
+def test_cpu_only_neither_quantizes_nor_judges_a_gpu() -> None:
+    machine = Machine.simulated(packages=BNB)
+    plan = finetune(machine, 8)
+    assert plan.decision("quantize").value is None
+    assert plan.decision("quantize").reason.startswith("no GPU")
+    assert plan.kwargs["device_map"] == "cpu"
+
+
+# --- torchrun: every rank holds a copy on its own GPU --------------------------------------------
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_ranks_on_a_mixed_node_agree_judged_on_the_smallest_gpu(rank: int) -> None:
+    # Rank 0 has the A100, but rank 1's copy must fit the T4: both ranks quantize, each on its own GPU.
+    machine = Machine.simulated(["A100", "T4"], launch=_ddp(rank), packages=BNB)
+    plan = finetune(machine, 8)
+    quantize = plan.decision("quantize")
+    assert quantize.value == "4bit"
+    assert "Tesla T4 (cuda:1, the smallest of 2 GPUs" in quantize.reason
+    assert plan.kwargs["device_map"] == {"": rank}
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_torchrun_on_two_equal_gpus_each_rank_keeps_16bit_on_its_own_gpu(rank: int) -> None:
+    machine = Machine.simulated("A100", count=2, launch=_ddp(rank), packages=BNB)
+    plan = finetune(machine, 8)
+    assert plan.decision("quantize").value is None
+    assert plan.kwargs["device_map"] == {"": rank}
+    fit = judge_fit(machine, 20 * GiB, TRAINING_SHARE)
+    assert fit.per_rank and fit.fits and fit.gpu is not None and fit.gpu.index == 0
+
+
+def test_torchrun_spread_budgets_are_shared_by_the_nodes_ranks() -> None:
+    machine = Machine.simulated(["A100", "T4"], launch=_ddp(1))
+    fit = judge_fit(machine, 100 * GiB, HEADROOM)
+    assert fit.spread == {g.index: int(g.usable_memory * HEADROOM) // 2 for g in machine.gpus}
+    single = judge_fit(Machine.simulated(["A100", "T4"]), 100 * GiB, HEADROOM)
+    assert single.spread == {g.index: int(g.usable_memory * HEADROOM) for g in machine.gpus}
+
+
+# --- a device_map you pin decides the GPU judged (single process) --------------------------------
+
+
+def _estimates(billions: float):
+    return {
+        q: estimate_training_memory(
+            llama(billions), dtype="float16", quantize=q, r=16, targets=("q_proj", "v_proj"), on_gpu=True
+        )
+        for q in (None, "4bit", "8bit")
+    }
+
+
+def test_a_device_map_pinned_to_the_small_gpu_is_judged_there() -> None:
+    machine = Machine.simulated(["A100", "T4"], packages=BNB)
+    estimates = _estimates(8)
+    free = decide_quantization(machine, llama(8), "auto", "float16", estimates)[0]
+    pinned = decide_quantization(machine, llama(8), "auto", "float16", estimates, device_map={"": "cuda:1"})[0]
+    assert free.value is None and "A100" in free.reason
+    assert pinned.value == "4bit" and "usable on Tesla T4" in pinned.reason and "A100" not in pinned.reason
+
+
+def test_a_pinned_gpu_does_not_change_a_ranks_judgement() -> None:
+    machine = Machine.simulated(["A100", "T4"], launch=_ddp(0))
+    assert judge_fit(machine, GiB, HEADROOM, pinned=0).gpu == machine.gpus[1]
+
+
+@pytest.mark.parametrize(
+    ("device_map", "index"),
+    [
+        (1, 1),
+        ("cuda:1", 1),
+        ("cuda", 0),
+        ({"": 0}, 0),
+        ({"model": "cuda:1", "lm_head": 1}, 1),
+        ({"model": 0, "lm_head": 1}, None),
+        ("auto", None),
+        ("cpu", None),
+        ({"": "cpu"}, None),
+        (None, None),
+        (True, None),
+    ],
+)
+def test_pinned_gpu(device_map: object, index: int | None) -> None:
+    assert pinned_gpu(device_map) == index
+
+
+# --- the fit function's own edges -----------------------------------------------------------------
 
 
 def test_exactly_the_budget_fits_one_byte_more_does_not() -> None:
     machine = Machine.simulated("T4")
     budget = int(machine.gpus[0].usable_memory * HEADROOM)
-    assert fit_one_gpu(machine, budget, HEADROOM).fits
-    assert not fit_one_gpu(machine, budget + 1, HEADROOM).fits
-    assert fit_one_gpu(machine, budget, HEADROOM).budget == budget
+    at = judge_fit(machine, budget, HEADROOM)
+    assert at.fits and at.budget == budget and at.devices == (0,)
+    over = judge_fit(machine, budget + 1, HEADROOM)
+    assert not over.fits and not over.fits_spread and over.devices == ()
+
+
+def test_exactly_the_spread_fits_one_byte_more_does_not() -> None:
+    machine = Machine.simulated(["T4", "A100"])
+    total = sum(int(g.usable_memory * HEADROOM) for g in machine.gpus)
+    at = judge_fit(machine, total, HEADROOM)
+    assert not at.fits and at.fits_spread and at.devices == (0, 1)
+    assert not judge_fit(machine, total + 1, HEADROOM).fits_spread
+
+
+def test_the_share_sets_the_budget() -> None:
+    machine = Machine.simulated("T4")
+    need = int(machine.gpus[0].usable_memory * (HEADROOM + TRAINING_SHARE) / 2)
+    assert not judge_fit(machine, need, HEADROOM).fits
+    assert judge_fit(machine, need, TRAINING_SHARE).fits
 
 
 def test_without_a_gpu_nothing_fits_a_gpu() -> None:
-    fit = fit_one_gpu(Machine.simulated(), 1, HEADROOM)
-    assert fit.gpu is None and not fit.fits and fit.describe() == "no GPU"
+    fit = judge_fit(Machine.simulated(), 1, HEADROOM)
+    assert fit.gpu is None and fit.budget == 0 and fit.spread == {}
+    assert not fit.fits and not fit.fits_spread and fit.devices == ()
+    assert fit.where == "no GPU"
+
+
+def test_zero_bytes_fit_any_gpu() -> None:
+    assert judge_fit(Machine.simulated("T4"), 0, HEADROOM).fits
+
+
+def test_the_reason_says_the_gpu_the_budget_and_the_share() -> None:
+    machine = Machine.simulated(["T4", "A100"])
+    fit = judge_fit(machine, 20 * GiB, TRAINING_SHARE)
+    assert fit.reason == (
+        f"~20.0 GiB fit in {gib(fit.budget)} usable on NVIDIA A100-SXM4-80GB (cuda:1, the most free memory of 2 GPUs) "
+        "(90% of 80.0 GiB free)"
+    )
+    only = judge_fit(Machine.simulated("T4"), 20 * GiB, TRAINING_SHARE)
+    assert only.reason == "~20.0 GiB do not fit in 13.5 GiB usable on Tesla T4 (90% of 15.0 GiB free)"
+
+
+def test_reasons_write_the_shares_from_the_constants() -> None:
+    assert (percent(HEADROOM), percent(TRAINING_SHARE)) == (
+        f"{round(HEADROOM * 100)}%",
+        f"{round(TRAINING_SHARE * 100)}%",
+    )
+    plan = decide_plan(Machine.simulated("T4", count=2), llama(8), Request())
+    assert plan.kwargs["device_map"] == "auto"
+    assert f"({percent(HEADROOM)} of each one's free memory)" in plan.decision("device_map").reason
+
+
+def test_a_device_map_pinning_the_small_gpu_is_what_quantize_auto_judges() -> None:
+    # Through decide_plan, as plan() calls it: the 8B LoRA fits the A100, not the T4 it is pinned to.
+    machine = Machine.simulated(["A100", "T4"], packages=BNB)
+    t4 = _index(machine, "T4")
+    plan = decide_plan(machine, llama(8), Request(training=True, quantize="auto", device_map=f"cuda:{t4}"))
+    assert plan.decision("quantize").value == "4bit"
+    assert "T4" in plan.decision("quantize").reason
+    assert plan.kwargs["device_map"] == f"cuda:{t4}"

@@ -9,10 +9,12 @@ import traceback
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
 from .plans import Decision, Plan, Rejected
+from .policy.attention import attention_kind
+from .upstream import FLASH_OPTIONS
 
 if TYPE_CHECKING:
     from .generation import GenerationPlan
@@ -127,61 +129,100 @@ class AppliedPlan:
         }
 
 
-# Where transformers chooses, checks, loads or runs an attention implementation (5.22-5.25):
-# modeling_utils.py `PreTrainedModel._check_and_adjust_attn_implementation`,
-# `get_correct_attn_implementation`, `_flash_attn_can_dispatch`, `_sdpa_can_dispatch`,
-# `_flex_attn_can_dispatch`, `set_attn_implementation`; integrations/hub_kernels.py
-# `load_and_register_attn_kernel`, `lazy_load_kernel`; and `AttentionInterface` lookups of an
-# unregistered name (utils/generic.py `GeneralInterface.__getitem__`).
-_ATTENTION_FUNCTIONS = frozenset(
-    {
-        "_check_and_adjust_attn_implementation",
-        "get_correct_attn_implementation",
-        "_flash_attn_can_dispatch",
-        "_sdpa_can_dispatch",
-        "_flex_attn_can_dispatch",
-        "set_attn_implementation",
-        "load_and_register_attn_kernel",
-        "lazy_load_kernel",
-    }
-)
-# Modules that run one: the FlashAttention packages, Hub kernels, transformers' attention integrations.
-_ATTENTION_MODULES = (
-    "flash_attn",
-    "flash_attn_interface",
-    "kernels",
+# Where transformers (5.22-5.25) refuses an attention option it cannot use, by module: it checks,
+# resolves or loads the option there and raises only ImportError (flash_attn/kernels missing or too
+# old, no supported device, compute capability too low; flex unavailable), ValueError (the model
+# class does not support it, FlashAttention without a GPU, a name nobody registered, a Hub kernel
+# that failed to load: load_and_register_attn_kernel wraps any error as one) or KeyError
+# (AttentionInterface.get_interface at the first forward: not registered).
+_DISPATCH_FUNCTIONS: Mapping[str, frozenset[str]] = {
+    "transformers.modeling_utils": frozenset(
+        {
+            "_check_and_adjust_attn_implementation",
+            "get_correct_attn_implementation",
+            "_flash_attn_can_dispatch",
+            "_flash_attn_import_error",
+            "_sdpa_can_dispatch",
+            "_flex_attn_can_dispatch",
+            "set_attn_implementation",
+            "get_interface",
+        }
+    ),
+    "transformers.modeling_flash_attention_utils": frozenset({"lazy_import_flash_attention"}),
+    "transformers.integrations.hub_kernels": frozenset({"load_and_register_attn_kernel"}),
+}
+_DISPATCH_ERRORS = (ImportError, ValueError, KeyError)
+
+# Code that does nothing but run one kind of option (policy.attention.attention_kind): an error
+# raised inside it is that option's whatever its type, e.g. flash_attn's "no kernel image is
+# available" on a GPU it was not built for. Not the `kernels` package as a whole: it also loads
+# `use_kernels` layers and quantization kernels (hub_kernels.lazy_load_kernel); an attention Hub
+# kernel is fetched through load_and_register_attn_kernel above and runs through transformers'
+# flash-attention wrappers.
+_FLASH_WRAPPERS = (
     "transformers.integrations.flash_attention",
-    "transformers.integrations.sdpa_attention",
-    "transformers.integrations.flex_attention",
-    "transformers.integrations.hub_kernels",
+    "transformers.integrations.flash_paged",
     "transformers.modeling_flash_attention_utils",
 )
+_RUNTIME_MODULES: Mapping[str, tuple[str, ...]] = {
+    "flash": (*_FLASH_WRAPPERS, *sorted({option.module for option in FLASH_OPTIONS.values()})),
+    "hub_kernel": (*_FLASH_WRAPPERS, "transformers.integrations.msa_attention"),
+    "sdpa": ("transformers.integrations.sdpa_attention", "transformers.integrations.sdpa_paged"),
+    "flex": ("transformers.integrations.flex_attention", "torch.nn.attention.flex_attention"),
+}
 
 
-def _errors(exc: BaseException) -> Iterator[BaseException]:
-    """`exc` and the exceptions it was raised from or while handling."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then the exceptions it was raised from or while handling, as Python prints them
+    (a `raise ... from None` ends the chain)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         yield current
-        current = current.__cause__ or current.__context__
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
 
 
-def _attention_related(exc: BaseException) -> bool:
-    """Was `exc` raised while transformers chose, checked, loaded or ran the attention option?
+def _in(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == package or module.startswith(f"{package}.") for package in packages)
 
-    Judged by where it was raised (the traceback's frames), not by its text: an error naming a
-    path with "flash" in it, or bitsandbytes' "no kernel image is available", is not attention's.
+
+def _is_attention_failure(exc: BaseException, option: str) -> bool:
+    """Whether `exc` is the attention option's failure, so that the next option may succeed.
+
+    Judged by the exception's type and where it was raised (its traceback's frames), never by its
+    text: a weights file under a folder called "flash_attention..." or bitsandbytes' "no kernel
+    image is available" is not attention's, and another option would only read the weights again.
+    It is attention's when, in `exc` or an exception it was raised from or while handling:
+
+    - an ImportError, ValueError or KeyError was raised inside the functions with which
+      transformers checks, resolves or loads an attention implementation (`_DISPATCH_FUNCTIONS`:
+      modeling_utils.py `_check_and_adjust_attn_implementation`, `get_correct_attn_implementation`,
+      `_flash_attn_can_dispatch`, `_flash_attn_import_error`, `_sdpa_can_dispatch`,
+      `_flex_attn_can_dispatch`, `set_attn_implementation`, `AttentionInterface.get_interface`;
+      modeling_flash_attention_utils.py `lazy_import_flash_attention`; integrations/hub_kernels.py
+      `load_and_register_attn_kernel`), the types they refuse an option with; or
+    - any error was raised inside code that only runs this kind of option (`_RUNTIME_MODULES`: the
+      FlashAttention packages and transformers' flash, SDPA or flex wrappers), except running out
+      of memory: the fix for that is placement, and eager attention needs more memory, not less.
+
+    Args:
+        exc: What `from_pretrained`, `set_attn_implementation` or the test forward raised.
+        option: The `attn_implementation` being tried (e.g. "flash_attention_2", "sdpa").
+
+    Returns:
+        True when another attention option may succeed where this one failed.
     """
-    for error in _errors(exc):
+    runtime = _RUNTIME_MODULES.get(attention_kind(option), ())
+    for error in _chain(exc):
+        if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":  # torch's is a RuntimeError
+            continue
+        refusal = isinstance(error, _DISPATCH_ERRORS)
         for frame, _ in traceback.walk_tb(error.__traceback__):
             module = str(frame.f_globals.get("__name__", ""))
-            if module.startswith("transformers") and frame.f_code.co_name in _ATTENTION_FUNCTIONS:
+            if refusal and frame.f_code.co_name in _DISPATCH_FUNCTIONS.get(module, ()):
                 return True
-            if any(module == m or module.startswith(f"{m}.") for m in _ATTENTION_MODULES):
-                return True
-            if type(frame.f_locals.get("self")).__name__ == "AttentionInterface":
+            if _in(module, runtime):
                 return True
     return False
 
@@ -220,13 +261,47 @@ def input_device(model: Any) -> Any:
 
 
 NON_FINITE = "the test forward gave non-finite logits"
-_PASSED = ("passed", None)
-_SKIPPED = ("skipped", None)
+
+_Phase = Literal["load", "verify", "switch"]
 
 
-def _verify(model: Any, training: bool) -> tuple[str, BaseException | None]:
-    """A short forward: _PASSED when the logits are finite, _SKIPPED when the model takes no
-    token ids or returns no logits, else (the problem, the exception or None).
+@dataclass(frozen=True)
+class _Failure:
+    """One attention option's failed attempt: the phase (as in `Fallback.phase`), the problem in one
+    line, and what was raised (None when nothing was: non-finite logits)."""
+
+    phase: _Phase
+    problem: str
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Verification:
+    """What the test forward found: "passed" (finite logits), "skipped" (the model takes no token
+    ids or returns no logits) or "failed" (`problem`; `error` is what it raised, None for
+    non-finite logits)."""
+
+    status: Literal["passed", "skipped", "failed"]
+    problem: str = ""
+    error: BaseException | None = None
+
+    @property
+    def verified(self) -> bool | None:
+        """`AppliedPlan.verified`: True when passed, None when skipped, False when failed."""
+        return {"passed": True, "skipped": None}.get(self.status, False)
+
+    @property
+    def failure(self) -> _Failure | None:
+        """The failure to attribute when the forward failed (phase "verify"), else None."""
+        return _Failure("verify", self.problem, self.error) if self.status == "failed" else None
+
+
+_PASSED = _Verification("passed")
+_SKIPPED = _Verification("skipped")
+
+
+def _verify(model: Any, training: bool) -> _Verification:
+    """A short forward of 8 token ids, and whether its logits are finite.
 
     For a model about to be trained the forward runs in train mode under no_grad: an
     eval-mode inference forward lets bitsandbytes (0.50, AVX512-BF16 CPUs) repack 4-bit
@@ -244,12 +319,12 @@ def _verify(model: Any, training: bool) -> tuple[str, BaseException | None]:
         with torch.no_grad() if training else torch.inference_mode():
             out = model(input_ids=ids)
     except Exception as exc:  # any failure in the forward is a verification failure
-        return describe_error(exc), exc
+        return _Verification("failed", describe_error(exc), exc)
     logits = getattr(out, "logits", None)
     if logits is None:
         return _SKIPPED
     if not torch.isfinite(logits).all():
-        return NON_FINITE, None
+        return _Verification("failed", NON_FINITE)
     return _PASSED
 
 
@@ -270,11 +345,7 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, CudaloadWarning, stacklevel=4)  # the caller of load()
 
 
-def _from_pretrained(auto: Any, plan: Plan) -> Any:
-    return auto.from_pretrained(plan.model, **plan.from_pretrained_kwargs())
-
-
-def _as_applied(plan: Plan, chain: list[str], fallbacks: list[Fallback]) -> Plan:
+def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -> Plan:
     """The plan as applied: the attention that worked, with the failed links among its rejections."""
     if not fallbacks:
         return plan
@@ -287,24 +358,7 @@ def _as_applied(plan: Plan, chain: list[str], fallbacks: list[Fallback]) -> Plan
         planned.source,
     )
     decisions = tuple(applied if d is planned else d for d in plan.decisions)
-    return replace(plan.with_attention(chain[0]), attention_chain=tuple(chain), decisions=decisions)
-
-
-def _switch_attention(model: Any, chain: list[str], index: int, fallbacks: list[Fallback]) -> int:
-    """Switch the loaded model in place to chain[index] (no weights are read again); an option
-    that cannot even be set is recorded and skipped. Returns the index now in use."""
-    while True:
-        try:
-            model.set_attn_implementation(chain[index])
-            return index
-        except Exception as exc:
-            if index == len(chain) - 1 or not _attention_related(exc):
-                raise LoadFailedError(
-                    f"Could not switch to attn_implementation={chain[index]!r} after the others failed: "
-                    f"{describe_error(exc)}. Tried: {', '.join(f.option for f in fallbacks)}."
-                ) from exc
-            fallbacks.append(Fallback(chain[index], "switch", describe_error(exc)))
-            index += 1
+    return replace(plan.with_attention(chain[0]), attention_chain=chain, decisions=decisions)
 
 
 def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> GenerationPlan:
@@ -320,74 +374,102 @@ def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> 
     )
 
 
+def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _Failure | None]:
+    """(the model loaded with `option`, None), or (None, the failure)."""
+    try:
+        return auto.from_pretrained(plan.model, **plan.with_attention(option).from_pretrained_kwargs()), None
+    except CudaloadError:
+        raise  # cudaload's own errors already say what to do
+    except Exception as exc:
+        return None, _Failure("load", describe_error(exc), exc)
+
+
+def _switch_to(model: Any, option: str) -> _Failure | None:
+    """Switch the loaded model in place to `option` (no weights are read again); the failure if
+    transformers refuses it."""
+    try:
+        model.set_attn_implementation(option)
+    except Exception as exc:
+        return _Failure("switch", describe_error(exc), exc)
+    return None
+
+
+def _unrelated(model: str, option: str, failure: _Failure, fallbacks: list[Fallback]) -> LoadFailedError:
+    """The error for a failure that is not the attention option's: no other option is tried."""
+    if failure.phase == "load" and failure.error is not None:
+        return _load_error(model, failure.error)
+    if failure.phase == "switch":
+        return LoadFailedError(
+            f"Could not switch to attn_implementation={option!r} after the others failed: "
+            f"{failure.problem}. Tried: {', '.join(f.option for f in fallbacks)}."
+        )
+    return LoadFailedError(
+        f"{model} loaded, but a test forward failed for a reason unrelated to attention: "
+        f"{failure.problem}. Check the placement (device_map/max_memory) and dtype, or pass verify=False "
+        "to skip the check."
+    )
+
+
+def _no_fallback(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fallback], why: str) -> LoadFailedError:
+    """The error for an attention option that failed when cudaload may not fall back (`why`)."""
+    chain = plan.attention_chain
+    if (
+        failure.problem == NON_FINITE
+        and len(fallbacks) + 1 == len(chain)
+        and all(f.error == NON_FINITE for f in fallbacks)
+    ):
+        # Every attention option, eager included, gave NaN/inf: attention is not the problem.
+        return LoadFailedError(
+            f"{plan.model} loaded, but every attention option ({', '.join(chain)}) gave non-finite logits in "
+            f"{plan.dtype}: the weights or the dtype are the problem, not attention. Check the checkpoint for "
+            "NaN/inf weights; with float16, try dtype='bfloat16' (sm80+) or 'float32' (fp16 overflow)."
+        )
+    tried = "".join(f"\n  {f.option} ({f.phase}): {f.error}" for f in fallbacks)
+    return LoadFailedError(
+        f"Loading {plan.model} with attn_implementation={option!r} failed at {failure.phase}: "
+        f"{failure.problem.rstrip('.')}. Not falling back ({why}).{' Tried:' + tried if tried else ''} "
+        "Pass another attn_implementation, or leave it unset (and strict=False) to let cudaload fall back."
+    )
+
+
 def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False) -> Any:
-    """Load `plan.model` through `plan.auto_class`, falling back along `plan.attention_chain`."""
+    """Load `plan.model` through `plan.auto_class`, falling back along `plan.attention_chain`.
+
+    One loop over the chain: load the first option (or, once a model is loaded and failed its test
+    forward, switch it in place to the next), then run the test forward. A failure that is the
+    option's (`_is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
+    any other failure raises at once, as does the last option's or one cudaload may not leave.
+    """
     from .model_facts import resolve_auto_class
 
     auto = resolve_auto_class(plan.auto_class)
+    chain = plan.attention_chain
+    can_fall_back = not strict and "attn_implementation" not in plan.explicit
+    why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
     fallbacks: list[Fallback] = []
     timings: dict[str, float] = dict(plan.timings)  # "probe" when planning measured this CPU
-    can_fall_back = not strict and "attn_implementation" not in plan.explicit
-    chain = list(plan.attention_chain)
-
-    def give_up(option: str, phase: str, cause: str) -> LoadFailedError:
-        tried = "".join(f"\n  {f.option} ({f.phase}): {f.error}" for f in fallbacks)
-        if cause == NON_FINITE and len(fallbacks) + 1 == len(chain) and all(f.error == NON_FINITE for f in fallbacks):
-            # Every attention option, eager included, gave NaN/inf: attention is not the problem.
-            return LoadFailedError(
-                f"{plan.model} loaded, but every attention option ({', '.join(chain)}) gave non-finite logits in "
-                f"{plan.dtype}: the weights or the dtype are the problem, not attention. Check the checkpoint for "
-                "NaN/inf weights; with float16, try dtype='bfloat16' (sm80+) or 'float32' (fp16 overflow)."
-            )
-        why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
-        return LoadFailedError(
-            f"Loading {plan.model} with attn_implementation={option!r} failed at {phase}: {cause.rstrip('.')}. "
-            f"Not falling back ({why}).{' Tried:' + tried if tried else ''} "
-            "Pass another attn_implementation, or leave it unset (and strict=False) to let cudaload fall back."
-        )
-
-    model = None
-    index = 0
-    while model is None:
-        option = chain[index]
-        start = time.perf_counter()
-        try:
-            model = _from_pretrained(auto, plan.with_attention(option))
-        except Exception as exc:
-            timings[f"load[{option}]"] = time.perf_counter() - start
-            last = index == len(chain) - 1
-            if isinstance(exc, CudaloadError):
-                raise
-            if not _attention_related(exc):
-                raise _load_error(plan.model, exc) from exc
-            if not can_fall_back or last:
-                raise give_up(option, "load", describe_error(exc)) from exc
-            fallbacks.append(Fallback(option, "load", describe_error(exc)))
-            index += 1
-            continue
-        timings["load"] = time.perf_counter() - start
-
+    model: Any = None
     verified: bool | None = None
-    if verify:
+    for index, option in enumerate(chain):
         start = time.perf_counter()
-        while True:
-            option = chain[index]
+        if model is None:
+            model, failure = _load_with(auto, plan, option)
+            timings["load" if failure is None else f"load[{option}]"] = time.perf_counter() - start
+        else:  # the loaded model failed its test forward: switch it in place, no weights read again
+            failure = _switch_to(model, option)
+            timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
+        if failure is None and verify:
+            start = time.perf_counter()
             outcome = _verify(model, training)
-            if outcome in (_PASSED, _SKIPPED):
-                verified = True if outcome is _PASSED else None
-                break
-            problem, error = outcome
-            if error is not None and not _attention_related(error):
-                raise LoadFailedError(
-                    f"{plan.model} loaded, but a test forward failed for a reason unrelated to attention: "
-                    f"{problem}. Check the placement (device_map/max_memory) and dtype, or pass verify=False "
-                    "to skip the check."
-                ) from error
-            if not can_fall_back or index == len(chain) - 1:
-                raise give_up(option, "verify", problem)
-            fallbacks.append(Fallback(option, "verify", problem))
-            index = _switch_attention(model, chain, index + 1, fallbacks)
-        timings["verify"] = time.perf_counter() - start
+            timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
+            verified, failure = outcome.verified, outcome.failure
+        if failure is None:
+            break
+        if failure.error is not None and not _is_attention_failure(failure.error, option):
+            raise _unrelated(plan.model, option, failure, fallbacks) from failure.error
+        if not can_fall_back or index == len(chain) - 1:
+            raise _no_fallback(plan, option, failure, fallbacks, why) from failure.error
+        fallbacks.append(Fallback(option, failure.phase, failure.problem))
 
     applied_plan = _as_applied(plan, chain[index:], fallbacks)
     if plan.generation is not None:

@@ -77,7 +77,7 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             for q in (None, "4bit", "8bit")
         }
         quant, quant_config, quant_warnings = decide_quantization(
-            machine, model, request.quantize, dtype.value, estimates
+            machine, model, request.quantize, dtype.value, estimates, request.device_map
         )
         warnings += quant_warnings
         quantize = quant.value

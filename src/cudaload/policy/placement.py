@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import PlacementError
-from ..facts.machine import GiB, Machine
+from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .devices import check_device_map
-from .fit import HEADROOM, TRAINING_SHARE, fit_one_gpu, gib, percent
+from .fit import HEADROOM, TRAINING_SHARE, gib, judge_fit, max_memory_size, percent
 
 __all__ = ["decide_placement", "decide_tensor_parallel", "offload_warning"]
 
@@ -40,8 +40,8 @@ def decide_tensor_parallel(
     if requested or training or not launch.distributed or launch.shards_parameters or len(machine.gpus) < 2:
         return None
     world = launch.world_size
-    weakest = min(g.usable_memory for g in machine.gpus)
-    budget = int(weakest * HEADROOM)
+    # Judged per rank (fit.py): every rank holds a copy or a shard on its own GPU, the smallest counts.
+    budget = judge_fit(machine, weight_bytes, HEADROOM).budget
     size = f"~{gib(weight_bytes)} of weights"
     data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({gib(budget)} usable)")
     if weight_bytes <= budget:
@@ -159,21 +159,18 @@ def decide_placement(
             None,
             cpu_notes,
         )
-    if (
-        launch.distributed
-        and tensor_parallel is not None
-        and weight_bytes > min(int(g.usable_memory * HEADROOM) for g in machine.gpus)
-    ):
+    weights = judge_fit(machine, weight_bytes, HEADROOM)
+    if launch.distributed and tensor_parallel is not None and not weights.fits:
         # Not tensor parallel (tensor_parallel says why) and too big for one GPU: every rank of this
         # node holds a whole copy spread over the node's GPUs, so each gets 1/local_world_size of each.
         ranks = max(launch.local_world_size, 1)
         why_not_tp = tensor_parallel.reason.removeprefix("not tensor parallel: ")
-        budgets = {g.index: int(g.usable_memory * HEADROOM) // ranks for g in machine.gpus}
-        spread: dict[Any, str] = {i: f"{b / GiB:.1f}GiB" for i, b in budgets.items()}
+        budgets = weights.spread
+        spread: dict[Any, str] = {i: max_memory_size(b) for i, b in budgets.items()}
         notes: tuple[str, ...] = ()
-        if weight_bytes > sum(budgets.values()):
+        if not weights.fits_spread:
             ram = machine.cpu.memory_available or 0
-            spread["cpu"] = f"{ram * HEADROOM / ranks / GiB:.1f}GiB"
+            spread["cpu"] = max_memory_size(ram * HEADROOM / ranks)
             notes = (
                 f"{size} per rank exceed this rank's share of the GPUs ({ranks} ranks per node each hold a copy): "
                 "the rest is offloaded to CPU. Run one process (python, not torchrun) or a model TP can shard.",
@@ -185,7 +182,7 @@ def decide_placement(
                 f"{size} exceed one GPU and tensor parallelism is out ({why_not_tp}): "
                 f"this rank's copy spreads over the {len(budgets)} GPUs with max_memory = 1/{ranks} of each "
                 f"({percent(HEADROOM)} of free memory, shared by the node's {ranks} ranks)",
-                (Rejected({"": launch.local_rank}, f"{size} exceed one GPU"),),
+                (Rejected({"": launch.local_rank}, f"{size} exceed {gib(weights.budget)} usable on {weights.where}"),),
             ),
             spread,
             notes,
@@ -217,11 +214,11 @@ def decide_placement(
         if available is not None and weight_bytes > available * HEADROOM:
             warnings = (f"{size} but only {gib(available)} of RAM available: expect swapping or an OOM kill.",)
         return Decision("device_map", "cpu", f"no CUDA GPU: {size} in RAM"), None, warnings
-    budgets = {g.index: int(g.usable_memory * HEADROOM) for g in machine.gpus}
     if training_bytes is None:
-        fit, what = fit_one_gpu(machine, weight_bytes, HEADROOM), size
+        fit, what = weights, size
     else:
-        fit = fit_one_gpu(machine, training_bytes, TRAINING_SHARE)
+        # The same judgement quantize="auto" made (quantization.py), on the same GPU.
+        fit = judge_fit(machine, training_bytes, TRAINING_SHARE)
         what = f"~{gib(training_bytes)} to train (weights, LoRA + AdamW, activations)"
     if fit.fits and fit.gpu is not None:
         gpu = fit.gpu
@@ -235,21 +232,21 @@ def decide_placement(
             None,
             (),
         )
-    max_memory: dict[Any, str] = {i: f"{b / GiB:.1f}GiB" for i, b in budgets.items()}
-    total = sum(budgets.values())
-    if weight_bytes <= total:
+    max_memory: dict[Any, str] = {i: max_memory_size(b) for i, b in weights.spread.items()}
+    total = sum(weights.spread.values())
+    if weights.fits_spread:
         return (
             Decision(
                 "device_map",
                 "auto",
-                f"{size} exceed one GPU: spread over {len(budgets)} GPUs with an explicit max_memory "
+                f"{size} exceed one GPU: spread over {len(weights.spread)} GPUs with an explicit max_memory "
                 f"({percent(HEADROOM)} of each one's free memory)",
             ),
             max_memory,
             (),
         )
     available = machine.cpu.memory_available or 0
-    max_memory["cpu"] = f"{available * HEADROOM / GiB:.1f}GiB"
+    max_memory["cpu"] = max_memory_size(available * HEADROOM)
     spill = weight_bytes - total
     warning = (
         f"{size} exceed all GPU memory: ~{gib(spill)} will be offloaded to CPU"

@@ -10,7 +10,7 @@ from ..errors import MissingPackageError, QuantizationError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
-from .fit import TRAINING_SHARE, fit_one_gpu, gib
+from .fit import TRAINING_SHARE, gib, judge_fit, pinned_gpu
 from .memory import TrainingMemory
 
 __all__ = ["QUANTIZE_CHOICES", "bitsandbytes_status", "decide_quantization"]
@@ -49,9 +49,13 @@ def decide_quantization(
     requested: str | None,
     dtype: str,
     estimates: dict[str | None, TrainingMemory],
+    device_map: Any = None,
 ) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
     """(decision, BitsAndBytesConfig kwargs or None, warnings). `estimates` maps None/"4bit"/"8bit"
-    to the training-memory estimate for that choice."""
+    to the training-memory estimate for that choice; `device_map` is the one you passed, if any: a
+    single process judges the GPU it pins the model to.
+
+    "auto" asks fit.py's `judge_fit`, as placement does: the same GPU and budget for both."""
     if requested not in QUANTIZE_CHOICES:
         raise QuantizationError(
             f"quantize={requested!r} is not a choice. Use '4bit' (QLoRA), '8bit', None (no quantization) "
@@ -92,13 +96,14 @@ def decide_quantization(
             None,
             (),
         )
-    # Judged on the GPU placement will use (fit.py): on a mixed machine, the biggest one.
-    fit = fit_one_gpu(machine, plain.total, TRAINING_SHARE)
-    assert fit.gpu is not None
-    gpu, budget = fit.gpu, fit.budget
+    # Judged on the GPU placement uses (fit.py): on a mixed machine the one with most free memory,
+    # under a distributed launch the smallest (every rank holds a copy).
+    pinned = pinned_gpu(device_map)
+    fit = judge_fit(machine, plain.total, TRAINING_SHARE, pinned)
+    budget = fit.budget
     how = (
         f"estimated {gib(plain.total)} for {dtype} LoRA (weights {gib(plain.weights)}, LoRA+Adam "
-        f"{gib(plain.lora)}, activations {gib(plain.activations)}) vs {gib(budget)} usable on {gpu.name}"
+        f"{gib(plain.lora)}, activations {gib(plain.activations)}) vs {gib(budget)} usable on {fit.where}"
     )
     if fit.fits:
         return (
@@ -119,9 +124,9 @@ def decide_quantization(
             (warning,),
         )
     warnings: tuple[str, ...] = ()
-    if four.total > budget:
+    if not judge_fit(machine, four.total, TRAINING_SHARE, pinned).fits:
         warnings = (
-            f"Even 4-bit needs ~{gib(four.total)} and {gpu.name} has {gib(budget)} usable: "
+            f"Even 4-bit needs ~{gib(four.total)} and {fit.where} has {gib(budget)} usable: "
             "shorten sequences, lower the batch, or use a bigger GPU.",
         )
     return (
