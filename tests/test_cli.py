@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,9 @@ from cudaload.cli import main
 def test_doctor_json_describes_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["machine"]["cpu"]["cores"] >= 1
+    # The CPUs this process may run on, as the OS reports them (not only "at least one").
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert report["machine"]["cpu"]["cores"] == cores
     assert report["backends"]["attention_chain"][-1] == "eager"
     assert {"torch", "transformers"} <= {name for name, _ in report["machine"]["software"]["packages"]}
 

@@ -123,6 +123,20 @@ def _accelerate(flags: list[str], worker: str, out: Path, *args: str, ranks: int
     return _reports(out, ranks)
 
 
+# The tiny Qwen3's adapters: LoRA A and B on q/k/v/o/gate/up/down_proj of each of its 2 layers.
+LORA_TENSORS = 2 * 7 * 2
+
+
+def _assert_trained_in_step(report: dict) -> None:
+    """Every adapter tensor moved from the snapshot taken before training (no weight decay: only a
+    gradient step moves it), and the ranks ended with the same values (DDP averaged the gradients
+    of their different batches)."""
+    assert report["lora_tensors"] == LORA_TENSORS
+    assert report["lora_unchanged"] == [], f"rank {report['rank']}: training left these as they were"
+    assert report["lora_changed"] is True
+    assert report["lora_identical_across_ranks"] is True
+
+
 def _launch_of(report: dict) -> tuple:
     launch = report["launch"]
     return launch["launcher"], launch["rank"], launch["local_rank"], launch["world_size"], launch["strategy"]
@@ -136,7 +150,7 @@ def test_torchrun_ddp_lora(tiny_models, tmp_path: Path, quantize: str) -> None:
         assert report["planned_device_map"] == "cpu" and report["applied_device"] == "cpu"
         assert "rank" in report["device_decision"]
         assert report["training_arguments"]["ddp_find_unused_parameters"] is False
-        assert report["lora_identical_across_ranks"] and report["lora_changed"]
+        _assert_trained_in_step(report)
         assert report["quantized"] == (quantize == "4bit")
     # Different data per rank, so different losses: the ranks really trained separately.
     assert reports[0]["losses"] != reports[1]["losses"]
@@ -147,7 +161,9 @@ def test_torchrun_trainer_is_data_parallel_on_cpu(tiny_models, tmp_path: Path) -
     for report in reports:
         assert report["world_size"] == 2 and report["use_cpu"] is True
         assert "DISTRIBUTED" in report["parallel_mode"]
-        assert report["identical"] is True and report["changed"] is True and report["steps"] == 3
+        assert report["steps"] == 3
+        assert report["lora_tensors"] == LORA_TENSORS and report["unchanged"] == []
+        assert report["identical"] is True and report["changed"] is True
 
 
 def test_accelerate_launch_two_processes_train_data_parallel(tiny_models, tmp_path: Path) -> None:
@@ -165,7 +181,7 @@ def test_accelerate_launch_two_processes_train_data_parallel(tiny_models, tmp_pa
         assert report["plan"]["kwargs"]["device_map"] == "cpu" and report["applied"]["device"] == "cpu"
         device = next(d for d in report["plan"]["decisions"] if d["setting"] == "device_map")
         assert f"rank {rank}/2" in device["reason"]
-        assert report["lora_identical_across_ranks"] and report["lora_changed"]
+        _assert_trained_in_step(report)
         assert report["warnings"] == []
     assert reports[0]["losses"] != reports[1]["losses"]
 
@@ -229,7 +245,7 @@ def test_two_nodes_one_process_each_place_by_local_rank(tiny_models, tmp_path: P
         assert report["launch"]["local_world_size"] == 1
         assert report["planned_device_map"] == "cpu" and report["applied_device"] == "cpu"
         assert report["device_map_on_2_gpus"] == {"": 0}
-        assert report["lora_identical_across_ranks"] and report["lora_changed"]
+        _assert_trained_in_step(report)
     assert reports[0]["losses"] != reports[1]["losses"]
 
 
@@ -256,7 +272,8 @@ def test_fsdp2_on_cpu_shards_the_planned_4bit_model_and_lowers_the_loss(tiny_mod
         assert report["accelerate_fsdp_plugin"] is False
         assert any("plain DDP" in w for w in report["plan"]["warnings"])
         assert report["sharded"] and report["local_share"] == 0.5
-        assert report["losses"][-1] < report["losses"][0] and report["lora_changed"]
+        assert report["losses"][-1] < report["losses"][0]
+        assert report["lora_tensors"] == LORA_TENSORS and report["lora_unchanged"] == [] and report["lora_changed"]
 
 
 def test_tensor_parallel_on_cpu_matches_the_whole_model(tiny_models, tmp_path: Path) -> None:

@@ -362,7 +362,17 @@ def test_load_applies_generation_for_generating_models(tiny_models: dict[str, Pa
     path = str(tiny_models["llama"])
     applied = cudaload.load(path).cudaload_plan
     assert applied.generation is not None
-    assert applied.generation.dtype == applied.dtype  # decided again with what was loaded
+    assert applied.generation.dtype == applied.dtype
     assert "generation (context" in applied.explain()
+    # Decided again with what was loaded: planned for an A100 with flash-attn (CUDA graphs for
+    # continuous batching), loaded here FlashAttention falls back to sdpa (no CUDA graphs). The dtype
+    # check above holds even if the planned section were kept; this one does not.
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    settings: dict[str, Any] = dict(machine=a100, device_map="cpu", dtype="bfloat16")
+    planned = cudaload.plan(path, generate=True, **settings).generation
+    assert planned is not None and planned.decision("generation.continuous_batching").value.startswith("CUDA graphs")
+    fell_back = cudaload.load(path, **settings).cudaload_plan
+    assert fell_back.attn_implementation == "sdpa" and fell_back.generation is not None
+    assert fell_back.generation.decision("generation.continuous_batching").value.startswith("no CUDA graphs")
     assert cudaload.load(path, generate=False).cudaload_plan.generation is None
     assert cudaload.load(path, model_class="AutoModel").cudaload_plan.generation is None

@@ -67,7 +67,7 @@ def test_logits_term_scales_with_vocab_and_tokens(vocab, tokens) -> None:
         return estimate(llama(8, vocab=v), seq_len=s, checkpointing=False).activations
 
     term = activations(vocab, tokens) - activations(0, tokens)
-    assert term == logits_bytes_per_element("bfloat16") * tokens * vocab
+    assert term == 12 * tokens * vocab  # bf16 logits: 12 bytes per element, see test_logits_bytes_per_element
     assert 10 * tokens * vocab <= term <= 14 * tokens * vocab
     assert activations(vocab, 2 * tokens) - activations(0, 2 * tokens) == 2 * term
     assert activations(2 * vocab, tokens) - activations(0, tokens) == 2 * term
@@ -161,7 +161,7 @@ def test_the_estimate_uses_the_planned_optimizer(quantize, on_gpu, optim) -> Non
     model = llama(8)
     default = estimate(model, quantize=quantize, on_gpu=on_gpu)
     assert default == estimate(model, quantize=quantize, on_gpu=on_gpu, optim=optim)
-    per_parameter = default.lora / lora_parameters(model, 16, PROJ)
+    per_parameter = default.lora / _lora_parameters_8b()
     assert per_parameter == pytest.approx(16 if optim.startswith("adamw") else 10, abs=0.05)
 
 
@@ -207,7 +207,8 @@ def test_unknown_layer_shapes_fall_back_to_korthikanti() -> None:
         vocab_size=50257,
     )
     assert layer_bytes_per_token(gpt, "bfloat16", None, (), True) == 34 * 768
-    assert estimate(gpt, targets=("c_attn",)).lora == lora_parameters(gpt, 16, ("c_attn",)) * 16
+    # r=16 x (768 + 2304) per c_attn x 12 layers, at 16 bytes each (fp32 weight, grad, 2 AdamW states).
+    assert estimate(gpt, targets=("c_attn",)).lora == 16 * (768 + 2304) * 12 * 16
 
 
 # --- measured on this CPU ------------------------------------------------------------------------

@@ -80,9 +80,8 @@ def test_accelerate_cpu_launch_that_got_one_process_is_noted() -> None:
 from dataclasses import replace  # noqa: E402
 
 from cudaload import Machine  # noqa: E402
-from cudaload.facts.machine import GiB, Launch  # noqa: E402
+from cudaload.facts.machine import Launch  # noqa: E402
 from cudaload.policy import Request, decide_plan  # noqa: E402
-from cudaload.policy.fit import HEADROOM  # noqa: E402
 from model_shapes import llama  # noqa: E402
 
 
@@ -123,9 +122,10 @@ def test_tensor_parallel_or_spread_under_torchrun(launch, count, model, tp_plan,
     decision = plan.decision("tp_plan")
     assert decision.value == tp_plan and why in decision.reason + " ".join(r.reason for r in decision.rejected)
     if device_map == "auto":
-        # Every rank of the node holds a whole copy: each gets its share of each GPU's budget.
-        share = int(machine.gpus[0].usable_memory * HEADROOM) // launch.local_world_size
-        assert plan.kwargs["max_memory"][0] == f"{share / GiB:.1f}GiB"
+        # Every rank of the node holds a whole copy: each gets its share of each GPU's budget, by
+        # hand 80 GiB x 80% headroom / the node's ranks (64 GiB / 3 = 21.3, / 4 = 16.0, / 2 = 32.0).
+        share = {2: "32.0GiB", 3: "21.3GiB", 4: "16.0GiB"}[launch.local_world_size]
+        assert {gpu: plan.kwargs["max_memory"][gpu] for gpu in range(count)} == dict.fromkeys(range(count), share)
         assert why in plan.decision("device_map").reason
     if tp_plan == "auto":
         assert "max_memory" not in plan.kwargs

@@ -17,8 +17,17 @@ def test_all_is_exactly_what_the_api_page_documents() -> None:
 
 
 def test_every_public_name_resolves() -> None:
+    # Each name is the object of that name (a lazy attribute bound to the wrong object, or to a
+    # placeholder, would still be "not None").
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     for name in cudaload.__all__:
-        assert getattr(cudaload, name) is not None
+        value = getattr(cudaload, name)
+        if name == "__version__":
+            assert value == pyproject["project"]["version"]
+        else:
+            assert value.__name__ == name and value.__module__.startswith("cudaload"), name
 
 
 def test_import_has_no_side_effects() -> None:

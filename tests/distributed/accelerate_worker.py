@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from adapters import identical_across_ranks, snapshot, trainable, unchanged
 from worker_exit import exit_without_teardown
 
 import cudaload
@@ -29,11 +30,12 @@ def main(model_path: str, out_dir: str) -> None:
     # The plan's use_cpu is Accelerator's cpu=: without it accelerate on a CPU-only machine picks
     # DistributedType.NO under a multi-process launch and every rank trains alone (accelerate/state.py).
     accelerator = Accelerator(cpu=cudaload.training_arguments(model).get("use_cpu", False))
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    # lora_A starts random and non-zero: "changed" must compare with a snapshot, not with zero.
-    before = torch.cat([p.detach().flatten().float() for p in trainable]).clone()
-    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    params = trainable(model)
+    optimizer = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.0)  # a change is a gradient step
     prepared, optimizer = accelerator.prepare(model, optimizer)
+    # After prepare (DDP's broadcast made the ranks equal): lora_A starts random and non-zero, so
+    # "changed" compares with this snapshot, not with zero.
+    before = snapshot(params)
     rank = accelerator.process_index
     ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
     losses = []
@@ -43,8 +45,7 @@ def main(model_path: str, out_dir: str) -> None:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    flat = torch.cat([p.detach().flatten().float() for p in trainable])
-    gathered = accelerator.gather(flat.unsqueeze(0))
+    still = unchanged(before, params)
     report = {
         "rank": rank,
         "launch": vars(machine.launch),
@@ -59,8 +60,10 @@ def main(model_path: str, out_dir: str) -> None:
         "applied": {"device": applied.device, "device_map": applied.device_map},
         "warnings": [str(w.message) for w in caught if issubclass(w.category, cudaload.CudaloadWarning)],
         "losses": losses,
-        "lora_identical_across_ranks": all(torch.equal(gathered[0], g) for g in gathered),
-        "lora_changed": not torch.equal(before, flat),
+        "lora_tensors": len(params),
+        "lora_unchanged": still,
+        "lora_changed": len(still) < len(params),
+        "lora_identical_across_ranks": identical_across_ranks(params),
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
     accelerator.wait_for_everyone()

@@ -1,7 +1,8 @@
 """Run by torchrun (2 processes, gloo, CPU): a short DDP LoRA fine-tune through load_for_finetune.
 
-Each rank trains on different data; DDP averages gradients, so the adapters must end equal.
-Writes rank-<N>.json into the output folder for the test to check.
+Each rank trains on different data; DDP averages gradients, so the adapters must end equal on every
+rank and, every tensor of them, different from the snapshot taken before training. Writes
+rank-<N>.json into the output folder for the test to check.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from adapters import identical_across_ranks, snapshot, trainable, unchanged
 from torch.nn.parallel import DistributedDataParallel
 from worker_exit import exit_without_teardown
 
@@ -27,10 +29,13 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
     args = cudaload.training_arguments(model)
     ddp = DistributedDataParallel(model, find_unused_parameters=args.get("ddp_find_unused_parameters", True))
 
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    # lora_A starts random and non-zero: "changed" must compare with a snapshot, not with zero.
-    before = torch.cat([p.detach().flatten().float() for p in trainable]).clone()
-    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    params = trainable(model)
+    # lora_A starts random and non-zero, and DDP made the ranks equal at construction: "changed"
+    # compares with this snapshot, taken after DDP's broadcast, not with zero.
+    before = snapshot(params)
+    # No weight decay: it would move the non-zero lora_A even with no gradient, so a change is a
+    # gradient step.
+    optimizer = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.0)
     ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
     losses = []
     for _ in range(3):
@@ -40,9 +45,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         optimizer.zero_grad()
         losses.append(loss.item())
 
-    flat = torch.cat([p.detach().flatten().float() for p in trainable])
-    gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, flat)
+    still = unchanged(before, params)
     report = {
         "rank": rank,
         "launch": vars(machine.launch) if hasattr(machine.launch, "__dict__") else None,
@@ -51,8 +54,10 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         "applied_device": model.cudaload_plan.device,
         "training_arguments": args,
         "losses": losses,
-        "lora_identical_across_ranks": all(torch.equal(gathered[0], g) for g in gathered),
-        "lora_changed": not torch.equal(before, flat),
+        "lora_tensors": len(params),
+        "lora_unchanged": still,
+        "lora_changed": len(still) < len(params),
+        "lora_identical_across_ranks": identical_across_ranks(params),
         "quantized": "quantization_config" in plan.kwargs,
         # The same launch on a node with 2 GPUs: the device must follow LOCAL_RANK, not RANK.
         "device_map_on_2_gpus": cudaload.plan(

@@ -15,15 +15,12 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from adapters import snapshot, trainable, unchanged
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from worker_exit import exit_without_teardown
 
 import cudaload
-
-
-def _full(params: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([(p.full_tensor() if isinstance(p, DTensor) else p).detach().flatten().float() for p in params])
 
 
 def main(model_path: str, quantize: str, out_dir: str) -> None:
@@ -32,13 +29,12 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
     plan = model.cudaload_plan.plan
     accelerator = Accelerator(cpu=cudaload.training_arguments(model).get("use_cpu", False))
     rank = accelerator.process_index
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    before = _full(trainable).clone()
+    before = snapshot(trainable(model))  # whole tensors, before sharding
     for layer in model.get_base_model().model.layers:
         fully_shard(layer)
     fully_shard(model)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    params = trainable(model)  # the sharded DTensors now; compared whole (gathered) after training
+    optimizer = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.0)  # a change is a gradient step
     # The same batch every step: its loss must fall.
     ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
     losses = []
@@ -48,8 +44,9 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.item())
-    after = _full(trainable)
-    shard = sum(p.to_local().numel() for p in trainable if isinstance(p, DTensor))
+    still = unchanged(before, params)
+    whole = sum(p.numel() for p in params.values())
+    shard = sum(p.to_local().numel() for p in params.values() if isinstance(p, DTensor))
     report = {
         "rank": rank,
         "launch": vars(machine.launch),
@@ -57,10 +54,12 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         "applied_device": model.cudaload_plan.device,
         "accelerate_distributed_type": str(accelerator.distributed_type),
         "accelerate_fsdp_plugin": getattr(accelerator.state, "fsdp_plugin", None) is not None,
-        "sharded": all(isinstance(p, DTensor) for p in trainable),
-        "local_share": shard / after.numel(),
+        "sharded": all(isinstance(p, DTensor) for p in params.values()),
+        "local_share": shard / whole,
         "losses": losses,
-        "lora_changed": not torch.equal(before, after),
+        "lora_tensors": len(params),
+        "lora_unchanged": still,
+        "lora_changed": len(still) < len(params),
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
     accelerator.wait_for_everyone()

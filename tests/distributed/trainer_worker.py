@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from adapters import identical_across_ranks, snapshot, trainable, unchanged
 from transformers import Trainer, TrainingArguments
 from worker_exit import exit_without_teardown
 
@@ -41,16 +42,15 @@ def main(model_path: str, out_dir: str) -> None:
             seed=0,
         )
     )
-    before = torch.cat([p.detach().flatten().float() for p in model.parameters() if p.requires_grad]).clone()
+    params = trainable(model)
     trainer = Trainer(model=model, args=args, train_dataset=Rows(seed=0))
+    # Trainer wraps the model in DDP only inside train(), so this snapshot precedes DDP's broadcast
+    # of rank 0's weights: on rank 0 (whose report the test checks too) only training moves them.
+    before = snapshot(params)
     trainer.train()
-    flat = torch.cat([p.detach().flatten().float() for p in model.parameters() if p.requires_grad])
+    still = unchanged(before, params)
     rank = args.process_index
-    identical = None
-    if dist.is_initialized():
-        gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
-        dist.all_gather(gathered, flat)
-        identical = all(torch.equal(gathered[0], g) for g in gathered)
+    identical = identical_across_ranks(params) if dist.is_initialized() else None
     report = {
         "rank": rank,
         "world_size": args.world_size,
@@ -58,7 +58,9 @@ def main(model_path: str, out_dir: str) -> None:
         "use_cpu": args.use_cpu,
         "identical": identical,
         # Identical ranks prove nothing if nothing trained: compare with the snapshot too.
-        "changed": not torch.equal(before, flat),
+        "lora_tensors": len(params),
+        "unchanged": still,
+        "changed": len(still) < len(params),
         "steps": trainer.state.global_step,
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report))
