@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..facts.machine import Cpu, Gpu, Hub, HubKernel, Launch, Machine, Software
+from ..facts.machine import Machine
 from .cpu import probe_cpu
 from .dtype_probe import cached_dtype_probe, probe_enabled, shape_bucket, torch_threads
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
@@ -24,13 +24,6 @@ if TYPE_CHECKING:
     from ..facts.model import ModelFacts
 
 __all__ = [
-    "Cpu",
-    "Gpu",
-    "Hub",
-    "HubKernel",
-    "Launch",
-    "Machine",
-    "Software",
     "detect",
     "detect_uncached",
     "measure_for",

@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from ..errors import PlacementError
 from ..facts.machine import Machine
 
-__all__ = ["check_device_map", "check_max_memory", "usable_machine"]
+__all__ = ["check_device_map", "check_max_memory", "cuda_index", "usable_machine"]
 
 # The oldest Linux driver each CUDA major runs on with minor-version compatibility (NVIDIA's
 # "CUDA Compatibility" guide, table "CUDA Toolkit and Minimum Required Driver Version").
@@ -61,7 +61,7 @@ def usable_machine(machine: Machine) -> tuple[Machine, tuple[str, ...]]:
     return replace(machine, gpus=()), (warning,)
 
 
-def _cuda_index(value: Any, where: str) -> int | None:
+def cuda_index(value: Any, where: str) -> int | None:
     """The CUDA ordinal a device_map value names; None for a non-CUDA place ("cpu", "disk")."""
     if isinstance(value, bool):
         raise PlacementError(f"device_map {where}={value!r}: a device is 'cpu', 'disk', 'cuda:N' or an int N.")
@@ -127,7 +127,7 @@ def check_max_memory(machine: Machine, max_memory: Any) -> None:
 
 
 def _cuda_index_checked(machine: Machine, value: Any, where: str) -> None:
-    index = _cuda_index(value, where)
+    index = cuda_index(value, where)
     seen = len(machine.gpus)
     if index is not None and index >= seen:
         found = f"{seen} GPU(s) (cuda:0..cuda:{seen - 1})" if seen else "no CUDA GPU"

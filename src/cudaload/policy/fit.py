@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import PlacementError
 from ..facts.machine import GiB, Gpu, Machine
+from .devices import cuda_index
 
 __all__ = ["HEADROOM", "TRAINING_SHARE", "Fit", "gib", "judge_fit", "max_memory_size", "percent", "pinned_gpu"]
 
@@ -131,23 +133,14 @@ class Fit:
 
 def pinned_gpu(device_map: Any) -> int | None:
     """The one CUDA index a device_map puts the whole model on (0, "cuda:1", {"": 1}); None for a
-    strategy ("auto"), the CPU, or a map over several devices. Validity is placement's business."""
+    strategy ("auto"), the CPU, or a map over several devices. Validity is placement's business:
+    a value `check_device_map` would refuse pins nothing here."""
     values = list(device_map.values()) if isinstance(device_map, Mapping) else [device_map]
-    indices: set[int] = set()
-    for value in values:
-        if isinstance(value, bool):
-            return None
-        if isinstance(value, int):
-            indices.add(value)
-            continue
-        text = str(value)
-        if text == "cuda":
-            indices.add(0)
-        elif text.startswith("cuda:") and text[5:].isdigit():
-            indices.add(int(text[5:]))
-        else:
-            return None
-    return indices.pop() if len(indices) == 1 else None
+    try:
+        indices = {cuda_index(value, "") for value in values}
+    except PlacementError:  # a strategy or not a device
+        return None
+    return indices.pop() if len(indices) == 1 else None  # {None}: the CPU or disk
 
 
 def judge_fit(machine: Machine, need: int, share: float, pinned: int | None = None) -> Fit:
