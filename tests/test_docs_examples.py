@@ -29,6 +29,31 @@ SKIPPED = [s for _, skipped in FOUND.values() for s in skipped]
 RUN_HERE = [e for e in EXAMPLES if e.covered_by is None]
 
 
+def _untested_upstream() -> list[str]:
+    """The upstream packages installed at another version than constraints/tested.txt pins.
+
+    The pasted outputs are those of the tested set: a simulated machine plans with the installed
+    transformers (its kernels range, its flag names), so on a newer set they differ by design.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    differ = []
+    for line in (ROOT / "constraints" / "tested.txt").read_text().splitlines():
+        name, sep, pinned = line.partition("==")
+        if not sep or name not in ("transformers", "kernels", "peft", "accelerate", "bitsandbytes", "huggingface_hub"):
+            continue
+        try:
+            found = version(name)
+        except PackageNotFoundError:
+            found = None
+        if found != pinned.strip():
+            differ.append(f"{name} {found} (tested: {pinned.strip()})")
+    return differ
+
+
+UNTESTED = _untested_upstream()
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
     """Run every example once, in one worker (one import of torch and transformers for all)."""
@@ -47,6 +72,8 @@ def test_example_runs_and_prints_what_the_page_shows(example: Any, results: dict
         # Regenerated on the machine the page names; here it only has to say something.
         assert result.output.strip() or not example.output.strip()
         return
+    if UNTESTED:
+        pytest.skip(f"ran; the pasted output is the tested set's, and this set has {', '.join(UNTESTED)}")
     pasted, real = docs_tool.comparable(example.output), docs_tool.comparable(result.output)
     assert real == pasted, (
         f"{example.page}:{example.line}: the output pasted in the page is not what a real run prints; run "

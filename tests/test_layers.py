@@ -23,7 +23,8 @@ ALLOWED = {
     "plans": {"generation"},  # GenerationPlan, the generation section of a Plan
     "generation": {"facts", "plans"},
     "policy": {"facts", "plans", "generation"},
-    "model_facts": {"facts", "capability"},  # reads a config: a probe of the model
+    # reads a config: a probe of the model (upstream_imports: transformers' first import, under a lock)
+    "model_facts": {"facts", "capability", "upstream_imports"},
 }
 ANYONE = {"errors", "upstream"}
 

@@ -221,8 +221,15 @@ def test_a_link_that_cannot_be_switched_to_is_skipped(tiny_models) -> None:
 
 
 def test_other_auto_classes_load_through_the_same_plan(tiny_models) -> None:
-    model = load(str(tiny_models["llama"]), model_class="AutoModelForSequenceClassification")
+    # A classification head is not in a causal-LM checkpoint: loading one is asked for, never silent.
+    with pytest.raises(cudaload.LoadFailedError, match=r"lacks 1 of the model's weights.*score\.weight"):
+        load(str(tiny_models["llama"]), model_class="AutoModelForSequenceClassification")
+    with pytest.warns(cudaload.CudaloadWarning, match="initialized at random"):
+        model = load(
+            str(tiny_models["llama"]), model_class="AutoModelForSequenceClassification", allow_missing_weights=True
+        )
     assert type(model).__name__ == "LlamaForSequenceClassification"
+    assert model.cudaload_plan.missing_weights == ("score.weight",)
     assert model.cudaload_plan.verified is True
     assert model.cudaload_plan.attn_implementation == model.config._attn_implementation
     with pytest.raises(cudaload.ModelConfigError, match="model_class='AutoNothing': transformers has no such"):

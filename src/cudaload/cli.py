@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -175,11 +177,22 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
     """The machine to plan for: simulated when any simulation flag is given, this one under a
     simulated launch with only --world-size, else None (this machine as detected)."""
     launch = _launch(args, parser)
+    gpus = None if args.gpu is None else [name.strip() for name in args.gpu.split(",")]
+    if gpus is not None and not all(gpus):
+        parser.error(
+            f"--gpu {args.gpu!r} {'has an empty name in its list' if len(gpus) > 1 else 'names no GPU'}: pass a GPU "
+            "name (e.g. T4, A100, H100) or a comma list of them (drop --gpu to plan for this machine)"
+        )
     if args.count < 1:
         parser.error(f"--count {args.count}: a simulated machine has at least one GPU (drop --gpu for a CPU)")
     if args.count != 1 and not args.gpu:
         parser.error("--count needs --gpu: it repeats a simulated GPU")
-    if not (args.gpu or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):
+    if args.count != 1 and gpus is not None and len(gpus) > 1:
+        parser.error(
+            f"--count {args.count} with the GPU list --gpu {args.gpu!r}: a list names every GPU, --count repeats a "
+            f"single one (e.g. --gpu {gpus[0]} --count {args.count}, or repeat the name in the list)"
+        )
+    if not (gpus or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):
         if launch is None:
             return None
         from .capability import detect
@@ -195,10 +208,12 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
         except InvalidVersion:
             parser.error(f"--with {spec!r}: {version!r} is not a version (e.g. flash-attn==2.8.3)")
         packages[name] = version
+    from .capability.software import simulated_packages
+
     return Machine.simulated(
-        args.gpu.split(",") if args.gpu and "," in args.gpu else args.gpu,
+        gpus if gpus is None or len(gpus) > 1 else gpus[0],
         count=args.count,
-        packages=packages,
+        packages=simulated_packages(packages),
         offline=args.offline,
         cached_kernels=args.cached_kernel,
         cpu_flags=args.cpu_flags.split(",") if args.cpu_flags else ("avx2",),
@@ -206,10 +221,35 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
     )
 
 
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a whole number of at least 1")
+    return value
+
+
+_PATH_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSPC, errno.EEXIST}
+)
+"""An OSError about a path itself (permissions, a read-only or full disk, a missing folder)."""
+
+DEBUG_ENV = "CUDALOAD_DEBUG"
+"""Set to 1 (or pass --debug) to see the traceback of an unexpected error instead of one line."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cudaload", description=__doc__)
+    debug_help = f"show the traceback of an unexpected error (also {DEBUG_ENV}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    # --debug is accepted after the command too; SUPPRESS keeps the subcommand from resetting it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
-    doctor = sub.add_parser("doctor", help="what this machine has, and what loading gets here")
+    doctor = sub.add_parser("doctor", parents=[common], help="what this machine has, and what loading gets here")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument(
         "--check-hub",
@@ -217,7 +257,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also ask the Hub whether each attention kernel can be fetched now (network)",
     )
 
-    plan = sub.add_parser("plan", help="the from_pretrained plan for a model, here or on a simulated machine")
+    plan = sub.add_parser(
+        "plan", parents=[common], help="the from_pretrained plan for a model, here or on a simulated machine"
+    )
     plan.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
     plan.add_argument("--gpu", help="simulate this GPU (e.g. T4, A100, H100, B200; comma list for mixed)")
     plan.add_argument("--count", type=int, default=1, help="number of simulated GPUs")
@@ -243,13 +285,19 @@ def _parser() -> argparse.ArgumentParser:
         help="a Hub kernel repo the simulated machine has cached",
     )
     plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
-    plan.add_argument("--world-size", type=int, default=1, help="simulate a torchrun launch")
+    plan.add_argument("--world-size", type=_positive, default=1, help="simulate a torchrun launch")
     plan.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"])
     plan.add_argument("--zero-stage", type=int, choices=[1, 2, 3], help="with --strategy deepspeed")
     plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
-    plan.add_argument("--quantize", default="auto", help="with --finetune: 4bit, 8bit, none or auto")
-    plan.add_argument("--seq-len", type=int, default=2048, help="with --finetune: sequence length for the estimate")
-    plan.add_argument("--batch-size", type=int, default=1, help="with --finetune: batch size for the estimate")
+    plan.add_argument(
+        "--quantize",
+        choices=["4bit", "8bit", "none", "auto"],
+        help="with --finetune: 4bit, 8bit, none or auto (default)",
+    )
+    plan.add_argument(
+        "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
+    )
+    plan.add_argument("--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)")
     plan.add_argument("--dtype")
     plan.add_argument("--attn", dest="attn_implementation")
     plan.add_argument(
@@ -257,11 +305,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
     )
-    plan.add_argument("--context", type=int, help="with --generate: tokens per sequence (prompt + new)")
+    plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
     plan.add_argument("--json", action="store_true")
 
     bench = sub.add_parser(
         "bench",
+        parents=[common],
         help="time the plan against every dtype x attention alternative here (--finetune: LoRA against QLoRA)",
     )
     bench.add_argument(
@@ -272,11 +321,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="a tiny model, short prompt, one round: seconds")
     bench.add_argument("--random-weights", action="store_true", help="build random weights from MODEL's config")
-    bench.add_argument("--prompt-tokens", type=int, help="prompt length (default 256; quick 64)")
-    bench.add_argument("--new-tokens", type=int, help="tokens generated (default 64; quick 16)")
-    bench.add_argument("--batch", type=int, help="prompts per batch (default 1)")
-    bench.add_argument("--repeats", type=int, help="measured rounds after one warm-up (default 3; quick 1)")
-    bench.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; quick 1)")
+    bench.add_argument("--prompt-tokens", type=_positive, help="prompt length (default 256; quick 64)")
+    bench.add_argument("--new-tokens", type=_positive, help="tokens generated (default 64; quick 16)")
+    bench.add_argument("--batch", type=_positive, help="prompts per batch (default 1)")
+    bench.add_argument("--repeats", type=_positive, help="measured rounds after one warm-up (default 3; quick 1)")
+    bench.add_argument("--threads", type=_positive, help="torch CPU threads (default: torch's; quick 1)")
     bench.add_argument("--model-dir", help="save and reuse built models here (default: a temporary folder)")
     bench.add_argument(
         "--generation",
@@ -285,7 +334,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also compare the plan's generation settings with default generate() (default: on)",
     )
     bench.add_argument(
-        "--generation-batch", type=int, help="prompts of different lengths in that comparison (default 4; quick 2)"
+        "--generation-batch",
+        type=_positive,
+        help="prompts of different lengths in that comparison (default 4; quick 2)",
     )
     bench.add_argument(
         "--overhead",
@@ -294,8 +345,8 @@ def _parser() -> argparse.ArgumentParser:
         help="also time import/detect/plan/load in fresh processes (default: on, off with --quick)",
     )
     bench.add_argument("--finetune", action="store_true", help="16-bit LoRA against QLoRA: step time, peak memory")
-    bench.add_argument("--steps", type=int, default=3, help="with --finetune: measured training steps")
-    bench.add_argument("--seq-len", type=int, default=256, help="with --finetune: tokens per sequence")
+    bench.add_argument("--steps", type=_positive, default=3, help="with --finetune: measured training steps")
+    bench.add_argument("--seq-len", type=_positive, default=256, help="with --finetune: tokens per sequence")
     bench.add_argument("--out", help="write the result JSON here")
     bench.add_argument("--chart", help="draw the result as a PNG here (needs cudaload[bench])")
     bench.add_argument(
@@ -308,20 +359,64 @@ def _parser() -> argparse.ArgumentParser:
         help="store the measurements as a tuning record: later plans of this model shape here use them",
     )
 
-    demo = sub.add_parser("demo", help="build a tiny model, plan and load it here, print the plan")
+    demo = sub.add_parser("demo", parents=[common], help="build a tiny model, plan and load it here, print the plan")
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
     return parser
 
 
+class _OutputClosed(Exception):
+    """stdout or stderr is a pipe whose reader has gone (`cudaload plan ... | head -1`)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.stream = stream
+
+
+def _emit(text: str, stream: Any = None) -> None:
+    """Print `text` and flush, so that a closed pipe shows here, where it can be told apart from a
+    broken pipe to a child process."""
+    stream = stream or sys.stdout
+    try:
+        print(text, file=stream, flush=True)
+    except BrokenPipeError as exc:
+        raise _OutputClosed(stream) from exc
+
+
+def _silence(stream: Any) -> None:
+    """Point a closed stream's file descriptor at /dev/null, so that the interpreter's last flush of
+    what is still buffered does not print a BrokenPipeError on the way out."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # not a real file (e.g. captured by pytest)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+def _failed(model: str, variants: list[dict[str, Any]], finetune: bool) -> str | None:
+    """The error line when no variant of a benchmark ran at all (a broken checkpoint), else None."""
+    if any(row.get("ok", row.get("error") is None) for row in variants):
+        return None
+    reasons = [row["error"] for row in variants if row.get("error")]
+    found = reasons[0] if reasons else "nothing was measured"
+    kind = "fine-tuning benchmark" if finetune else "benchmark"
+    return (
+        f"no variant of {model} could run in the {kind} ({found}). The table above lists each failure: check "
+        "the checkpoint (re-save it with save_pretrained(), or pass --random-weights to time its shape)."
+    )
+
+
 def _bench(args: argparse.Namespace) -> int:
-    """`cudaload bench`: run, print the table, file JSON (and PNG) where asked. Exit 130 after Ctrl-C."""
+    """`cudaload bench`: run, print the table, then file JSON (and PNG) where asked. Exit 130 after
+    Ctrl-C (with what was measured), 2 when no variant could run at all."""
     import tempfile
     from pathlib import Path
 
     from .bench import format_report, result_path, run_bench, write_chart, write_result
 
     def log(line: str) -> None:
-        print(f"[bench] {line}", file=sys.stderr, flush=True)
+        _emit(f"[bench] {line}", sys.stderr)
 
     kind = ""
     if args.finetune:
@@ -361,64 +456,126 @@ def _bench(args: argparse.Namespace) -> int:
             log=log,
         )
         report = format_report(result)
-    written = []
+    _emit(report)  # first: a file that cannot be written below does not lose the measurements
     if args.out:
-        written.append(write_result(result, args.out))
-    notes = []
+        _emit(f"written: {write_result(result, args.out)}")
     if args.results:
         from .capability import detect
 
         filed = result_path(args.results, detect(), kind)
-        written.append(write_result(result, filed))
+        _emit(f"written: {write_result(result, filed)}")
         if not args.chart:  # the chart beside the JSON, when matplotlib is there to draw it
             try:
-                written.append(write_chart(result, filed.with_suffix(".png")))
+                _emit(f"written: {write_chart(result, filed.with_suffix('.png'))}")
             except MissingPackageError as exc:
-                notes.append(f"no chart: {exc}")
+                _emit(f"no chart: {exc}")
     if args.chart:
-        written.append(write_chart(result, args.chart))
-    print(report)
-    for path in written:
-        print(f"written: {path}")
-    for note in notes:
-        print(note)
-    return 130 if result.get("interrupted") else 0
+        _emit(f"written: {write_chart(result, args.chart)}")
+    if result.get("interrupted"):
+        return 130
+    failed = _failed(args.model or "the built-in model", result["variants"], finetune=bool(args.finetune))
+    if failed is not None:
+        _emit(f"cudaload: error: {failed}", sys.stderr)
+        return 2
+    return 0
+
+
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    from .planner import plan
+
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
+    if args.hub_kernels:
+        overrides["hub_kernels"] = True
+    if args.context is not None and not args.generate:
+        parser.error("--context goes with --generate")
+    if args.generate:
+        overrides |= {"generate": True, "context": args.context}
+    given = [f"--{name}" for name in ("quantize", "seq-len", "batch-size") if getattr(args, name.replace("-", "_"))]
+    if given and not args.finetune:
+        parser.error(
+            f"{' and '.join(given)} describe{'s' if len(given) == 1 else ''} a fine-tuning plan: add --finetune"
+        )
+    if args.finetune:
+        quantize = args.quantize or "auto"
+        overrides |= {
+            "finetune": True,
+            "quantize": None if quantize == "none" else quantize,
+            "seq_len": args.seq_len or 2048,
+            "batch_size": args.batch_size or 1,
+        }
+    result = plan(args.model, machine=_machine(args, parser), **overrides)
+    return result.to_json() if args.json else result.explain()
+
+
+def _describe(exc: BaseException) -> str:
+    """A foreign exception in one line: its type and the start of its message (a validation error
+    names the field on its first line and the problem on the next)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines()[:3] if line.strip())
+    return f"{type(exc).__name__}: {text if len(text) <= 300 else text[:299] + '…'}"
+
+
+def _doing(args: argparse.Namespace) -> str:
+    """What the command was doing, for the line that reports an unexpected error."""
+    if args.command == "plan":
+        return f"planning {args.model!r}"
+    if args.command == "bench":
+        return f"benchmarking {args.model!r}" if args.model else "benchmarking the built-in model"
+    if args.command == "demo":
+        return f"the demo in {args.dir!r}"
+    return "looking at this machine"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; the exit status: 0 done, 2 an error (one `cudaload: error: ...` line on stderr,
+    no traceback unless --debug or CUDALOAD_DEBUG=1), 130 Ctrl-C, 141 stdout closed early (a pipe to
+    `head`, as a process killed by SIGPIPE reports it)."""
     parser = _parser()
     args = parser.parse_args(argv)
+    debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         if args.command == "doctor":
             from .capability import detect
 
-            print(_doctor(detect(), args.json, args.check_hub))
+            _emit(_doctor(detect(), args.json, args.check_hub))
         elif args.command == "plan":
-            from .planner import plan
-
-            overrides = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
-            if args.hub_kernels:
-                overrides["hub_kernels"] = True
-            if args.context is not None and not args.generate:
-                parser.error("--context goes with --generate")
-            if args.generate:
-                overrides |= {"generate": True, "context": args.context}
-            if args.finetune:
-                overrides |= {
-                    "finetune": True,
-                    "quantize": None if args.quantize == "none" else args.quantize,
-                    "seq_len": args.seq_len,
-                    "batch_size": args.batch_size,
-                }
-            result = plan(args.model, machine=_machine(args, parser), **overrides)
-            print(result.to_json() if args.json else result.explain())
+            _emit(_plan(args, parser))
         elif args.command == "bench":
             return _bench(args)
         elif args.command == "demo":
             from .demo import run_demo
 
-            print(run_demo(args.dir))
+            _emit(run_demo(args.dir))
+    except _OutputClosed as closed:
+        _silence(closed.stream)
+        return 141
+    except KeyboardInterrupt:
+        nothing = " before anything was measured" if args.command == "bench" else ""
+        _report(f"cudaload: interrupted (Ctrl-C){nothing}")
+        return 130
     except CudaloadError as exc:
-        print(f"cudaload: error: {exc}", file=sys.stderr)
+        _report(f"cudaload: error: {exc}")
+        return 2
+    except OSError as exc:  # a file that cannot be read or written: the message names it
+        if debug:
+            raise
+        hint = " (check that path and its permissions)" if exc.errno in _PATH_ERRNOS else ""
+        _report(f"cudaload: error: {_doing(args)} failed: {_describe(exc)}{hint}")
+        return 2
+    except Exception as exc:
+        if debug:
+            raise
+        _report(
+            f"cudaload: error: {_doing(args)} failed: {_describe(exc)}\n"
+            "cudaload: cudaload did not expect this error (it is not one of its own messages): if the model and "
+            f"options are right, please report it with the traceback that --debug (or {DEBUG_ENV}=1) shows."
+        )
         return 2
     return 0
+
+
+def _report(message: str) -> None:
+    """The error line on stderr; nothing more to do when stderr itself is a closed pipe."""
+    try:
+        _emit(message, sys.stderr)
+    except _OutputClosed as closed:
+        _silence(closed.stream)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .errors import SettingError
+from .errors import SettingError, describe_error
 
 __all__ = ["build_tiny_model", "run_demo", "save_random_qwen3", "save_tiny_tokenizer"]
 
@@ -54,23 +54,34 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
             f"{str(path)!r} exists and is not a tiny model cudaload built (no {MARKER} file in it): cudaload never "
             "writes into a folder it did not make. Pick a new or empty folder."
         )
-    config = save_random_qwen3(
-        path,
-        dtype=dtype,
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        eos_token_id=1,
-        bos_token_id=None,
-        pad_token_id=None,
-    )
-    save_tiny_tokenizer(path, config.vocab_size)
-    (path / MARKER).write_text("a random-weight model built by cudaload.demo.build_tiny_model\n")
+    made = not path.exists()
+    try:
+        config = save_random_qwen3(
+            path,
+            dtype=dtype,
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            eos_token_id=1,
+            bos_token_id=None,
+            pad_token_id=None,
+        )
+        save_tiny_tokenizer(path, config.vocab_size)
+        (path / MARKER).write_text("a random-weight model built by cudaload.demo.build_tiny_model\n")
+    except OSError as exc:  # read-only, full or missing place: say where, and leave no half-written model
+        if made:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        raise SettingError(
+            f"Could not save the tiny model in {str(path)!r}: {describe_error(exc)}. Pick a folder you can write "
+            "(cudaload demo --dir PATH)."
+        ) from exc
     return path
 
 

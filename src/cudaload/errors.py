@@ -170,10 +170,10 @@ class FinetuneConfigError(CudaloadError, ValueError):
 
     Examples:
         >>> import cudaload
-        >>> cudaload.plan("any/model", lora={"r": 8})
+        >>> cudaload.plan("any/model", lora={"r": 8})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        cudaload.errors.FinetuneConfigError: lora= only applies to a fine-tuning plan: pass finetune=True.
+        cudaload.errors.FinetuneConfigError: lora={'r': 8} only applies to a fine-tuning plan: pass finetune=True ...
     """
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .errors import FinetuneConfigError, MissingPackageError
+from .errors import CudaloadWarning, FinetuneConfigError, MissingPackageError
 from .loaders import apply_plan
 from .plans import FinetunePlan, Plan
 
@@ -48,7 +48,8 @@ def load_for_finetune(
     batch_size: int = 1,
     strict: bool = False,
     machine: Any = None,
-    model_class: str = "AutoModelForCausalLM",
+    model_class: str | type | None = None,
+    allow_missing_weights: bool = False,
     **overrides: Any,
 ) -> Any:
     """A PEFT model ready to train, with every setting planned and explained like `load()`.
@@ -74,7 +75,10 @@ def load_for_finetune(
         batch_size: Batch size the memory estimate assumes (default 1).
         strict: Raise instead of falling back along the attention chain (default False).
         machine: The `Machine` to plan for (default None: `detect()` this one).
-        model_class: The transformers Auto class to load with (default "AutoModelForCausalLM").
+        model_class: The transformers Auto class (or model class) to load with, as a class or its
+            name. Default None: the checkpoint's own architecture (config.json's "architectures").
+        allow_missing_weights: Accept weights the checkpoint lacks, initialized at random (e.g. a
+            classification head on a base checkpoint), as `load()` does (default False: raise).
         **overrides: from_pretrained and `plan()` keyword arguments (`dtype`,
             `attn_implementation`, `device_map`, `quantization_config` with `quantize=None`, ...).
 
@@ -130,13 +134,21 @@ def load_for_finetune(
     )
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
-    base = apply_plan(the_plan, strict=strict, verify=True, training=True)
+    try:  # before any weight is read: a LoRA setting peft refuses fails in a second, not after loading
+        lora_config = LoraConfig(**the_plan.finetune.lora)
+    except (TypeError, ValueError) as exc:
+        raise FinetuneConfigError(
+            f"peft's LoraConfig refuses these LoRA settings ({dict(lora or {})!r} over the planned ones): "
+            f"{type(exc).__name__}: {exc}. Pass LoraConfig keyword arguments (r, lora_alpha, lora_dropout, "
+            "target_modules, ...)."
+        ) from exc
+    base = apply_plan(the_plan, strict=strict, verify=True, training=True, allow_missing_weights=allow_missing_weights)
     _prepare(base, the_plan.finetune)
     with warnings.catch_warnings():
         # peft (<= 0.21.2) reads the deprecated `is_gradient_checkpointing`, a FutureWarning on
         # transformers >= 5.23 that the caller cannot act on.
         warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
-        peft_model = get_peft_model(base, LoraConfig(**the_plan.finetune.lora))
+        peft_model = get_peft_model(base, lora_config)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     applied = base.cudaload_plan
     peft_model.cudaload_plan = replace(
@@ -157,7 +169,9 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
         model_or_plan: A model from `load_for_finetune()`, or a Plan from
             `plan(..., finetune=True)`. Default None: the flags for this machine (`detect()`),
             with the dtype cudaload would pick for a generic bf16 model and checkpointing on.
-        **overrides: TrainingArguments keyword arguments; they replace the planned ones.
+        **overrides: TrainingArguments keyword arguments; they replace the planned ones, the
+            checkpointing flags under either name (`gradient_checkpointing=False` replaces a
+            planned `activation_checkpointing=True`).
 
     Returns:
         A dict of TrainingArguments keyword arguments: the precision flags (`bf16`, `fp16`, and
@@ -167,7 +181,7 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
 
     Raises:
         FinetuneConfigError: the model or plan is not a fine-tuning one (no planned training
-            arguments).
+            arguments), or is neither a model from `load_for_finetune()` nor a Plan.
 
     Examples:
         >>> import tempfile, cudaload
@@ -184,11 +198,41 @@ def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str,
 
         # Planned as any fine-tuning plan is, for a 16-bit model: the flags do not depend on its size.
         model_or_plan = plan(reference_model(), finetune=True, quantize=None)
-    the_plan = model_or_plan if isinstance(model_or_plan, Plan) else model_or_plan.cudaload_plan.plan
+    applied = getattr(model_or_plan, "cudaload_plan", None)
+    the_plan = model_or_plan if isinstance(model_or_plan, Plan) else getattr(applied, "plan", None)
+    if not isinstance(the_plan, Plan):
+        raise FinetuneConfigError(
+            f"training_arguments() takes a model from cudaload.load_for_finetune() or a Plan from "
+            f"cudaload.plan(..., finetune=True), not {type(model_or_plan).__name__} ({model_or_plan!r:.60})."
+        )
     if the_plan.finetune is None:
         raise FinetuneConfigError(
             "This plan is not a fine-tuning plan (no training arguments): build it with "
             "cudaload.plan(..., finetune=True) or load the model with load_for_finetune()."
         )
-    planned = the_plan.finetune.training_arguments
+    planned = dict(the_plan.finetune.training_arguments)
+    for names in _RENAMED:
+        yours = [name for name in names if name in overrides]
+        if not yours:
+            continue
+        # transformers 5.23 renamed the flag: yours wins under whichever name you used, and the
+        # planned one under the other name must go, or TrainingArguments gets both.
+        ours = {name: planned.pop(name) for name in names if name in planned}
+        turned_off = names[0] == "gradient_checkpointing" and not overrides[yours[0]] and any(ours.values())
+        if turned_off and not isinstance(model_or_plan, Plan):
+            warnings.warn(
+                f"training_arguments({yours[0]}=False): the model was loaded with checkpointing on "
+                "(load_for_finetune(gradient_checkpointing=True)) and TrainingArguments cannot turn it off; "
+                "load it with gradient_checkpointing=False instead.",
+                CudaloadWarning,
+                stacklevel=2,
+            )
     return {**planned, **overrides}
+
+
+# TrainingArguments' checkpointing flags, old name first: transformers 5.23 renamed them
+# (`activation_checkpointing*`; the old names still work, with a FutureWarning).
+_RENAMED = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)

@@ -19,7 +19,7 @@ from .upstream import FLASH_OPTIONS
 if TYPE_CHECKING:
     from .generation import GenerationPlan
 
-__all__ = ["AppliedPlan", "Fallback", "load"]
+__all__ = ["AppliedPlan", "Fallback", "load", "set_rank_device"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ class AppliedPlan:
         offloaded: Modules `device_map="auto"` put on CPU or disk, as "module -> place".
         verified: True: a test forward gave finite logits; None: not run (verify=False, or the
             model takes no token ids or returns no logits).
+        missing_weights: Weights the checkpoint lacked (or held in another shape), initialized at
+            random; only ever non-empty with `allow_missing_weights=True` (else loading raises).
+        unexpected_weights: Checkpoint weights the loaded class has no place for (e.g. a head when
+            loading a base model); with the checkpoint's own class, loading raises instead.
         timings: Seconds per step: "plan", "probe" (when the CPU dtype probe ran), "load",
             "load[option]" for a failed option, "verify".
         warnings: The plan's warnings and any offload warning, each issued as a CudaloadWarning.
@@ -91,6 +95,10 @@ class AppliedPlan:
     """Modules `device_map="auto"` put on CPU or disk."""
     verified: bool | None = None
     """True: a test forward gave finite logits; None: not run (verify=False or no text input)."""
+    missing_weights: tuple[str, ...] = ()
+    """Weights the checkpoint lacked, initialized at random (only with allow_missing_weights=True)."""
+    unexpected_weights: tuple[str, ...] = ()
+    """Checkpoint weights the model did not use (e.g. a head, when loaded as a base model)."""
     timings: Mapping[str, float] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
 
@@ -108,6 +116,10 @@ class AppliedPlan:
             lines.append(f"  fell back from {fb.option} ({fb.phase}): {fb.error}")
         if self.offloaded:
             lines.append(f"  offloaded to CPU/disk: {', '.join(self.offloaded)}")
+        if self.missing_weights:
+            lines.append(f"  initialized at random (not in the checkpoint): {_listed(self.missing_weights)}")
+        if self.unexpected_weights:
+            lines.append(f"  checkpoint weights not used: {_listed(self.unexpected_weights)}")
         lines.append(
             "  verified: " + {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
         )
@@ -124,6 +136,8 @@ class AppliedPlan:
             "fallbacks": [vars(f) for f in self.fallbacks],
             "offloaded": list(self.offloaded),
             "verified": self.verified,
+            "missing_weights": list(self.missing_weights),
+            "unexpected_weights": list(self.unexpected_weights),
             "timings": dict(self.timings),
             "warnings": list(self.warnings),
         }
@@ -374,14 +388,72 @@ def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> 
     )
 
 
-def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _Failure | None]:
-    """(the model loaded with `option`, None), or (None, the failure)."""
+@dataclass(frozen=True)
+class _WeightsReport:
+    """What transformers' loading report (`output_loading_info=True`) says of the checkpoint's weights."""
+
+    missing: tuple[str, ...] = ()
+    """Weights the model has and the checkpoint lacks (or holds in another shape): initialized at random."""
+    unexpected: tuple[str, ...] = ()
+    """Weights the checkpoint holds and the model has no place for: not used."""
+
+    @classmethod
+    def read(cls, info: Mapping[str, Any]) -> _WeightsReport:
+        mismatched = {str(entry[0]) for entry in info.get("mismatched_keys") or ()}
+        return cls(
+            missing=tuple(sorted({str(k) for k in info.get("missing_keys") or ()} | mismatched)),
+            unexpected=tuple(sorted(str(k) for k in info.get("unexpected_keys") or ())),
+        )
+
+
+def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _WeightsReport, _Failure | None]:
+    """(the model loaded with `option`, its weights report, None), or (None, an empty report, the failure)."""
     try:
-        return auto.from_pretrained(plan.model, **plan.with_attention(option).from_pretrained_kwargs()), None
+        model, info = auto.from_pretrained(
+            plan.model, output_loading_info=True, **plan.with_attention(option).from_pretrained_kwargs()
+        )
     except CudaloadError:
         raise  # cudaload's own errors already say what to do
     except Exception as exc:
-        return None, _Failure("load", describe_error(exc), exc)
+        return None, _WeightsReport(), _Failure("load", describe_error(exc), exc)
+    return model, _WeightsReport.read(info), None
+
+
+def _listed(keys: tuple[str, ...], limit: int = 6) -> str:
+    return ", ".join(keys[:limit]) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def _check_weights(plan: Plan, model: Any, report: _WeightsReport, allow_missing: bool) -> tuple[str, ...]:
+    """Raise when the checkpoint does not fill the model; the warnings to issue otherwise.
+
+    A weight the checkpoint lacks is initialized at random by from_pretrained, which only logs it:
+    the model then runs (the test forward passes) and answers nonsense. Unused checkpoint weights
+    are an error when the model is the checkpoint's own architecture (config.json and weights
+    disagree); when you chose another class (e.g. a base model from a checkpoint with a head) they
+    are what you asked for, recorded in `AppliedPlan.unexpected_weights`.
+    """
+    cls = type(model).__name__
+    notes: list[str] = []
+    if report.missing:
+        if not allow_missing:
+            raise LoadFailedError(
+                f"{plan.model} loaded as {cls}, but its checkpoint lacks {len(report.missing)} of the model's "
+                f"weights, which from_pretrained initialized at random: {_listed(report.missing)}. The checkpoint "
+                "is incomplete, or it was saved from another architecture: pass the model_class it was saved "
+                "with (config.json's 'architectures'), or re-save it. To train these weights (e.g. a new task "
+                "head), pass allow_missing_weights=True."
+            )
+        notes.append(
+            f"{plan.model}: {len(report.missing)} weights are not in the checkpoint and were initialized at random "
+            f"(allow_missing_weights=True): {_listed(report.missing)}. Train them before using the model's outputs."
+        )
+    if report.unexpected and cls in (getattr(model.config, "architectures", None) or ()):
+        raise LoadFailedError(
+            f"{plan.model} loaded as {cls}, its own architecture, but {len(report.unexpected)} checkpoint weights "
+            f"have no place in it and were not used: {_listed(report.unexpected)}. config.json and the weights "
+            "disagree (e.g. num_hidden_layers edited after saving): fix the config or re-save the model."
+        )
+    return tuple(notes)
 
 
 def _switch_to(model: Any, option: str) -> _Failure | None:
@@ -432,16 +504,38 @@ def _no_fallback(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fal
     )
 
 
-def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False) -> Any:
+def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
+    """Make the plan's `cuda_device` the current CUDA device (a quantized FSDP / ZeRO-3 rank: its
+    loader places the weights on `torch.cuda.current_device()`); returns the index, or None when the
+    plan has no such decision. `set_device` defaults to `torch.cuda.set_device`."""
+    try:
+        index = int(plan.decision("cuda_device").value)
+    except KeyError:
+        return None
+    if set_device is None:
+        import torch
+
+        set_device = torch.cuda.set_device
+    set_device(index)
+    return index
+
+
+def apply_plan(
+    plan: Plan, *, strict: bool, verify: bool, training: bool = False, allow_missing_weights: bool = False
+) -> Any:
     """Load `plan.model` through `plan.auto_class`, falling back along `plan.attention_chain`.
 
     One loop over the chain: load the first option (or, once a model is loaded and failed its test
     forward, switch it in place to the next), then run the test forward. A failure that is the
     option's (`_is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
     any other failure raises at once, as does the last option's or one cudaload may not leave.
+    Weights the checkpoint does not fill raise before any test forward (`_check_weights`).
     """
     from .model_facts import resolve_auto_class
+    from .upstream_imports import import_transformers
 
+    import_transformers()
+    set_rank_device(plan)  # a quantized FSDP / ZeRO-3 rank: before the quantizer picks the current device
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
@@ -450,11 +544,15 @@ def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False
     timings: dict[str, float] = dict(plan.timings)  # "probe" when planning measured this CPU
     model: Any = None
     verified: bool | None = None
+    report = _WeightsReport()
+    weight_notes: tuple[str, ...] = ()
     for index, option in enumerate(chain):
         start = time.perf_counter()
         if model is None:
-            model, failure = _load_with(auto, plan, option)
+            model, report, failure = _load_with(auto, plan, option)
             timings["load" if failure is None else f"load[{option}]"] = time.perf_counter() - start
+            if failure is None:
+                weight_notes = _check_weights(plan, model, report, allow_missing_weights)
         else:  # the loaded model failed its test forward: switch it in place, no weights read again
             failure = _switch_to(model, option)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
@@ -478,7 +576,7 @@ def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False
         )
     device_map = getattr(model, "hf_device_map", None)
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
-    notes = list(plan.warnings)
+    notes = [*plan.warnings, *weight_notes]
     if offloaded:
         from .policy.placement import offload_warning
 
@@ -494,11 +592,20 @@ def apply_plan(plan: Plan, *, strict: bool, verify: bool, training: bool = False
         fallbacks=tuple(fallbacks),
         offloaded=offloaded,
         verified=verified,
+        missing_weights=report.missing,
+        unexpected_weights=report.unexpected,
         timings=timings,
         warnings=tuple(notes),
     )
     model.cudaload_plan = applied
     return model
+
+
+def _check_flags(**flags: Any) -> None:
+    """Each flag is a bool: 'yes', 1 or None are not taken for one."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise SettingError(f"{name}={value!r} ({type(value).__name__}): pass True or False.")
 
 
 def load(
@@ -507,7 +614,8 @@ def load(
     strict: bool = False,
     verify: bool = True,
     machine: Any = None,
-    model_class: str | None = None,
+    model_class: str | type | None = None,
+    allow_missing_weights: bool = False,
     **overrides: Any,
 ) -> Any:
     """Load `model` (a local path, a hub id, or a ready `Plan`) with the plan for this machine.
@@ -531,9 +639,13 @@ def load(
             True); False skips it (`AppliedPlan.verified` is then None).
         machine: The `Machine` to plan for (default None: `detect()` this one, and measure the
             CPU dtype when planning for its CPU). A simulated machine is planned as given.
-        model_class: The transformers Auto class to load with (default "AutoModelForCausalLM";
-            e.g. "AutoModel", "AutoModelForSequenceClassification"). A Plan loads through the
-            Auto class it was planned with (`Plan.auto_class`); naming another one is an error.
+        model_class: The transformers Auto class (or model class) to load with, as a class or its
+            name (e.g. "AutoModelForSequenceClassification", `BertModel`). Default None: the
+            checkpoint's own architecture (config.json's "architectures"). A Plan loads through
+            the class it was planned with (`Plan.auto_class`); naming another one is an error.
+        allow_missing_weights: Accept weights the checkpoint does not hold, initialized at random
+            (e.g. a new task head you will train), with a warning; they are listed in
+            `AppliedPlan.missing_weights`. Default False: such a load raises LoadFailedError.
         **overrides: from_pretrained keyword arguments (`dtype`, `attn_implementation`,
             `device_map`, `max_memory`, `use_kernels`, `revision`, `trust_remote_code`, ...) and
             `plan()` keyword arguments (`workload`, `probe`, `hub_kernels`, `generate`, `context`,
@@ -548,7 +660,9 @@ def load(
             `model_class` is not a transformers Auto class that supports it.
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
         LoadFailedError: loading failed for a reason no fallback can fix (the message
-            names the likely cause); the test forward failed for a reason unrelated to attention;
+            names the likely cause); the checkpoint lacks weights of the model (unless
+            `allow_missing_weights=True`) or holds weights its own architecture does not use;
+            the test forward failed for a reason unrelated to attention;
             or an attention option failed with nothing to fall back to (you chose it,
             `strict=True`, or the chain ran out).
         SettingError: an override of the wrong type or an impossible generation setting
@@ -575,9 +689,22 @@ def load(
             f"load() takes a local path, a Hub id or a Plan, not {type(model).__name__}. To plan from a "
             "config object use cudaload.plan(config); to load, save the model and pass its folder."
         )
+    from .model_facts import model_class_name
+
+    _check_flags(strict=strict, verify=verify, allow_missing_weights=allow_missing_weights)
+    if "output_loading_info" in overrides:
+        raise SettingError(
+            "output_loading_info= is not passed through: load() reads transformers' loading report itself, raises "
+            "on weights the checkpoint lacks and records the rest in model.cudaload_plan (missing_weights, "
+            "unexpected_weights)."
+        )
     if isinstance(model, Plan):
         given = [
-            *([f"model_class={model_class!r}"] if model_class not in (None, model.auto_class) else []),
+            *(
+                [f"model_class={model_class!r}"]
+                if model_class_name(model_class) not in (None, model.auto_class)
+                else []
+            ),
             *(["machine"] if machine is not None else []),
             *overrides,
         ]
@@ -591,12 +718,10 @@ def load(
     else:
         from .planner import plan
 
-        auto_class = model_class or "AutoModelForCausalLM"
-        if "generate" not in overrides and any(k in auto_class for k in ("CausalLM", "Seq2SeqLM")):
-            overrides["generate"] = None  # plan generation when the config allows it
-        the_plan = plan(str(model), machine=machine, model_class=auto_class, **overrides)
+        overrides.setdefault("generate", None)  # plan generation for a generating model when its config allows
+        the_plan = plan(str(model), machine=machine, model_class=model_class, **overrides)
     planned = time.perf_counter() - start
-    loaded = apply_plan(the_plan, strict=strict, verify=verify)
+    loaded = apply_plan(the_plan, strict=strict, verify=verify, allow_missing_weights=allow_missing_weights)
     applied: AppliedPlan = loaded.cudaload_plan
     loaded.cudaload_plan = replace(applied, timings={"plan": planned, **applied.timings})
     return loaded

@@ -16,17 +16,18 @@ import hashlib
 import os
 import re
 from dataclasses import asdict
-from dataclasses import fields as dataclass_fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import ModelConfigError, RemoteCodeError
+from .errors import ModelConfigError, RemoteCodeError, SettingError
 from .facts.dtypes import canonical_dtype
 from .facts.model import ModelFacts
+from .facts.quantization import count_quantized, read_quantization_config
+from .upstream_imports import import_transformers
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["read_model_facts", "resolve_auto_class"]
+__all__ = ["default_auto_class", "model_class_name", "read_model_facts", "resolve_auto_class"]
 
 
 def _normalise_dtype(value: Any) -> str | None:
@@ -41,6 +42,7 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
     if isinstance(model, PretrainedConfig):
         return model
     name = str(model)
+    _check_config_file(name)
     try:
         return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, revision=revision)
     except ValueError as exc:
@@ -54,6 +56,9 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
             f"Could not read the config of {name!r}: {exc}. Check that config.json is valid JSON written by "
             "save_pretrained()."
         ) from exc
+    except _config_validation_errors() as exc:
+        # transformers 5 configs are strict dataclasses: huggingface_hub names the field and the value.
+        raise ModelConfigError(f"{name!r}: config.json has a value its config class refuses: {exc}") from exc
     except (AttributeError, TypeError, KeyError) as exc:
         # transformers fails inside the config class on values it cannot take (e.g. "dtype": "auto"
         # in config.json makes 5.22 look up torch.auto): the file is the problem, not the network.
@@ -75,6 +80,79 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
         ) from exc
 
 
+_MAX_CONFIG_BYTES = 16 << 20  # capability.cache.MAX_READ_BYTES: far above any real config.json
+
+
+def _check_config_file(name: str) -> None:
+    """A local folder's config.json must be a regular file of sane size before transformers opens
+    it: a FIFO would block the read forever and a symlink to /dev/zero would fill memory."""
+    import stat
+
+    path = os.path.join(name, "config.json")
+    if not os.path.isdir(name) or not os.path.lexists(path):
+        return  # a Hub id, or a folder without one: transformers' own error says so
+    try:
+        info = os.stat(path)  # stat opens nothing, so a FIFO does not block it
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_CONFIG_BYTES:
+        kind = "is not a regular file" if not stat.S_ISREG(info.st_mode) else f"is {info.st_size:,} bytes"
+        raise ModelConfigError(
+            f"{path} {kind}: cudaload reads only a regular config.json of at most {_MAX_CONFIG_BYTES >> 20} MiB "
+            "(a FIFO or a device would hang or fill memory). Save the model with save_pretrained()."
+        )
+
+
+def _config_validation_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's strict-dataclass validation errors (transformers 5 configs), when it has them."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: configs are not validated there
+        return ()
+    return (StrictDataclassError,)
+
+
+# Config sizes the meta model is built from: each an int > 0 (a bool is not one). Bounds far above
+# any real model (layers and heads: 65,536; widths and vocabularies: 2**26) keep a typo such as
+# 10**12 from building a model for minutes or exhausting memory.
+_SIZE_FIELDS = {
+    "num_hidden_layers": 1 << 16,
+    "n_layer": 1 << 16,
+    "num_attention_heads": 1 << 16,
+    "n_head": 1 << 16,
+    "num_key_value_heads": 1 << 16,
+    "num_local_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "hidden_size": 1 << 26,
+    "n_embd": 1 << 26,
+    "intermediate_size": 1 << 26,
+    "moe_intermediate_size": 1 << 26,
+    "head_dim": 1 << 26,
+    "vocab_size": 1 << 26,
+    "max_position_embeddings": 1 << 26,
+    "n_positions": 1 << 26,
+}
+
+
+def _check_sizes(config: Any, name: str) -> None:
+    """Raise ModelConfigError naming the first config size that is not a positive int in bounds."""
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        configs.append(text)
+    for part in configs:
+        for field, bound in _SIZE_FIELDS.items():
+            value = getattr(part, field, None)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+                where = "" if part is config else f" (in {type(part).__name__})"
+                raise ModelConfigError(
+                    f"{name!r}: config.json has {field}={value!r}{where}; it must be a whole number from 1 to "
+                    f"{bound:,}. Fix that value in config.json (save_pretrained() writes a valid one)."
+                )
+
+
 def _remote_class(reference: str, source: str, revision: str | None) -> type:
     """The custom class `reference` ("modeling_x.XForCausalLM") from the model's own code: only
     called once the caller passed trust_remote_code=True, as from_pretrained would then do."""
@@ -90,26 +168,117 @@ def _remote_class(reference: str, source: str, revision: str | None) -> type:
 
 
 def resolve_auto_class(name: str) -> Any:
-    """The transformers Auto class called `name` (e.g. "AutoModelForCausalLM").
+    """The transformers class called `name`: an Auto class (e.g. "AutoModelForCausalLM") or a model
+    class (e.g. "BertModel").
 
     Raises:
-        ModelConfigError: transformers has no Auto class of that name with `from_pretrained`.
+        ModelConfigError: transformers has no class of that name with `from_pretrained`.
     """
     import transformers
 
     auto = getattr(transformers, name, None)
     if auto is None or not hasattr(auto, "from_pretrained"):
         raise ModelConfigError(
-            f"model_class={name!r}: transformers has no such Auto class. Pass the name of one, e.g. "
-            "'AutoModelForCausalLM' or 'AutoModelForSequenceClassification'."
+            f"model_class={name!r}: transformers has no such Auto class or model class. Pass the name of one, "
+            "e.g. 'AutoModelForCausalLM', 'AutoModelForSequenceClassification' or 'BertModel'."
         )
     return auto
+
+
+def model_class_name(value: Any) -> str | None:
+    """`model_class=` as the name of a transformers class: a name is kept, a transformers class (an
+    Auto class or a model class such as `BertModel`) gives its name; None stays None (the class is
+    then read from the config, `default_auto_class`).
+
+    Raises:
+        SettingError: anything else, or a class transformers does not export under its name.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "__name__", None)
+    if isinstance(value, type) and name and hasattr(value, "from_pretrained"):
+        import transformers
+
+        if getattr(transformers, name, None) is value:
+            return str(name)
+        raise SettingError(
+            f"model_class={value!r}: cudaload loads through classes transformers exports, and this one is not "
+            f"transformers.{name}. Pass a transformers Auto class (e.g. AutoModelForSequenceClassification) or "
+            "model class (e.g. BertModel), or its name."
+        )
+    raise SettingError(
+        f"model_class={value!r:.60} ({type(value).__name__}): pass a transformers Auto class or model class, or "
+        "its name (e.g. 'AutoModelForSequenceClassification', 'BertModel'); leave it unset to load the "
+        "checkpoint's own architecture (config.json's 'architectures')."
+    )
+
+
+# The Auto classes a checkpoint's architecture is looked up in, most specific first: the first whose
+# mapping for the model type names `config.architectures[0]` is the one it was saved from.
+_ARCHITECTURE_AUTO_CLASSES = (
+    "AutoModelForCausalLM",
+    "AutoModelForSeq2SeqLM",
+    "AutoModelForImageTextToText",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "AutoModelForQuestionAnswering",
+    "AutoModelForMaskedLM",
+    "AutoModelForPreTraining",
+    "AutoModel",
+)
+
+
+def _mapped_names(auto: Any, model_type: str) -> tuple[str, ...]:
+    """The class names an Auto class maps `model_type` to, without importing them."""
+    names = getattr(getattr(auto, "_model_mapping", None), "_model_mapping", {}).get(model_type)
+    return (names,) if isinstance(names, str) else tuple(names or ())
+
+
+def default_auto_class(config: Any) -> str:
+    """The Auto class that loads the checkpoint as it was saved.
+
+    transformers' own rule for `AutoModel*.from_pretrained` is the caller's class; the checkpoint's
+    is `config.architectures` (written by `save_pretrained`). An encoder saved as `BertModel` is
+    loaded through AutoModel, never AutoModelForCausalLM, which would give it an untrained
+    `BertLMHeadModel` head. Without `architectures` (a config built in code), a causal LM when the
+    model type has one and is not an encoder (one with a masked-LM head that is not a decoder),
+    else the base model.
+    """
+    import transformers
+
+    model_type = str(getattr(config, "model_type", ""))
+    architectures = getattr(config, "architectures", None) or ()
+    auto_map = getattr(config, "auto_map", None) or {}
+    for architecture in architectures[:1]:
+        for name in _ARCHITECTURE_AUTO_CLASSES:
+            if architecture in _mapped_names(getattr(transformers, name), model_type):
+                return name
+        for name, reference in auto_map.items():  # the repository's own classes
+            refs = (reference,) if isinstance(reference, str) else tuple(reference)
+            if any(str(ref).rsplit(".", 1)[-1] == architecture for ref in refs if ref):
+                return str(name)
+    if getattr(config, "is_encoder_decoder", False) and _mapped_names(transformers.AutoModelForSeq2SeqLM, model_type):
+        return "AutoModelForSeq2SeqLM"
+    causal = _mapped_names(transformers.AutoModelForCausalLM, model_type) or "AutoModelForCausalLM" in auto_map
+    encoder = _mapped_names(transformers.AutoModelForMaskedLM, model_type) and not getattr(config, "is_decoder", False)
+    return "AutoModelForCausalLM" if causal and not encoder else "AutoModel"
 
 
 def _model_class(
     config: Any, auto_class: str, trust_remote_code: bool = False, source: str = "", revision: str | None = None
 ) -> type:
     auto = resolve_auto_class(auto_class)
+    if not hasattr(auto, "_model_mapping"):  # a model class (e.g. BertModel), not an Auto class
+        expected = getattr(auto, "config_class", None)
+        if expected is not None and not isinstance(config, expected):
+            raise ModelConfigError(
+                f"model_class={auto_class!r} takes a {expected.__name__}, but this checkpoint's config is a "
+                f"{type(config).__name__} (model type {config.model_type!r}). Pass a class for that model type, "
+                "or an Auto class."
+            )
+        return auto  # type: ignore[no-any-return]
     auto_map = getattr(config, "auto_map", None) or {}
     # With trust_remote_code=True, from_pretrained prefers the repository's class to the library's.
     if trust_remote_code and auto_class in auto_map and source:
@@ -143,7 +312,7 @@ def _meta_model(cls: type, config: Any) -> Any:
 def read_model_facts(
     model: Any,
     *,
-    auto_class: str = "AutoModelForCausalLM",
+    auto_class: str | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
 ) -> ModelFacts:
@@ -156,8 +325,9 @@ def read_model_facts(
     Args:
         model: A local folder (str), a Hub id (read through the local cache; with
             HF_HUB_OFFLINE=1 only what is cached) or a transformers `PretrainedConfig`.
-        auto_class: The transformers Auto class whose model class is described (default
-            "AutoModelForCausalLM"; e.g. "AutoModel", "AutoModelForSequenceClassification").
+        auto_class: The transformers Auto class (or model class) whose model class is described
+            (e.g. "AutoModel", "AutoModelForSequenceClassification"). Default None: the
+            checkpoint's own, from config.json's "architectures" (`default_auto_class`).
         trust_remote_code: Allow the repository's own code for its config and class (default
             False; never set for you). Facts of remote-code models are not cached.
         revision: The Hub revision (branch, tag or commit) to read; default None: the main one.
@@ -188,6 +358,7 @@ def read_model_facts(
         cached = _cached_facts(cache, str(model))
         if cached is not None:
             return cached
+    import_transformers()  # a cached model is planned without transformers; this one is read with it
     facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision)
     if cache is not None:
         from .capability.cache import write_json
@@ -197,10 +368,12 @@ def read_model_facts(
 
 
 def _read_model_facts(
-    model: Any, auto_class: str, trust_remote_code: bool, revision: str | None
+    model: Any, auto_class: str | None, trust_remote_code: bool, revision: str | None
 ) -> tuple[ModelFacts, bool]:
     """The facts, and whether the checkpoint dtype came from the weights rather than the config."""
     config = _load_config(model, trust_remote_code, revision)
+    _check_sizes(config, str(model) if not hasattr(model, "model_type") else config.model_type)
+    auto_class = auto_class or default_auto_class(config)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     checkpoint_dtype = _normalise_dtype(getattr(config, "dtype", None))
     dtype_from_weights = checkpoint_dtype not in ("float32", "float16", "bfloat16")
@@ -210,7 +383,16 @@ def _read_model_facts(
         checkpoint_dtype = None if not isinstance(model, str) else _weights_dtype(model, revision)
     source = model if isinstance(model, str) else str(getattr(config, "_name_or_path", "") or "")
     cls = _model_class(config, auto_class, trust_remote_code, source, revision)
-    meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
+    try:
+        meta = _meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
+    except (RuntimeError, ValueError, ZeroDivisionError, TypeError, AttributeError, OverflowError) as exc:
+        # Values each valid alone that do not fit together (e.g. a hidden size the heads do not divide).
+        raise ModelConfigError(
+            f"transformers could not build {cls.__name__} from the config of {source or config.model_type!r}: "
+            f"{type(exc).__name__}: {str(exc).rstrip('.')}. Check config.json's sizes (hidden_size, "
+            "num_attention_heads, "
+            "head_dim, ...) against each other."
+        ) from exc
     import torch
 
     # GPT-2 style models use transformers' Conv1D (weight stored transposed) for their
@@ -235,8 +417,28 @@ def _read_model_facts(
             if param.ndim == 3 and ".experts." in f".{name}"
         }
     )
-    quant = getattr(config, "quantization_config", None)
-    quant_method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    quantization = read_quantization_config(getattr(config, "quantization_config", None))
+    if quantization is not None:
+        # Count the weights the method stores quantized, as its quantizer picks them (facts/quantization.py).
+        output = meta.get_output_embeddings() if hasattr(meta, "get_output_embeddings") else None
+        modules = dict(meta.named_modules())
+        quantization = count_quantized(
+            quantization,
+            (
+                (
+                    name,
+                    "output"
+                    if output is not None and modules.get(name.rpartition(".")[0]) is output
+                    else "linear"
+                    if name.endswith(".weight") and isinstance(modules.get(name.rpartition(".")[0]), torch.nn.Linear)
+                    else "expert"
+                    if param.ndim == 3 and ".experts." in f".{name}"
+                    else "other",
+                    param.numel(),
+                )
+                for name, param in meta.named_parameters()
+            ),
+        )
     hidden = getattr(text_config, "hidden_size", None)
     heads = getattr(text_config, "num_attention_heads", None)
     head_dim = getattr(text_config, "head_dim", None) or (hidden // heads if hidden and heads else None)
@@ -257,7 +459,9 @@ def _read_model_facts(
         hidden_size=hidden,
         sliding_window=getattr(text_config, "sliding_window", None),
         softcap=getattr(text_config, "attn_logit_softcapping", None),
-        quantized=str(quant_method) if quant_method else None,
+        final_softcap=getattr(text_config, "final_logit_softcapping", None),
+        quantized=quantization.method if quantization is not None else None,
+        quantization=quantization,
         remote_code=bool(getattr(config, "auto_map", None)),
         linear_names=tuple(linear),
         linear_shapes=tuple((leaf, i, o, n) for (leaf, i, o), n in sorted(shapes.items())),
@@ -286,9 +490,15 @@ def _weights_dtype(model: str, revision: str | None) -> str | None:
     path = _weights_file(model, revision)
     if path is None:
         return None
+    import stat
+
     try:
         with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
             (length,) = struct.unpack("<Q", handle.read(8))
+            if length > 100_000_000:  # safetensors' own header limit (MAX_HEADER_SIZE)
+                return None
             header = json.loads(handle.read(length))
     except (OSError, ValueError, struct.error):
         return None
@@ -358,18 +568,20 @@ def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tupl
 # transformers (its classes and their `_supports_*` flags) and this code; the key holds all four.
 # Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
 # the config): it is then re-read from the safetensors header, which costs no import.
-_FACTS_SCHEMA = 1
+_FACTS_SCHEMA = 2  # 2: ModelFacts.quantization
 
 
-def _facts_cache_file(model: Any, auto_class: str) -> Path | None:
+def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
     """The cache file for a local folder's facts, or None (a Hub id, a config object, no config.json)."""
     if not isinstance(model, str) or not os.path.isdir(model):
         return None
-    try:
-        with open(os.path.join(model, "config.json"), "rb") as handle:
-            config_hash = hashlib.sha256(handle.read()).hexdigest()
-    except OSError:
-        return None
+    from .capability.cache import read_regular_file
+
+    # Only a regular file of at most 16 MiB is hashed: a FIFO would block, /dev/zero never end.
+    config = read_regular_file(os.path.join(model, "config.json"))
+    if config is None:
+        return None  # no cache: the config is then read (and judged) as transformers reads it
+    config_hash = hashlib.sha256(config).hexdigest()
     from . import __version__
     from .capability.cache import cache_dir, cache_key
     from .capability.software import installed_versions
@@ -390,21 +602,19 @@ def _facts_cache_file(model: Any, auto_class: str) -> Path | None:
 
 
 def _cached_facts(path: Path, source: str) -> ModelFacts | None:
-    from .capability.cache import read_json
+    """The cached facts, or None when the file is missing, from another schema, or any field has a
+    wrong type or a negative or non-finite number (then the facts are read again and rewritten)."""
+    from dataclasses import replace
 
-    data = read_json(path)
-    if data is None or data.get("schema") != _FACTS_SCHEMA:
+    from .capability.cache import decode, read_json
+
+    data = read_json(path, {"schema": int, "dtype_from_weights": bool, "facts": ModelFacts})
+    if data is None or data["schema"] != _FACTS_SCHEMA:
         return None
     try:
-        fields = {f.name: data["facts"][f.name] for f in dataclass_fields(ModelFacts)}
-    except (KeyError, TypeError):
+        facts: ModelFacts = replace(decode(data["facts"], ModelFacts), source=source)
+    except (TypeError, ValueError):  # a value the dataclass itself refuses
         return None
-    fields["source"] = source
-    for name in ("linear_names", "head_dims", "expert_parameters"):
-        fields[name] = tuple(fields[name])
-    fields["linear_shapes"] = tuple(tuple(shape) for shape in fields["linear_shapes"])
-    for name in ("qk_v_head_dims", "compatible_flash"):
-        fields[name] = tuple(fields[name]) if fields[name] is not None else None
-    if data.get("dtype_from_weights"):
-        fields["checkpoint_dtype"] = _weights_dtype(source, None)
-    return ModelFacts(**fields)
+    if data["dtype_from_weights"]:
+        facts = replace(facts, checkpoint_dtype=_weights_dtype(source, None))
+    return facts

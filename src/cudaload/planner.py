@@ -7,11 +7,20 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import DtypeUnsupportedError, FinetuneConfigError, ModelConfigError, QuantizationError, SettingError
+from .errors import (
+    AttentionUnavailableError,
+    DtypeUnsupportedError,
+    FinetuneConfigError,
+    ModelConfigError,
+    PlacementError,
+    QuantizationError,
+    SettingError,
+)
 from .facts.machine import Machine
 from .facts.model import ModelFacts
-from .model_facts import read_model_facts
+from .model_facts import model_class_name, read_model_facts
 from .plans import Plan
+from .upstream_imports import import_transformers
 
 if TYPE_CHECKING:
     from .generation import GenerationPlan
@@ -33,6 +42,31 @@ def _flag(name: str, value: Any, allow_none: bool) -> None:
     )
 
 
+def _check_attention_name(name: str) -> None:
+    """An attention name transformers would take: "eager", one registered in its AttentionInterface
+    (sdpa, flash_attention_N, flex_attention, paged|..., yours), or a Hub kernel repo ("org/repo").
+
+    transformers refuses any other name only inside from_pretrained (`get_correct_attn_implementation`
+    in modeling_utils.py checks `["eager"] + ALL_ATTENTION_FUNCTIONS.valid_keys()`); checked here, a
+    typo fails at plan time with a suggestion instead of after reading the config and weights.
+    """
+    import difflib
+
+    import_transformers()
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if name in known or ("/" in name and name.strip("/") == name and " " not in name):
+        return
+    close = difflib.get_close_matches(name.lower().replace("-", "_"), known, n=1, cutoff=0.6)
+    raise AttentionUnavailableError(
+        f"attn_implementation={name!r} is not an attention implementation transformers knows"
+        + (f": did you mean {close[0]!r}?" if close else ".")
+        + f" Known here: {', '.join(sorted(known))}, or a Hub kernel repo such as 'kernels-community/flash-attn2'; "
+        "leave it unset to let cudaload choose."
+    )
+
+
 def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
     """Turn from_pretrained-style kwargs into a Request; unknown keys pass through untouched."""
     rest = dict(overrides)
@@ -44,6 +78,22 @@ def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
         raise SettingError(
             f"attn_implementation={attn!r} ({type(attn).__name__}): pass a name such as 'sdpa', 'eager', "
             "'flash_attention_2' or a Hub kernel repo, or leave it unset."
+        )
+    if attn is not None:
+        _check_attention_name(attn)
+    for flag in ("load_in_8bit", "load_in_4bit"):
+        if flag in rest:
+            bits = flag.removeprefix("load_in_")
+            raise QuantizationError(
+                f"{flag}={rest[flag]!r}: transformers 5 removed from_pretrained's {flag} (it reaches the model's "
+                f"__init__ and fails there). Pass quantization_config=BitsAndBytesConfig({flag}=True) to load "
+                f"quantized, or fine-tune with cudaload.load_for_finetune(model, quantize='{bits}')."
+            )
+    if "device" in rest:
+        raise PlacementError(
+            f"device={rest['device']!r}: from_pretrained has no device argument (it reaches the model's __init__ "
+            "and fails there). cudaload places the model itself; to choose, pass device_map= ('cuda:0', 0, 'cpu' "
+            "or 'auto')."
         )
     if "torch_dtype" in rest:  # transformers' old name for dtype
         if "dtype" in rest:
@@ -57,13 +107,13 @@ def plan(
     model: Any,
     *,
     machine: Machine | None = None,
-    model_class: str = "AutoModelForCausalLM",
+    model_class: str | type | None = None,
     finetune: bool = False,
     quantize: str | None = "auto",
     lora: Mapping[str, Any] | None = None,
-    gradient_checkpointing: bool = True,
-    seq_len: int = 2048,
-    batch_size: int = 1,
+    gradient_checkpointing: bool | None = None,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
     workload: str | tuple[int, int] | Workload | None = None,
     probe: bool = True,
     hub_kernels: bool | None = None,
@@ -106,17 +156,20 @@ def plan(
         machine: The `Machine` to plan for. Default None: `detect()` this one, with its
             measurements (tuning records, the CPU dtype probe). A machine you pass, e.g.
             `Machine.simulated("T4")`, is planned as given.
-        model_class: The transformers Auto class the model will be loaded with (default
-            "AutoModelForCausalLM"); it decides the model class whose parameters and attention
-            support are read.
+        model_class: The transformers Auto class (or model class) the model will be loaded with,
+            as a class or its name; it decides the model class whose parameters and attention
+            support are read. Default None: the checkpoint's own architecture (config.json's
+            "architectures": a saved `BertModel` through AutoModel, a causal LM through
+            AutoModelForCausalLM).
         finetune: Plan fine-tuning (LoRA, quantization, TrainingArguments, a memory estimate)
             instead of inference (default False).
         quantize: Fine-tuning only: "4bit", "8bit", None or "auto" (the default: 4-bit only when
             16-bit LoRA would not fit at `seq_len` x `batch_size`).
         lora: Fine-tuning only: LoraConfig keyword overrides (default None: planned from the model).
-        gradient_checkpointing: Fine-tuning only: trade compute for activation memory (default True).
-        seq_len: Fine-tuning only: sequence length the memory estimate assumes (default 2048).
-        batch_size: Fine-tuning only: batch size the memory estimate assumes (default 1).
+        gradient_checkpointing: Fine-tuning only: trade compute for activation memory (default
+            None: True).
+        seq_len: Fine-tuning only: sequence length the memory estimate assumes (default None: 2048).
+        batch_size: Fine-tuning only: batch size the memory estimate assumes (default None: 1).
         workload: What a measured CPU dtype choice optimises: "balanced" (the default, also for
             None), "prefill-heavy", "decode-heavy", a (prompt_tokens, new_tokens) pair or a
             `Workload`; it also sets the default generation context.
@@ -194,8 +247,27 @@ def plan(
             )
     if isinstance(model, (str, os.PathLike)) and not str(model).strip():
         raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
-    if not finetune and lora is not None:
-        raise FinetuneConfigError("lora= only applies to a fine-tuning plan: pass finetune=True.")
+    _flag("finetune", finetune, allow_none=False)
+    _flag("probe", probe, allow_none=False)
+    if not finetune:
+        training_only = {
+            "lora": lora,
+            "gradient_checkpointing": gradient_checkpointing,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "quantize": None if quantize == "auto" else quantize,  # None: inference is never quantized by it
+        }
+        if any(v is not None for v in training_only.values()):
+            named = ", ".join(f"{k}={v!r}" for k, v in training_only.items() if v is not None)
+            raise FinetuneConfigError(
+                f"{named} only applies to a fine-tuning plan: pass finetune=True (load_for_finetune() does)"
+                + (
+                    ", or a quantization_config= of your own to quantize for inference."
+                    if training_only["quantize"] is not None
+                    else "."
+                )
+            )
+    model_class = model_class_name(model_class)
     if finetune and quantize is not None and "quantization_config" in overrides:
         raise QuantizationError(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
@@ -206,9 +278,9 @@ def plan(
             training=True,
             quantize=quantize,
             lora=lora,
-            gradient_checkpointing=gradient_checkpointing,
-            seq_len=seq_len,
-            batch_size=batch_size,
+            gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
+            seq_len=2048 if seq_len is None else seq_len,
+            batch_size=1 if batch_size is None else batch_size,
         )
         if finetune
         else {}
@@ -216,6 +288,11 @@ def plan(
     # Validated before anything is read: a bad flag must not reach the config loader.
     _flag("hub_kernels", hub_kernels, allow_none=True)
     request = split_overrides(overrides, workload=chosen_workload, hub_kernels=hub_kernels, **training)
+    if machine is not None and not isinstance(machine, Machine):
+        raise SettingError(
+            f"machine={machine!r:.60} ({type(machine).__name__}): pass a cudaload.Machine, e.g. "
+            f"cudaload.Machine.simulated({machine!r:.20}) for a GPU you do not have, or leave it unset for this one."
+        )
     detected = machine is None
     if machine is None:
         from .capability import detect
@@ -238,7 +315,8 @@ def plan(
         on_cpu = not usable_machine(machine)[0].gpus
         machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
     result = decide_plan(machine, facts, request)
-    if generate or (generate is None and not finetune and not isinstance(model, ModelFacts)):
+    generating = any(kind in facts.auto_class for kind in ("CausalLM", "Seq2SeqLM"))  # Auto or model class
+    if generate or (generate is None and generating and not finetune and not isinstance(model, ModelFacts)):
         try:
             generation = _plan_generation(model, machine, facts, result, request, overrides, generation_settings)
         except Exception:
@@ -271,6 +349,7 @@ def _plan_generation(
             "generate=True needs the model's config (its KV-cache layout), and ModelFacts do not carry it: pass "
             "the model's path, Hub id or PretrainedConfig."
         )
+    import_transformers()
     import transformers
 
     revision = overrides.get("revision")

@@ -6,6 +6,7 @@ from typing import Any
 
 from .errors import ModelConfigError, SettingError
 from .plans import Plan
+from .upstream_imports import import_transformers
 
 __all__ = ["tokenizer_for"]
 
@@ -37,8 +38,9 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
 
     Raises:
         SettingError: a `padding_side` other than "left" or "right".
-        ModelConfigError: no tokenizer can be loaded from the model's folder or Hub id, or it has
-            neither a pad nor an EOS token.
+        ModelConfigError: no tokenizer can be loaded from the model's folder or Hub id (none, or
+            one without a vocabulary: no tokenizer files), or it has neither a pad nor an EOS token.
+        SettingError: `model_or_plan` is neither a Plan nor a model loaded from a path.
 
     Examples:
         >>> import tempfile, cudaload
@@ -50,6 +52,7 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
         >>> cudaload.tokenizer_for(model, training=True).padding_side
         'right'
     """
+    import_transformers()
     from transformers import AutoTokenizer
 
     if padding_side is not None and padding_side not in ("left", "right"):
@@ -62,7 +65,14 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
         generation = model_or_plan.generation
         generates = any(k in model_or_plan.model_class for k in ("CausalLM", "Seq2SeqLM"))
     else:
-        source = str(getattr(model_or_plan, "name_or_path", "") or model_or_plan.config._name_or_path)
+        config = getattr(model_or_plan, "config", None)
+        source = str(getattr(model_or_plan, "name_or_path", "") or getattr(config, "_name_or_path", "") or "")
+        if not source:
+            raise SettingError(
+                f"tokenizer_for() takes a model from cudaload.load()/load_for_finetune() (or a transformers model "
+                f"loaded from a path) or a Plan, not {type(model_or_plan).__name__} ({model_or_plan!r:.60}). For a "
+                "path, load the model first, or plan it: tokenizer_for(cudaload.plan(path))."
+            )
         revision = None
         applied = getattr(model_or_plan, "cudaload_plan", None)
         generation = getattr(applied, "generation", None)
@@ -77,6 +87,14 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
             f"Could not load a tokenizer for {source!r}: {exc}. Save one next to the model "
             "(tokenizer.save_pretrained(path)) or pass the tokenizer's path as the model."
         ) from exc
+    if len(tokenizer) <= len(tokenizer.all_special_tokens):
+        # transformers 5 builds a tokenizer class from config.json alone when no tokenizer file is
+        # there: only its special tokens, so every word encodes as unknown (or nothing at all).
+        raise ModelConfigError(
+            f"{source!r} has no tokenizer files (tokenizer.json, vocab, merges, ...): transformers built an empty "
+            f"{type(tokenizer).__name__} with only its {len(tokenizer)} special tokens, which cannot encode text. "
+            "Save the tokenizer next to the model (tokenizer.save_pretrained(path))."
+        )
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     elif training:

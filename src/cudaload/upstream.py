@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 __all__ = [
+    "FA4_HD256_VERSION",
     "FA4_MAJORS_WIDE",
     "FA4_WIDE_VERSION",
     "FLASH_ATTN_2_MIN_VERSION",
@@ -26,6 +27,7 @@ __all__ = [
     "TESTED_KERNELS_RANGE",
     "FlashOption",
     "fa4_head_dims_ok",
+    "flash_received_head_dims",
     "hub_kernel_version",
 ]
 
@@ -74,22 +76,46 @@ FLASH_ATTN_2_MIN_VERSION = "2.3.3"
 FLASH_ATTN_2_SOFTCAP_MIN_VERSION = "2.6.0"
 
 # FlashAttention-4 builds by version (flash_attn/cute/interface.py): from 4.0.0b5 forward runs on
-# sm80-sm120 and backward on sm90-sm120; earlier betas on sm90/sm100 only. transformers gates FA4
-# at compute capability major >= 9 (FLASH_ATTENTION_COMPATIBILITY_MATRIX[4]), so sm80 never gets it.
+# sm80-sm120 and backward on sm90-sm120; earlier betas on sm90/sm100 only. transformers does NOT gate
+# an installed flash-attn-4 by GPU: FLASH_ATTENTION_COMPATIBILITY_MATRIX[4]["cuda_min_major_version"] = 9
+# is read only inside `_flash_attn_import_error` (modeling_utils.py, 5.22.2 and 5.25.0), after
+# `is_flash_attn_4_available()` said False, which with the package installed and CUDA up it never says.
+# cudaload still leaves sm80 out (FA4_MAJORS_WIDE): there FA4's backward does not run and FA2 is
+# the Ampere kernel (vLLM picks FA2 below sm90).
 FA4_WIDE_VERSION = "4.0.0b5"
 FA4_MAJORS_WIDE = frozenset({9, 10, 11, 12})
 
 # Head dimensions: FA2 and FA3 support head_dim <= 256 (flash-attention README; a 512 head fails at
-# the first forward, flash-attention issue 2427). FA4 on sm100 takes 8-128, 256, or qk 192 with
-# v 128 (vLLM's fa_utils falls back to FA2 above 128 there).
+# the first forward, flash-attention issue 2427). FA4 on sm100 takes 8-128, and 256 only from
+# flash-attn-4 4.0.0b11 (the sm100 hd256 kernels, flash_attn/cute/sm100_hd256_2cta_fmha_forward.py);
+# its (qk 192, v 128) DeepSeek shape is never reached from transformers, which pads V up to the QK
+# head dim before any FlashAttention call (integrations/flash_attention.py: "FlashAttention requires
+# the query and value to share a head dim; pad `value` up to the query head dim (e.g. MLA ...)",
+# 5.22.2 and 5.25.0), so DeepSeek-V3 MLA arrives as (192, 192), which FA4 on sm100 asserts on.
 FLASH_MAX_HEAD_DIM = 256
+FA4_HD256_VERSION = "4.0.0b11"
 
 
-def fa4_head_dims_ok(head_dims: tuple[int, ...], qk_v: tuple[int, int] | None) -> bool:
-    """Whether FlashAttention-4 on sm100 runs every head dim of the model."""
-    if qk_v == (192, 128):
-        return True
-    return all(8 <= d <= 128 or d == 256 for d in head_dims)
+def flash_received_head_dims(head_dims: tuple[int, ...], qk_v: tuple[int, int] | None) -> tuple[int, ...]:
+    """The head dims a FlashAttention kernel receives from transformers: with different query-key and
+    value dims (MLA), V padded up to the query-key dim, so the value dim never reaches the kernel."""
+    if qk_v is None or qk_v[0] == qk_v[1]:
+        return tuple(sorted(set(head_dims)))
+    return tuple(sorted({d for d in head_dims if d != qk_v[1]} | {qk_v[0]}))
+
+
+def fa4_head_dims_ok(head_dims: tuple[int, ...], qk_v: tuple[int, int] | None, installed: str | None = None) -> bool:
+    """Whether FlashAttention-4 on sm100 runs every head dim the kernel receives; `installed` is the
+    flash-attn-4 version (None: the Hub kernel, whose FA4 build is not known to have hd256)."""
+    hd256 = installed is not None and _at_least(installed, FA4_HD256_VERSION)
+    return all(8 <= d <= 128 or (d == 256 and hd256) for d in flash_received_head_dims(head_dims, qk_v))
+
+
+def _at_least(version: str, minimum: str) -> bool:
+    try:
+        return Version(version) >= Version(minimum)
+    except InvalidVersion:
+        return False
 
 
 # (distribution, module) per implementation, for detection.
@@ -106,11 +132,14 @@ def _release(version: str) -> tuple[int, ...]:
 def hub_kernel_version(repo: str, torch_version: str | None, transformers_version: str | None = None) -> int | None:
     """The `v<N>` branch transformers loads for a Hub attention kernel (FLASH_ATTN_KERNEL_VERSIONS).
 
-    `transformers_version` None means the tested set's (5.22); the table moved in 5.25.
+    `transformers_version` None means the tested set's (5.22); the table moved in 5.25 (flash-attn2 v4 on
+    any torch, flash-attn4 v1). Both versions decide: pass the installed transformers as well as torch.
     """
     if repo == "kernels-community/flash-attn2":
-        # transformers: "v4 was only tested on 2.10 and upwards".
-        if torch_version is None:
+        # FLASH_ATTN_KERNEL_VERSIONS (modeling_flash_attention_utils.py): 5.22-5.24 have
+        # `4 if is_torch_greater_or_equal("2.10", accept_dev=True) else 3` ("v4 was only tested on 2.10 and
+        # upwards"); 5.25 has a plain `"kernels-community/flash-attn2": 4` whatever the torch.
+        if _release(transformers_version or "5.22") >= (5, 25) or torch_version is None:
             return 4
         return 4 if _release(torch_version) >= (2, 10) else 3
     if repo == "kernels-community/flash-attn4":

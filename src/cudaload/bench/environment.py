@@ -4,7 +4,7 @@ Results go to `benchmarks/results/<machine>/<date>[-<kind>].json` (and a `.png` 
 where <machine> is `cpu-<cpu model>-<widest ISA>` or `cuda-<gpu name>`: hardware names only, no
 host name, so results from different machines sit side by side and a run on the same day replaces
 that day's file. The ISA is part of a CPU's name because hypervisors report one model name for
-several generations ("AMD EPYC" is Zen 3 with AVX2 here and Zen 4 with AVX512-BF16 elsewhere),
+several generations ("AMD EPYC" was Zen 3 with AVX2 on one of our machines and Zen 4 with AVX512-BF16 on another),
 and those measured opposite bf16 results.
 """
 

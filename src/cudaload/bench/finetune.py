@@ -155,6 +155,9 @@ def format_finetune_report(result: dict[str, Any]) -> str:
     for row in result["variants"]:
         plan = row.get("plan") or {}
         label = f"{plan.get('dtype', '?')}/{plan.get('quantization') or 'none'}/{plan.get('optimizer', '?')}"
+        if row.get("interrupted"):
+            lines.append(f"  {row['name']:<12} {label:<28} interrupted (Ctrl-C) before it was measured")
+            continue
         if row.get("error") is not None:
             lines.append(f"  {row['name']:<12} {label:<28} failed: {row['error']}")
             continue
@@ -176,6 +179,8 @@ def format_finetune_report(result: dict[str, Any]) -> str:
         )
     else:
         lines.append("QLoRA / LoRA: no ratio (a variant did not run)")
+    if result.get("interrupted"):
+        lines.append("INTERRUPTED (Ctrl-C): the rows above are what was measured before it")
     lines.append(f"peak: {work['peak_memory']}")
     lines.append(
         "estimate: total = weights + LoRA (weights, gradients, optimizer state) + activations (the plan's "
@@ -546,6 +551,9 @@ def run_finetune_bench(
     - `log`: called with a line per phase (e.g. `print` to stderr), for progress.
     - `timeout_s`: per variant (default 1800 s, quick 300 s); a variant past it is killed and
       recorded with its error, as is one that cannot run here (e.g. no bitsandbytes).
+
+    Ctrl-C returns what was measured: `interrupted` is then True and each variant not measured
+    says so (before the first variant starts, KeyboardInterrupt is raised: there is nothing to show).
     """
     path = Path(model_path)
     if not (path / "config.json").is_file():
@@ -574,7 +582,9 @@ def run_finetune_bench(
     machine = detect()
     kind = "cuda" if machine.gpus else "cpu"
     env = _child_env(on_cpu=kind == "cpu")
-    variants = []
+    variants: list[dict[str, Any]] = []
+    interrupted = False
+    model: dict[str, Any] | None = None
     with tempfile.TemporaryDirectory(prefix="cudaload-bench-finetune-") as tmp:
         say(f"starting {len(VARIANTS)} processes (imports side by side; measured one at a time)")
         children: list[_Child] = []
@@ -590,8 +600,8 @@ def run_finetune_bench(
                     "threads": threads,
                 }
                 children.append(_Child(spec, env, timeout, Path(tmp)))
-            model = _model_info(path)
             facts, software = machine_facts(machine), versions()
+            model = _model_info(path)  # last: once it is set, an interrupted run has all it reports
             for child in children:
                 child.wait_ready()
             for (name, quantize), child in zip(VARIANTS, children, strict=True):
@@ -600,9 +610,20 @@ def run_finetune_bench(
                 done = f"median step {row['step_time']['median_s']:.3f} s" if row["error"] is None else "failed"
                 say(f"{name}: {done}" + (f": {row['error']}" if row["error"] else ""))
                 variants.append(row)
+        except KeyboardInterrupt:  # Ctrl-C: what was measured is the result; the rest says it did not run
+            interrupted = True
         finally:
             for child in children:
                 child.close()
+    if interrupted:
+        if model is None:  # stopped while starting: nothing to show
+            raise KeyboardInterrupt
+        ran = {row["name"] for row in variants}
+        variants += [
+            {"name": name, "quantize": quantize, "plan": None, "error": "interrupted (Ctrl-C)", "interrupted": True}
+            for name, quantize in VARIANTS
+            if name not in ran
+        ]
     return {
         "benchmark": "cudaload.bench.finetune",
         "schema": SCHEMA,
@@ -623,6 +644,7 @@ def run_finetune_bench(
             "child_env": MALLOC_ENV if kind == "cpu" else {},
             "timeout_s": timeout,
         },
+        "interrupted": interrupted,
         "variants": variants,
         "summary": summarise(variants),
         "wall_s": round(time.perf_counter() - began, 1),

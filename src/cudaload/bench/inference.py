@@ -132,7 +132,8 @@ def run_bench(
             say=say,
         )
         compared = None
-        if generation and not measured.interrupted and the_plan.generation is not None:
+        interrupted = measured.interrupted  # Ctrl-C in any phase: keep what was measured, run nothing more
+        if generation and not interrupted and the_plan.generation is not None:
             from .generation import compare_generation
 
             try:
@@ -146,16 +147,16 @@ def run_bench(
                     say=say,
                 )
             except KeyboardInterrupt:
-                compared = None
-        shape_key = _shape_key(bench_model.path) if save and not measured.interrupted else ""
+                compared, interrupted = None, True
+        shape_key = _shape_key(bench_model.path) if save and not interrupted else ""
         costs = None
-        if (not quick if overhead is None else overhead) and not measured.interrupted:
+        if (not quick if overhead is None else overhead) and not interrupted:
             from .overhead import run_overhead
 
             try:
                 costs = run_overhead(bench_model.path, repeats=max(work.repeats, 3), say=say)
             except KeyboardInterrupt:
-                costs = None
+                costs, interrupted = None, True
 
     baseline = baseline_of(variants, the_plan.attention_chain, the_plan.dtype)
     rows = rows_of(variants, baseline, work.prompt_tokens, work.batch)
@@ -166,7 +167,7 @@ def run_bench(
         "schema": SCHEMA,
         "mode": "quick" if quick else "full",
         "date": date,
-        "interrupted": measured.interrupted,
+        "interrupted": interrupted,
         "machine": machine_facts(machine),
         "versions": versions(),
         "model": {**bench_model.to_dict(), "parameters": measured.parameters},

@@ -12,6 +12,18 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _partial(row: dict[str, Any]) -> str:
+    """An interrupted variant: the medians of what it measured, the rest '-'; no ratios."""
+    if not any(row[key] is not None for key in ("load_s", "prefill_s", "decode_tokens_per_s")):
+        return "interrupted before it was measured"
+    memory = row["peak_memory_bytes"] / 2**20 if row["peak_memory_bytes"] else None
+    return (
+        f"{_fmt(row['load_s'], '7.3f')} {_fmt(row['prefill_s'], '9.3f')} {_fmt(row['prefill_tokens_per_s'], '13.0f')} "
+        f"{_fmt(row['decode_tokens_per_s'], '12.1f')} {_fmt(row.get('end_to_end_s'), '12.3f')} {_fmt(memory, '9.0f')}"
+        "   interrupted: only what it measured, no ratios"
+    )
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The result as a table, the plan's row marked with `*`."""
     machine, versions, model, work = result["machine"], result["versions"], result["model"], result["workload"]
@@ -39,8 +51,11 @@ def format_report(result: dict[str, Any]) -> str:
         label = row["name"] + (" (plan)" if row["is_plan"] else "")
         if row.get("is_bare") and row.get("applied"):
             label += f" = {row['applied']}"
-        if not row["ok"]:
+        if not row["ok"] and row["error"] is not None:
             lines.append(f"{mark} {label:<44} failed: {row['error']}")
+            continue
+        if not row["ok"]:  # no error: the run was stopped before this variant's rounds were all done
+            lines.append(f"{mark} {label:<44} {_partial(row)}")
             continue
         s, paired = row["plan_speedup"], row["plan_speedup_paired"]
         memory = row["peak_memory_bytes"] / 2**20 if row["peak_memory_bytes"] else None

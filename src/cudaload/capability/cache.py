@@ -1,17 +1,24 @@
 """cudaload's own cache folder: measurements of this machine, as small JSON files.
 
 `$CUDALOAD_CACHE`, else `$XDG_CACHE_HOME/cudaload`, else `~/.cache/cudaload`. Files are written
-atomically (a temporary file renamed into place), so a reader never sees half a file; one that
-cannot be parsed is treated as missing and rewritten. An unwritable folder is not an error: the
-caller measures again next time, and is warned once.
+atomically (a temporary file renamed into place), so a reader never sees half a file. A reader
+states the layout it expects (`conforms`): a file that cannot be parsed, or parses but has a wrong
+type, a NaN, an infinite or a negative number anywhere, is treated as missing, so the caller
+measures (or reads) again and rewrites it. An unwritable folder is not an error: the caller
+measures again next time, and is warned once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 import os
+import stat
 import tempfile
+import types
+import typing
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +26,21 @@ from typing import Any
 
 from ..errors import CudaloadWarning
 
-__all__ = ["cache_dir", "cache_key", "read_json", "write_json"]
+__all__ = [
+    "MAX_READ_BYTES",
+    "Positive",
+    "cache_dir",
+    "cache_key",
+    "conforms",
+    "decode",
+    "read_json",
+    "read_regular_file",
+    "write_json",
+]
+
+MAX_READ_BYTES = 16 * 2**20
+"""Files cudaload reads whole (its cache records, a model's config.json to hash it) are small:
+anything larger is not read."""
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -37,13 +58,133 @@ def cache_key(value: str | Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None when it is missing, unreadable or not a JSON object."""
+def read_regular_file(path: str | os.PathLike[str], limit: int = MAX_READ_BYTES) -> bytes | None:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes, else None.
+
+    A FIFO, a device (a symlink to /dev/zero), a folder or a larger file is never read: the file is
+    opened non-blocking (so a FIFO without a writer does not block the open) and checked with
+    fstat on the opened descriptor (so it cannot be swapped between the check and the read).
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        fd = os.open(path, flags)
+    except OSError:
         return None
-    return data if isinstance(data, dict) else None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks) if size <= limit else None  # grew past the limit while read
+
+
+class Positive:
+    """A `conforms` spec: a finite number greater than zero (a size, a divisor)."""
+
+
+def conforms(value: Any, spec: Any) -> bool:
+    """Whether a value parsed from JSON has the layout `spec` describes, field by field.
+
+    A spec is a type hint or a layout: `int` (not bool) and `float` (an int is accepted) must be
+    finite and not negative (every number cudaload caches is a count, a size or a duration),
+    `Positive` greater than zero; `str`, `bool`, `None`, `Any`, `X | None`, `Literal[...]`;
+    `tuple[X, ...]` and `tuple[X, Y]` are JSON arrays (any or that exact length), `dict[str, X]` an
+    object of those values, a dataclass an object with every field of its type; a dict
+    `{"key": spec}` is an object with at least those keys, and a one-item list `[spec]` an array of
+    such items. `decode` then turns a conforming value into the types the spec names.
+    """
+    if spec is Any:
+        return True
+    if spec is None or spec is type(None):
+        return value is None
+    if spec is Positive:
+        return conforms(value, float) and value > 0
+    if spec is bool:
+        return isinstance(value, bool)
+    if spec is int:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if spec is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    if spec is str:
+        return isinstance(value, str)
+    if isinstance(spec, dict):
+        return isinstance(value, dict) and all(key in value and conforms(value[key], s) for key, s in spec.items())
+    if isinstance(spec, type) and dataclasses.is_dataclass(spec):
+        return conforms(value, _fields(spec))
+    if isinstance(spec, list) and len(spec) == 1:
+        return isinstance(value, (list, tuple)) and all(conforms(item, spec[0]) for item in value)
+    origin, args = typing.get_origin(spec), typing.get_args(spec)
+    if origin in (typing.Union, types.UnionType):
+        return any(conforms(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return any(value == arg and type(value) is type(arg) for arg in args)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(conforms(item, args[0]) for item in value)
+        return len(value) == len(args) and all(conforms(item, arg) for item, arg in zip(value, args, strict=True))
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            conforms(key, args[0]) and conforms(item, args[1]) for key, item in value.items()
+        )
+    raise TypeError(f"conforms() has no rule for the spec {spec!r}")
+
+
+def _fields(cls: type) -> dict[str, Any]:
+    """A dataclass as a layout: every field, with its type hint."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def decode(value: Any, spec: Any) -> Any:
+    """A value that `conforms` to `spec` as the Python value the spec names: JSON arrays become
+    tuples where the hint says tuple, objects become the dataclass the hint names, ints become
+    floats where it says float."""
+    if isinstance(spec, type) and dataclasses.is_dataclass(spec):
+        return spec(**{name: decode(value[name], hint) for name, hint in _fields(spec).items()})
+    if spec is float or spec is Positive:
+        return float(value)
+    origin, args = typing.get_origin(spec), typing.get_args(spec)
+    if origin in (typing.Union, types.UnionType):
+        return next((decode(value, arg) for arg in args if conforms(value, arg)), value)
+    if origin is tuple:
+        items = (args[0],) * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        return tuple(decode(item, arg) for item, arg in zip(value, items, strict=True))
+    if origin is dict:
+        return {key: decode(item, args[1]) for key, item in value.items()}
+    return value
+
+
+def read_json(path: Path, spec: Any = None) -> dict[str, Any] | None:
+    """The JSON object in `path`, or None when it is missing, unreadable, not a regular file of at
+    most MAX_READ_BYTES, not a JSON object, or (given a `spec`) does not conform to it."""
+    raw = read_regular_file(path)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw.decode(), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict) or (spec is not None and not conforms(data, spec)):
+        return None
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    """JSON has no NaN or Infinity: Python's json writes and reads them, cudaload's cache does not."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 _warned: set[str] = set()

@@ -9,11 +9,19 @@ slower, Zen 4 with AVX512-BF16 2.35x faster). So the planner times `F.linear` he
   (memory-bound, as one generated token is);
 - cast: converting one weight between dtypes (what loading a checkpoint in another dtype pays).
 
-Repetitions are interleaved across dtypes and each number is a median, so a noisy moment slows
-every dtype alike and one outlier cannot flip the answer. It runs with the torch CPU thread count
-the process uses, on the CPU only (never touches CUDA), and takes a fraction of a second; the
-result is cached per machine fingerprint and shape bucket (see `cache.py`), so a process pays it
-once per machine. `CUDALOAD_PROBE=0` (or `plan(..., probe=False)`) turns it off.
+It measures in rounds: each round times every dtype once, back to back, in an order that reverses
+from one round to the next, so a noisy moment slows every dtype of a round alike. Every round is
+kept (`DtypeProbe.rounds`) and each reported number is a median over them. After MIN_ROUNDS it
+stops when the rounds agree on whether bf16 is faster or slower than fp32, at prefill and at
+decode (the middle half of the per-round ratios on one side of 1, `facts.spread`); while they
+disagree it measures more, up to MAX_ROUNDS or BUDGET_S. The policy then compares the dtypes
+round by round for the user's workload and calls a disagreement or a small difference a tie
+rather than trusting one noisy number.
+
+It runs with the torch CPU thread count the process uses, on the CPU only (never touches CUDA),
+and takes a fraction of a second; the result is cached per machine fingerprint and shape bucket
+(see `cache.py`), so a process pays it once per machine. `CUDALOAD_PROBE=0` (or
+`plan(..., probe=False)`) turns it off.
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..facts.dtypes import DTYPES
-from ..facts.machine import DtypeProbe, Machine
-from .cache import cache_dir, cache_key, read_json, write_json
+from ..facts.machine import DtypeProbe, Machine, ProbeRound
+from ..facts.spread import spread
+from .cache import Positive, cache_dir, cache_key, read_json, write_json
 
 __all__ = [
     "PREFILL_TOKENS",
@@ -49,10 +58,19 @@ DECODE_WORKING_SET = 64 * 2**20
 read memory as a real decode step does, not cache."""
 MAX_COPIES = 32
 """Small buckets stop here: a small model's weights sit in cache when it decodes, too."""
-REPEATS = 3
+MIN_ROUNDS = 5
+"""Measured rounds (after a dropped warm-up round) before the rounds may be judged: with five, one
+outlier round moves neither the median nor the middle half of the rounds."""
+MAX_ROUNDS = 15
+"""Rounds measured at most while they disagree."""
+FLOOR_ROUNDS = 3
+"""Rounds measured even past the budget (a loaded or slow machine): fewer cannot show a spread."""
 BUDGET_S = 1.0
-"""After the warm-up and one measured round, no further round starts past this many seconds."""
-SCHEMA = 2  # 2: decode working set capped at MAX_COPIES weights
+"""Seconds of measured rounds (the warm-up not counted) after which no further round starts."""
+MIN_TIMED_S = 1e-3
+"""A prefill GEMM is repeated within a round (at least twice, at most 16 times) until the repeats
+span about this long, and the fastest counts: on a busy CPU, noise only ever adds time."""
+SCHEMA = 3  # 2: decode working set capped at MAX_COPIES weights; 3: every round kept
 
 
 def _pow2(value: int) -> int:
@@ -86,6 +104,16 @@ def torch_threads(env: Mapping[str, str] | None = None, cores: int | None = None
     return cores
 
 
+def _disagree(rounds: list[ProbeRound]) -> bool:
+    """Whether the rounds disagree on bf16 against fp32, at prefill or at decode."""
+    for phase in ("prefill_s", "decode_s"):
+        ratios = [dict(getattr(r, phase))["float32"] / dict(getattr(r, phase))["bfloat16"] for r in rounds]
+        summary = spread(ratios)
+        if summary is None or summary.disagrees:
+            return True
+    return False
+
+
 def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
     """Time F.linear in every dtype on this CPU now (no cache). Imports torch."""
     import torch
@@ -95,6 +123,7 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
     dtypes = {name: getattr(torch, name) for name in DTYPES}
     k, n = in_features, out_features
     copies = min(MAX_COPIES, max(1, math.ceil(DECODE_WORKING_SET / (4 * k * n))))
+    pairs = [(a, b) for a in dtypes for b in dtypes if a != b]
     with torch.inference_mode():
         generator = torch.Generator().manual_seed(0)
         base = torch.randn(n, k, generator=generator).mul_(0.02)
@@ -102,41 +131,63 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
         weights = {name: [(base + 1e-3 * i).to(dtype) for i in range(copies)] for name, dtype in dtypes.items()}
         prompt = torch.randn(PREFILL_TOKENS, k, generator=generator)
         inputs = {name: (prompt.to(dtype), prompt[:1].to(dtype)) for name, dtype in dtypes.items()}
-        prefill: dict[str, list[float]] = {name: [] for name in dtypes}
-        decode: dict[str, list[float]] = {name: [] for name in dtypes}
-        casts: dict[tuple[str, str], list[float]] = {(a, b): [] for a in dtypes for b in dtypes if a != b}
-        for rep in range(REPEATS + 1):  # the first round warms up oneDNN/BLAS and is dropped
-            if rep >= 2 and time.perf_counter() - started > BUDGET_S:
-                break  # a loaded or slow machine: fewer rounds rather than a long stall
-            for name in dtypes:
+
+        def one_round(index: int, repeats: int) -> ProbeRound:
+            prefill: dict[str, float] = {}
+            decode: dict[str, float] = {}
+            order = list(dtypes) if index % 2 == 0 else list(reversed(dtypes))
+            for name in order:
                 x, token = inputs[name]
                 w = weights[name][0]
-                start = time.perf_counter()
-                F.linear(x, w)
-                prefill[name].append(time.perf_counter() - start)
-                start = time.perf_counter()
+                calls = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    F.linear(x, w)
+                    calls.append(time.perf_counter() - start)
+                prefill[name] = min(calls)  # noise only ever adds time
+                calls = []
                 for weight in weights[name]:
+                    start = time.perf_counter()
                     F.linear(token, weight)
-                decode[name].append((time.perf_counter() - start) / copies)
-            for source, target in casts:
+                    calls.append(time.perf_counter() - start)
+                decode[name] = statistics.median(calls)  # not the min: the last weights read may sit in cache
+            casts: dict[tuple[str, str], float] = {}
+            for source, target in pairs if index % 2 == 0 else reversed(pairs):
                 start = time.perf_counter()
-                weights[source][rep % copies].to(dtypes[target])
-                casts[(source, target)].append(time.perf_counter() - start)
+                weights[source][index % copies].to(dtypes[target])
+                casts[(source, target)] = time.perf_counter() - start
+            return ProbeRound(
+                prefill_s=tuple((d, prefill[d]) for d in dtypes),
+                decode_s=tuple((d, decode[d]) for d in dtypes),
+                cast_s=tuple((a, b, casts[(a, b)]) for a, b in pairs),
+            )
+
+        # Two warm-up rounds, dropped: the first warms up oneDNN/BLAS, the second sizes the repeats.
+        one_round(1, 1)
+        fp32 = dict(one_round(0, 1).prefill_s)["float32"]
+        repeats = max(2, min(16, math.ceil(MIN_TIMED_S / max(fp32, 1e-9))))
+        measuring = time.perf_counter()
+        rounds: list[ProbeRound] = []
+        while len(rounds) < MAX_ROUNDS:
+            if len(rounds) >= MIN_ROUNDS and not _disagree(rounds):
+                break
+            if len(rounds) >= FLOOR_ROUNDS and time.perf_counter() - measuring > BUDGET_S:
+                break  # a loaded or slow machine: fewer rounds rather than a long stall
+            rounds.append(one_round(len(rounds), repeats))
         threads = torch.get_num_threads()
 
-    def median(values: list[float]) -> float:
-        return statistics.median(values[1:])  # every list has the warm-up and >= 1 measured round
-
+    median = statistics.median
     return DtypeProbe(
         in_features=k,
         out_features=n,
         prefill_tokens=PREFILL_TOKENS,
-        prefill_s=tuple((name, median(v)) for name, v in prefill.items()),
-        decode_s=tuple((name, median(v)) for name, v in decode.items()),
-        cast_s=tuple((a, b, median(v)) for (a, b), v in casts.items()),
+        prefill_s=tuple((d, median(dict(r.prefill_s)[d] for r in rounds)) for d in dtypes),
+        decode_s=tuple((d, median(dict(r.decode_s)[d] for r in rounds)) for d in dtypes),
+        cast_s=tuple((a, b, median(r.cast_s[i][2] for r in rounds)) for i, (a, b) in enumerate(pairs)),
         threads=threads,
         measured_at=datetime.now(timezone.utc).date().isoformat(),
         cost_s=time.perf_counter() - started,
+        rounds=tuple(rounds),
     )
 
 
@@ -154,40 +205,78 @@ def _to_json(probe: DtypeProbe) -> dict[str, Any]:
         "threads": probe.threads,
         "measured_at": probe.measured_at,
         "cost_s": probe.cost_s,
+        "rounds": [
+            {
+                "prefill_s": dict(r.prefill_s),
+                "decode_s": dict(r.decode_s),
+                "cast_s": [[a, b, s] for a, b, s in r.cast_s],
+            }
+            for r in probe.rounds
+        ],
     }
 
 
+# The cache file's layout, checked field by field before it is used (`cache.conforms`): a wrong
+# type, a NaN or a negative time anywhere makes the file count as missing, so the probe runs again.
+_TIMES = {"float32": Positive, "bfloat16": Positive, "float16": Positive}
+_CASTS = tuple[tuple[str, str, float], ...]
+_LAYOUT = {
+    "kind": str,
+    "schema": int,
+    "fingerprint": dict[str, str],
+    "in_features": Positive,
+    "out_features": Positive,
+    "prefill_tokens": Positive,
+    "prefill_s": _TIMES,
+    "decode_s": _TIMES,
+    "cast_s": _CASTS,
+    "threads": Positive,
+    "measured_at": str,
+    "rounds": [{"prefill_s": _TIMES, "decode_s": _TIMES, "cast_s": _CASTS}],
+}
+
+
 def _from_json(data: Mapping[str, Any], expected: Mapping[str, str]) -> DtypeProbe | None:
-    """The cached probe, or None if the file is from another schema, machine or shape, or malformed."""
-    try:
-        if data["kind"] != "cpu-dtype-probe" or data["schema"] != SCHEMA or data["fingerprint"] != dict(expected):
-            return None
-        return DtypeProbe(
-            in_features=int(data["in_features"]),
-            out_features=int(data["out_features"]),
-            prefill_tokens=int(data["prefill_tokens"]),
-            prefill_s=tuple((str(d), float(data["prefill_s"][d])) for d in DTYPES),
-            decode_s=tuple((str(d), float(data["decode_s"][d])) for d in DTYPES),
-            cast_s=tuple((str(a), str(b), float(s)) for a, b, s in data["cast_s"]),
-            threads=int(data["threads"]),
-            measured_at=str(data["measured_at"]),
-            fingerprint=tuple(sorted(expected.items())),
-            cost_s=0.0,
-            from_cache=True,
-        )
-    except (KeyError, TypeError, ValueError):
+    """The cached probe, or None if the file is from another schema, machine or shape."""
+    if data["kind"] != "cpu-dtype-probe" or data["schema"] != SCHEMA or data["fingerprint"] != dict(expected):
         return None
+    if not all(isinstance(data[key], int) for key in ("in_features", "out_features", "prefill_tokens", "threads")):
+        return None
+
+    def times(mapping: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+        return tuple((d, float(mapping[d])) for d in DTYPES)
+
+    def casts(rows: list[list[Any]]) -> tuple[tuple[str, str, float], ...]:
+        return tuple((str(a), str(b), float(s)) for a, b, s in rows)
+
+    return DtypeProbe(
+        in_features=data["in_features"],
+        out_features=data["out_features"],
+        prefill_tokens=data["prefill_tokens"],
+        prefill_s=times(data["prefill_s"]),
+        decode_s=times(data["decode_s"]),
+        cast_s=casts(data["cast_s"]),
+        threads=data["threads"],
+        measured_at=data["measured_at"],
+        fingerprint=tuple(sorted(expected.items())),
+        cost_s=0.0,
+        from_cache=True,
+        rounds=tuple(
+            ProbeRound(prefill_s=times(r["prefill_s"]), decode_s=times(r["decode_s"]), cast_s=casts(r["cast_s"]))
+            for r in data["rounds"]
+        ),
+    )
 
 
 def cached_dtype_probe(
     machine: Machine, bucket: tuple[int, int], env: Mapping[str, str] | None = None, *, measure: bool = True
 ) -> DtypeProbe | None:
     """This machine's probe for `bucket`: read from the cache when its fingerprint matches, else
-    measured now and written back (a corrupt or foreign file is replaced); None when it is not
-    cached and `measure` is False."""
+    measured now and written back (a corrupt, malformed or foreign file is replaced); None when it
+    is not cached and `measure` is False."""
     expected = {**machine.fingerprint(), "bucket": f"{bucket[0]}x{bucket[1]}"}
     path = cache_dir(env) / "probes" / f"cpu-dtype-{cache_key(expected)}.json"
-    data = read_json(path)
+    data = read_json(path, _LAYOUT)
     cached = _from_json(data, expected) if data is not None else None
     if cached is not None or not measure:
         return cached

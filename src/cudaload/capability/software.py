@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from packaging.version import InvalidVersion
+from packaging.version import InvalidVersion, Version
 
 from ..facts.machine import Hub, HubKernel, Software
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
@@ -38,6 +38,7 @@ __all__ = [
     "parse_local_kernels",
     "probe_hub",
     "probe_software",
+    "simulated_packages",
 ]
 
 PACKAGES = (
@@ -50,6 +51,11 @@ PACKAGES = (
     "kernels",
     "nvidia-ml-py",
     *(dist for dist, _ in FLASH_DISTRIBUTIONS.values()),
+    # what a pre-quantized checkpoint's quantizer needs (policy/quantization.py, facts/quantization.py)
+    "triton",
+    "optimum",
+    "gptqmodel",
+    "compressed-tensors",
 )
 
 
@@ -75,6 +81,28 @@ def installed_versions(paths: Sequence[str] | None = None) -> dict[str, str | No
                 dist, _, rest = stem.partition("-")
                 found.setdefault(_normalise(dist), rest.partition("-")[0] or None)
     return found
+
+
+SIMULATED_UPSTREAM = ("torch", "transformers", "accelerate")
+"""The packages `Machine.simulated()` otherwise assumes (torch 2.13.0, transformers 5.22.2, accelerate 1.16.0)."""
+
+
+def simulated_packages(told: Mapping[str, str] | None = None, paths: Sequence[str] | None = None) -> dict[str, str]:
+    """`packages=` for a `Machine.simulated()` planned from here (`cudaload plan --gpu ...`): the installed
+    torch, transformers and accelerate, which the simulated machine would run (torch as its public
+    version: "2.13.0+cpu" -> "2.13.0", the simulated GPUs get a CUDA build), then what you told (`--with`)
+    on top. What is not installed keeps the simulation's default."""
+    installed = installed_versions(paths)
+    found: dict[str, str] = {}
+    for dist in SIMULATED_UPSTREAM:
+        version = _dist_version(dist, installed)
+        if version is None:
+            continue
+        try:
+            found[dist] = Version(version).public
+        except InvalidVersion:
+            continue
+    return {**found, **(told or {})}
 
 
 def _dist_version(dist: str, installed: Mapping[str, str | None]) -> str | None:

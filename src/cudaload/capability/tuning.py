@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..facts.machine import TunedVariant, TuningRecord
-from .cache import cache_dir, cache_key, read_json, write_json
+from .cache import cache_dir, cache_key, decode, read_json, write_json
 
 __all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
 
@@ -46,30 +46,33 @@ def _to_json(record: TuningRecord) -> dict[str, Any]:
     }
 
 
+# A record's layout, checked field by field before it is used (`cache.conforms`): a wrong type, a
+# NaN or a negative number anywhere makes the file count as missing: it is skipped, and the next
+# `cudaload bench --save` of this model replaces it.
+_LAYOUT = {
+    "kind": str,
+    "schema": int,
+    "model_key": str,
+    "fingerprint": dict[str, str],
+    "measured_at": str,
+    "prompt_tokens": int,
+    "new_tokens": int,
+    "variants": [TunedVariant],
+}
+
+
 def _from_json(data: Mapping[str, Any], path: Path) -> TuningRecord | None:
-    try:
-        if data["kind"] != "cudaload-tuning-record" or data["schema"] != SCHEMA:
-            return None
-        return TuningRecord(
-            model_key=str(data["model_key"]),
-            prompt_tokens=int(data["prompt_tokens"]),
-            new_tokens=int(data["new_tokens"]),
-            variants=tuple(
-                TunedVariant(
-                    dtype=str(v["dtype"]),
-                    attn_implementation=str(v["attn_implementation"]),
-                    load_s=float(v["load_s"]),
-                    prefill_s=float(v["prefill_s"]),
-                    decode_tokens_per_s=float(v["decode_tokens_per_s"]),
-                )
-                for v in data["variants"]
-            ),
-            fingerprint=tuple(sorted((str(k), str(v)) for k, v in data["fingerprint"].items())),
-            measured_at=str(data["measured_at"]),
-            path=str(path),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
+    if data["kind"] != "cudaload-tuning-record" or data["schema"] != SCHEMA:
         return None
+    return TuningRecord(
+        model_key=data["model_key"],
+        prompt_tokens=data["prompt_tokens"],
+        new_tokens=data["new_tokens"],
+        variants=tuple(decode(v, TunedVariant) for v in data["variants"]),
+        fingerprint=tuple(sorted(data["fingerprint"].items())),
+        measured_at=data["measured_at"],
+        path=str(path),
+    )
 
 
 def write_tuning_record(record: TuningRecord, env: Mapping[str, str] | None = None) -> Path | None:
@@ -79,12 +82,13 @@ def write_tuning_record(record: TuningRecord, env: Mapping[str, str] | None = No
 
 
 def read_tuning_records(model_key: str, env: Mapping[str, str] | None = None) -> tuple[TuningRecord, ...]:
-    """Every readable record for this model shape, newest first; unreadable files are skipped."""
+    """Every readable record for this model shape, newest first; unreadable or malformed files (a
+    wrong type, a NaN or negative number) are skipped."""
     folder = cache_dir(env) / "tuning"
     paths: Iterable[Path] = sorted(folder.glob(f"{cache_key(model_key)}-*.json")) if folder.is_dir() else ()
     records = []
     for path in paths:
-        data = read_json(path)
+        data = read_json(path, _LAYOUT)
         record = _from_json(data, path) if data is not None else None
         if record is not None and record.model_key == model_key:
             records.append(record)

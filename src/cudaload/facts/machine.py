@@ -6,7 +6,7 @@ This module only defines data. It probes nothing, so the policy layer can import
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "HubKernel",
     "Launch",
     "Machine",
+    "ProbeRound",
     "Software",
     "Strategy",
     "TunedVariant",
@@ -272,6 +273,15 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class ProbeRound:
+    """One interleaved round of a `DtypeProbe`: every dtype timed once, back to back."""
+
+    prefill_s: tuple[tuple[str, float], ...]
+    decode_s: tuple[tuple[str, float], ...]
+    cast_s: tuple[tuple[str, str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class DtypeProbe:
     """`F.linear` timed on this machine's CPU per dtype: a prefill-shaped GEMM, a decode-shaped GEMV,
     and the cast of a weight between dtypes (what loading a checkpoint in another dtype pays).
@@ -295,6 +305,9 @@ class DtypeProbe:
             now, the measurement is stale.
         cost_s: Seconds this process spent probing (0 when read from the cache).
         from_cache: True when read from the cache rather than measured now.
+        rounds: Each measured round's own timings (empty: only the medians are known, e.g. a
+            probe built by hand). The policy compares dtypes round by round, so it can tell a
+            real difference from timing noise and call a tie a tie.
 
     Examples:
         >>> import cudaload
@@ -328,6 +341,8 @@ class DtypeProbe:
     cost_s: float = 0.0
     """Seconds this process spent probing (0 when read from the cache)."""
     from_cache: bool = False
+    rounds: tuple[ProbeRound, ...] = ()
+    """Each measured round's timings; the medians above summarise them."""
 
     @property
     def weight_elements(self) -> int:
@@ -346,6 +361,13 @@ class DtypeProbe:
             if (a, b) == (source, target):
                 return seconds
         return 0.0
+
+    def per_round(self) -> tuple[DtypeProbe, ...]:
+        """This probe as one probe per measured round (just itself when no rounds are kept)."""
+        return tuple(
+            replace(self, prefill_s=r.prefill_s, decode_s=r.decode_s, cast_s=r.cast_s or self.cast_s, rounds=())
+            for r in self.rounds
+        ) or (self,)
 
 
 @dataclass(frozen=True)
@@ -518,6 +540,8 @@ class Machine:
 
         Raises:
             UnknownGpuError: a GPU name the catalog does not know.
+            SettingError: `count` not a whole number >= 1, `packages` not a mapping of
+                distribution -> version strings, or `gpu` not a name or a list of names.
 
         Examples:
             >>> import cudaload
@@ -528,6 +552,7 @@ class Machine:
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
         from .catalog import lookup_gpu
 
+        _check_simulated(gpu, count, packages)
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
         gpus = tuple(lookup_gpu(name).as_gpu(i) for i, name in enumerate(names))
         versions = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0", **(packages or {})}
@@ -568,4 +593,27 @@ class Machine:
             dtype_probe=dtype_probe,
             tuning=tuple(tuning),
             threads=cpu.cores,
+        )
+
+
+def _check_simulated(gpu: object, count: object, packages: object) -> None:
+    """Machine.simulated's arguments, checked before any is used (a str for packages would be
+    iterated letter by letter, a float count would multiply a list)."""
+    from ..errors import SettingError
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise SettingError(f"count={count!r}: pass a whole number of GPUs, 1 or more (e.g. count=8).")
+    if (
+        gpu is not None
+        and not isinstance(gpu, str)
+        and (not isinstance(gpu, Sequence) or not all(isinstance(name, str) for name in gpu))
+    ):
+        raise SettingError(f"gpu={gpu!r}: pass a GPU name ('H100'), a list of names (['A100', 'T4']) or None.")
+    if packages is not None and (
+        not isinstance(packages, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in packages.items())
+    ):
+        raise SettingError(
+            f"packages={packages!r}: pass a dict of distribution -> version, e.g. {{'flash-attn': '2.8.3'}} "
+            "(not 'flash-attn==2.8.3')."
         )

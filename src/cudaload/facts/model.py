@@ -6,9 +6,11 @@ arguments, and tests build them by hand (`any_model()`, `reference_model()`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ..upstream import FP16_FRAGILE_FAMILIES
+from .quantization import CheckpointQuantization
 
 __all__ = ["ModelFacts", "any_model", "reference_model"]
 
@@ -54,6 +56,10 @@ class ModelFacts:
         attention_heads: `num_attention_heads`; None when unknown.
         kv_heads: `num_key_value_heads` (= heads without GQA); None when unknown.
         tp_plan: The config has a `base_model_tp_plan` (`tp_plan="auto"` can shard it).
+        quantization: How an already-quantized checkpoint stores its weights (its
+            `quantization_config`: method, bits per weight, how many weights); None when it is not.
+        final_softcap: `final_logit_softcapping` (Gemma 2): tanh on the logits keeps a copy of them
+            for the backward (counted by the training-memory estimate). None without it.
 
     Examples:
         >>> import tempfile, cudaload
@@ -110,6 +116,16 @@ class ModelFacts:
     heads, so both must divide the TP size."""
     tp_plan: bool = False
     """The config has a `base_model_tp_plan`: `tp_plan="auto"` can shard it (transformers' `supports_tp_plan`)."""
+    quantization: CheckpointQuantization | None = None
+    """How an already-quantized checkpoint stores its weights (facts/quantization.py); None when it is not."""
+    final_softcap: float | None = None
+    """`final_logit_softcapping` (Gemma 2): the logits pass through tanh, which keeps a copy of them for
+    the backward (policy/memory.py counts it). None without it."""
+
+    def __post_init__(self) -> None:
+        # The facts cache stores `dataclasses.asdict` output as JSON: a quantization comes back as a mapping.
+        if isinstance(self.quantization, Mapping):
+            object.__setattr__(self, "quantization", CheckpointQuantization.from_json(self.quantization))
 
     @property
     def linear_parameters(self) -> int:

@@ -6,6 +6,7 @@ tests pass facts in. One module per decision; `decide_plan` composes them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import PlacementError
@@ -18,9 +19,9 @@ from .finetune import decide_lora, decide_training_arguments
 from .fit import HEADROOM, percent
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .placement import decide_placement, decide_tensor_parallel
+from .placement import decide_placement, decide_rank_device, decide_tensor_parallel, placed_machine, plan_within
 from .precision import decide_dtype
-from .quantization import decide_quantization
+from .quantization import decide_checkpoint_quantization, decide_quantization
 from .request import Request, Workload
 from .tuning import tune_on_gpu
 
@@ -40,19 +41,40 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             "The distributed launch variables are invalid: " + "; ".join(machine.launch.problems) + ". Fix them "
             "(torchrun and accelerate set them for you), or unset them for a single process."
         )
+    # Mixed GPUs: dtype, attention and the training flags are judged for the GPUs the model is placed on
+    # (placement.py `placed_machine`), not for the weakest GPU of the machine while the weights sit on another.
+    judged = placed_machine(machine, model, request)
+    plan = _compose(machine, judged, model, request, warnings)
+    if judged is not machine and not plan_within(plan, judged):
+        # The copy reached beyond the GPU judged on: every GPU it touches must run the dtype and attention.
+        plan = _compose(machine, machine, model, request, warnings)
+    return plan
+
+
+def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Request, found: list[str]) -> Plan:
+    """decide_plan's decisions; `judged` is `machine` restricted to the GPUs the model goes on."""
+    warnings = list(found)
     # Fine-tuning runs forward and backward over whole sequences: a prefill-shaped workload.
     workload = (
         Workload(prompt_tokens=request.seq_len * request.batch_size, new_tokens=0, include_load=False, training=True)
         if request.training
         else request.workload
     )
-    dtype, dtype_warnings = decide_dtype(machine, model, request.dtype, workload)
+    dtype, dtype_warnings = decide_dtype(judged, model, request.dtype, workload)
     warnings += dtype_warnings
     hub_code = request.hub_kernels is True or request.use_kernels is True
-    attention, chain = decide_attention(machine, model, dtype.value, request.attn_implementation, hub_code)
-    dtype, attention, chain = tune_on_gpu(machine, model, workload, dtype, attention, chain)
+    attention, chain = decide_attention(judged, model, dtype.value, request.attn_implementation, hub_code)
+    dtype, attention, chain = tune_on_gpu(judged, model, workload, dtype, attention, chain)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
     decisions = [dtype, attention]
+    # An already-quantized checkpoint: kept quantized or dequantized by transformers on this machine.
+    checkpoint = decide_checkpoint_quantization(
+        machine, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)
+    )
+    dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
+    if checkpoint is not None:
+        decisions.append(checkpoint.decision)
+        warnings += checkpoint.warnings
     kwargs: dict[str, Any] = {
         "dtype": dtype.value,
         "attn_implementation": attention.value,
@@ -73,18 +95,20 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
                 batch=request.batch_size,
                 checkpointing=request.gradient_checkpointing,
                 on_gpu=bool(machine.gpus),
+                dequantized_to=dequantized_to,
             )
-            for q in (None, "4bit", "8bit")
+            # A quantized checkpoint is trained as stored ("checkpoint") or dequantized (None), never requantized.
+            for q in ((None, "4bit", "8bit") if checkpoint is None else (None if dequantized_to else "checkpoint",))
         }
         quant, quant_config, quant_warnings = decide_quantization(
-            machine, model, request.quantize, dtype.value, estimates, request.device_map
+            machine, model, request.quantize, dtype.value, estimates, request.device_map, checkpoint
         )
         warnings += quant_warnings
         quantize = quant.value
         if quant_config is not None:
             kwargs["quantization_config"] = quant_config
         training, training_args = decide_training_arguments(
-            machine, dtype.value, quantize is not None, request.gradient_checkpointing
+            judged, dtype.value, quantize is not None, request.gradient_checkpointing
         )
         use_cache = _training_cache(request.gradient_checkpointing)
         decisions += [quant, lora, _kbit_preparation(quantize), use_cache, *training]
@@ -96,7 +120,7 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             checkpointing_kwargs=next((d.value for d in training if d.setting.endswith("checkpointing_kwargs")), {}),
             use_cache=use_cache.value,
         )
-    size = weight_bytes(model, dtype.value, quantize)
+    size = weight_bytes(model, dtype.value, quantize, dequantized_to=dequantized_to)
     tp_requested = bool({"tp_plan", "tp_size", "distributed_config"} & set(request.passthrough))
     tensor_parallel = decide_tensor_parallel(
         machine, model, size, request.training, tp_requested or request.device_map is not None
@@ -105,20 +129,24 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         machine,
         size,
         request.device_map,
-        quantized=quantize is not None,
+        quantized=quantize is not None or (checkpoint is not None and dequantized_to is None),
         training_bytes=estimates[quantize].total if request.training else None,
         tensor_parallel=tensor_parallel,
         tp_requested=tp_requested,
     )
     warnings += placement_warnings
     decisions += [placement, *([tensor_parallel] if tensor_parallel is not None else []), use_kernels]
+    rank_device = decide_rank_device(
+        machine, quantize is not None or (checkpoint is not None and dequantized_to is None), placement.value
+    )
+    if rank_device is not None:
+        decisions.append(rank_device)  # applied by loaders.set_rank_device before from_pretrained
     if placement.value is not None:
         kwargs["device_map"] = placement.value
     if tensor_parallel is not None and tensor_parallel.value is not None:
         kwargs["tp_plan"] = tensor_parallel.value
     if request.max_memory is not None:
-        check_max_memory(machine, request.max_memory)
-        kwargs["max_memory"] = dict(request.max_memory)
+        kwargs["max_memory"] = check_max_memory(machine, request.max_memory)
         decisions.append(Decision("max_memory", kwargs["max_memory"], "your choice", source="user"))
     elif max_memory is not None:
         kwargs["max_memory"] = max_memory
@@ -150,6 +178,13 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         weight_bytes=size,
         finetune=finetune,
     )
+
+
+def _asks_dequantize(passthrough: Mapping[str, Any]) -> bool:
+    """Your own quantization_config (passed through) asks transformers to dequantize the checkpoint."""
+    config = passthrough.get("quantization_config")
+    value = config.get("dequantize") if isinstance(config, Mapping) else getattr(config, "dequantize", False)
+    return value is True
 
 
 def _kbit_preparation(quantize: str | None) -> Decision:

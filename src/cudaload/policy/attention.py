@@ -18,6 +18,7 @@ from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..upstream import (
+    FA4_HD256_VERSION,
     FA4_MAJORS_WIDE,
     FA4_WIDE_VERSION,
     FLASH_ATTN_2_MIN_VERSION,
@@ -25,6 +26,7 @@ from ..upstream import (
     FLASH_MAX_HEAD_DIM,
     FLASH_OPTIONS,
     fa4_head_dims_ok,
+    flash_received_head_dims,
 )
 from .kernels import kernels_status
 
@@ -109,6 +111,12 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
         note = ""
         if name == "flash_attention_4" and gpu.capability[0] in FA4_MAJORS_WIDE:
             note = f" before flash-attn-4 {FA4_WIDE_VERSION} (installed: {installed or 'none; the Hub kernel is v0'})"
+        if fa4_wide and gpu.capability[0] == 8:
+            # transformers would not stop it: the major >= 9 check is only in its error path (upstream.py).
+            return (
+                f"flash-attn-4 {installed} runs only its forward on {gpu.sm} ({gpu.name}; backward needs sm90+), "
+                "and FlashAttention-2 is the Ampere kernel (vLLM's choice below sm90)"
+            )
         return f"no {name} kernels for {gpu.sm} ({gpu.name}){note}"
     if dtype == "float32":
         return "FlashAttention runs only in fp16/bf16; the dtype is float32"
@@ -128,11 +136,16 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
     if (
         name == "flash_attention_4"
         and gpu.capability[0] == 10
-        and not fa4_head_dims_ok(model.head_dims, model.qk_v_head_dims)
+        and not fa4_head_dims_ok(model.head_dims, model.qk_v_head_dims, installed)
     ):
+        received = list(flash_received_head_dims(model.head_dims, model.qk_v_head_dims))
+        padded = ""
+        if model.qk_v_head_dims is not None and model.qk_v_head_dims[0] != model.qk_v_head_dims[1]:
+            qk, v = model.qk_v_head_dims
+            padded = f" (transformers pads V {v} up to the query-key dim {qk}, so the kernel gets {qk}/{qk})"
         return (
-            f"head dims {list(model.head_dims)}: FlashAttention-4 on sm100 takes 8-128, 256 or 192/128 "
-            "(vLLM falls back to FA2 there)"
+            f"head dims {received}{padded}: FlashAttention-4 on sm100 takes 8-128, and 256 only from "
+            f"flash-attn-4 {FA4_HD256_VERSION} (installed: {installed or 'none; the Hub kernel'})"
         )
     return None
 

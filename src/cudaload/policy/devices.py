@@ -62,12 +62,13 @@ def usable_machine(machine: Machine) -> tuple[Machine, tuple[str, ...]]:
 
 
 def cuda_index(value: Any, where: str) -> int | None:
-    """The CUDA ordinal a device_map value names; None for a non-CUDA place ("cpu", "disk")."""
+    """The CUDA ordinal a device_map value names; None for a non-CUDA place ("cpu", "disk").
+    `where` names the value in an error (e.g. "device_map", "device_map['lm_head']")."""
     if isinstance(value, bool):
-        raise PlacementError(f"device_map {where}={value!r}: a device is 'cpu', 'disk', 'cuda:N' or an int N.")
+        raise PlacementError(f"{where}={value!r}: a device is 'cpu', 'disk', 'cuda:N' or an int N.")
     if isinstance(value, int):
         if value < 0:
-            raise PlacementError(f"device_map {where}={value}: a GPU index is 0 or more.")
+            raise PlacementError(f"{where}={value}: a GPU index is 0 or more.")
         return value
     text = str(value)  # also a torch.device
     if text in ("cpu", "disk", "meta"):
@@ -76,8 +77,9 @@ def cuda_index(value: Any, where: str) -> int | None:
         return 0
     if text.startswith("cuda:") and text[5:].isdigit():
         return int(text[5:])
+    hint = " (torch has no 'gpu' device: the first GPU is 'cuda:0', or 0)" if text.lower().startswith("gpu") else ""
     raise PlacementError(
-        f"device_map {where}={value!r} is not a device: use 'cpu', 'disk', 'cuda:N' or an int N "
+        f"{where}={value!r} is not a device{hint}: use 'cpu', 'disk', 'cuda:N' or an int N "
         "(or 'auto' / 'balanced' / 'sequential' for the whole map)."
     )
 
@@ -101,22 +103,31 @@ def check_device_map(machine: Machine, device_map: Any) -> None:
             "('cpu', 'cuda:0', 0) or a dict of module name -> device."
         )
     for where, value in items:
-        _cuda_index_checked(machine, value, f"device_map{where}={value!r}")
+        _cuda_index_checked(machine, value, f"device_map{where}")
 
 
 _SIZE = r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$"
 
 
-def check_max_memory(machine: Machine, max_memory: Any) -> None:
-    """Refuse a max_memory that is not {device: bytes or "<n>GiB"} over devices this process sees."""
+def check_max_memory(machine: Machine, max_memory: Any) -> dict[int | str, Any]:
+    """Refuse a max_memory that is not {device: bytes or "<n>GiB"} over devices this process sees;
+    return it keyed as accelerate takes it: a GPU as its int index (given as 0, "0" as JSON writes
+    it, or "cuda:0"), else "cpu" / "disk"."""
     import re
 
     if not isinstance(max_memory, Mapping) or not max_memory:
         raise PlacementError(
             f"max_memory={max_memory!r}: pass a dict of device -> size, e.g. {{0: '20GiB', 'cpu': '64GiB'}}."
         )
+    normalized: dict[int | str, Any] = {}
     for device, size in max_memory.items():
-        _cuda_index_checked(machine, device, f"max_memory[{device!r}]")
+        key = int(device) if isinstance(device, str) and device.isascii() and device.isdigit() else device
+        _cuda_index_checked(machine, key, "max_memory key")
+        index = cuda_index(key, "max_memory key")
+        key = str(key) if index is None else index
+        if key in normalized:
+            raise PlacementError(f"max_memory names {key!r} twice (once as {device!r}): give each device once.")
+        normalized[key] = size
         ok = (isinstance(size, int) and not isinstance(size, bool) and size >= 0) or (
             isinstance(size, str) and re.match(_SIZE, size.upper()) is not None
         )
@@ -124,6 +135,7 @@ def check_max_memory(machine: Machine, max_memory: Any) -> None:
             raise PlacementError(
                 f"max_memory[{device!r}]={size!r}: a size is a number of bytes or a string like '20GiB' or '500MB'."
             )
+    return normalized
 
 
 def _cuda_index_checked(machine: Machine, value: Any, where: str) -> None:
@@ -132,6 +144,7 @@ def _cuda_index_checked(machine: Machine, value: Any, where: str) -> None:
     if index is not None and index >= seen:
         found = f"{seen} GPU(s) (cuda:0..cuda:{seen - 1})" if seen else "no CUDA GPU"
         raise PlacementError(
-            f"{where} names cuda:{index}, but this process sees {found}. Use a visible device, 'cpu', or leave "
+            f"{where}={value!r} names cuda:{index}, but this process sees {found}. Use a visible device, 'cpu', "
+            "or leave "
             "it unset (check CUDA_VISIBLE_DEVICES)."
         )

@@ -29,6 +29,18 @@ TASK_TYPES = {
 }
 
 
+def _task_type(model: ModelFacts) -> str:
+    """peft's task type for the class the model loads through: its Auto class, or for a model class
+    (e.g. "BertForSequenceClassification") the Auto class its name's suffix belongs to."""
+    if model.auto_class in TASK_TYPES:
+        return TASK_TYPES[model.auto_class]
+    for auto, task in TASK_TYPES.items():
+        suffix = auto.removeprefix("AutoModel")
+        if suffix and model.model_class.endswith(suffix):
+            return task
+    return "CAUSAL_LM" if "LMHead" in model.model_class else "FEATURE_EXTRACTION"
+
+
 def lora_targets(model: ModelFacts, requested: Any) -> tuple[str, ...]:
     """The leaf module names LoRA wraps; a requested name that matches nothing raises."""
     if requested is None or requested == "all-linear":
@@ -92,7 +104,7 @@ def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple
             )
         config["lora_dropout"] = 0.0
         config["target_parameters"] = experts
-    config.setdefault("task_type", TASK_TYPES.get(model.auto_class, "CAUSAL_LM"))
+    config.setdefault("task_type", _task_type(model))
     if model.conv1d:
         config["fan_in_fan_out"] = True  # GPT-2's Conv1D stores weights transposed
     yours = sorted([*overrides, *(["target_parameters"] if experts is not None else [])])
@@ -128,6 +140,27 @@ def checkpointing_argument(machine: Machine) -> str:
     except InvalidVersion:
         renamed = False
     return "activation_checkpointing" if renamed else "gradient_checkpointing"
+
+
+# transformers' own default became non-reentrant (PR #43203, "Switch gradient checkpointing default to
+# `use_reentrant=False`"): 5.22.2's `gradient_checkpointing_enable` and 5.25's `_activation_checkpointing_enable`
+# (modeling_utils.py) both set `{"use_reentrant": False}` when given no kwargs; checked on those two.
+NON_REENTRANT_DEFAULT_SINCE = (5, 22)
+
+
+def _reentrant_reason(machine: Machine) -> str:
+    version = machine.software.version("transformers")
+    try:
+        new = version is not None and Version(version).release[:2] >= NON_REENTRANT_DEFAULT_SINCE
+    except InvalidVersion:
+        new = False
+    if new:
+        return (
+            f"non-reentrant checkpointing works with frozen inputs and DDP; transformers {version} defaults to it "
+            "too, but said explicitly, since torch.utils.checkpoint and peft's k-bit preparation read an unset "
+            "use_reentrant as reentrant"
+        )
+    return "non-reentrant checkpointing works with frozen inputs and DDP (a reentrant default does not)"
 
 
 def decide_training_arguments(
@@ -180,11 +213,7 @@ def decide_training_arguments(
         else "your choice: keep activations (faster, more memory)",
     )
     if checkpointing:
-        add(
-            f"{name}_kwargs",
-            {"use_reentrant": False},
-            "non-reentrant checkpointing works with frozen inputs and DDP (the reentrant default does not)",
-        )
+        add(f"{name}_kwargs", {"use_reentrant": False}, _reentrant_reason(machine))
     launch = machine.launch
     if launch.distributed and launch.strategy == "ddp":
         add(

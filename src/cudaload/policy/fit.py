@@ -137,7 +137,7 @@ def pinned_gpu(device_map: Any) -> int | None:
     a value `check_device_map` would refuse pins nothing here."""
     values = list(device_map.values()) if isinstance(device_map, Mapping) else [device_map]
     try:
-        indices = {cuda_index(value, "") for value in values}
+        indices = {cuda_index(value, "device_map") for value in values}
     except PlacementError:  # a strategy or not a device
         return None
     return indices.pop() if len(indices) == 1 else None  # {None}: the CPU or disk

@@ -173,6 +173,8 @@ def _cache_decision(
         )
     elif compile_blocker is not None:
         why_not_static = f"pays only compiled, and generate() will not compile here: {compile_blocker}"
+    elif long_decode and not facts.compiles_fullgraph:
+        why_not_static = NOT_FULLGRAPH
     elif long_decode:
         return Decision(
             "generation.cache_implementation",
@@ -208,12 +210,23 @@ def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: bool, 
         return "bitsandbytes models are not compileable (`HfQuantizer.is_compileable` is False)"
     if offloaded:
         return "weights offloaded to CPU/disk (`_valid_auto_compile_criteria` refuses offloaded models)"
-    if not facts.compiles_fullgraph:
-        return "the model class does not declare `_can_compile_fullgraph` (graph breaks would eat the gain)"
+    # `_can_compile_fullgraph` is no blocker: `_valid_auto_compile_criteria` (generation/utils.py, 5.22-5.25)
+    # never reads it, so generate() compiles such a class too; `_cache_decision` weighs it instead.
     return None
 
 
+# Why a static cache is not chosen for a class that does not declare `_can_compile_fullgraph`.
+NOT_FULLGRAPH = (
+    "the model class does not declare `_can_compile_fullgraph`: generate() would compile it all the same "
+    "(`_valid_auto_compile_criteria` does not read the flag), but graph breaks would eat the gain"
+)
+
+
 def _padding_decision(facts: GenerationFacts, requested: str | None) -> tuple[Decision, tuple[str, ...]]:
+    # Right padding only warns in transformers 5.22-5.25 (generation/utils.py: "right-padding was detected! For
+    # correct generation results, please set `padding_side='left'`"); the FlashAttention ValueError ("You are
+    # attempting to perform batched generation with padding_side='right'") was 4.x modeling code (Mistral, Qwen2)
+    # and no 5.x model raises it, so the reasons no longer claim FlashAttention raises.
     decoder_only = not facts.encoder_decoder
     if requested is not None:
         if requested not in PADDING_SIDES:
@@ -224,7 +237,7 @@ def _padding_decision(facts: GenerationFacts, requested: str | None) -> tuple[De
         if decoder_only and requested == "right":
             warnings = (
                 "padding_side='right' for a decoder-only model: batched generate() continues from the padding "
-                "(transformers warns 'right-padding was detected') and FlashAttention raises. Kept, as you asked.",
+                "(transformers warns 'right-padding was detected'). Kept, as you asked.",
             )
         return Decision("generation.padding_side", requested, "your choice", source="user"), warnings
     if decoder_only:
@@ -233,7 +246,7 @@ def _padding_decision(facts: GenerationFacts, requested: str | None) -> tuple[De
                 "generation.padding_side",
                 "left",
                 "decoder-only: each sequence continues from its last position, so padding must come first "
-                "(generate() warns on right-padding; FlashAttention raises)",
+                "(generate() warns on right-padding)",
                 (Rejected("right", "batched generate() would continue from pad tokens"),),
             ),
             (),
@@ -349,6 +362,11 @@ def decide_generation(
         )
         if flash:
             compile_reason += "; with FlashAttention transformers turns fullgraph off (FA breaks the graph)"
+        if not facts.compiles_fullgraph:
+            compile_reason += (
+                "; the class does not declare `_can_compile_fullgraph` (not read by `_valid_auto_compile_criteria`): "
+                "expect graph breaks"
+            )
         decisions.append(Decision("generation.compile", "reduce-overhead (CUDA graphs)", compile_reason))
     else:
         why = blocker if static else f"the cache is {cache.value or 'the model own'}, not static"

@@ -5,7 +5,9 @@ Two sources, both facts on the Machine (the policy measures nothing itself):
   dtype x attention; preferred, and used only when its fingerprint matches this machine;
 - the CPU dtype probe: `F.linear` timed per dtype at a prefill GEMM, a decode GEMV and a weight
   cast, scaled here to the model's linear layers. It leaves out attention and per-token Python
-  overhead (the same in every dtype), so its totals undercount but rank the dtypes.
+  overhead (the same in every dtype), so its totals undercount but rank the dtypes. The probe
+  keeps every round it measured: `compare_rounds` scales each round to the workload on its own,
+  so the comparison comes with its spread (`facts.spread`), and noise can be called a tie.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from dataclasses import dataclass
 
 from ..facts.machine import DtypeProbe, Machine, TunedVariant, TuningRecord
 from ..facts.model import ModelFacts
+from ..facts.spread import Spread, spread
 from .request import Workload
 
-__all__ = ["Estimate", "matching_record", "probe_estimate", "record_estimate"]
+__all__ = ["Estimate", "compare_rounds", "matching_record", "probe_estimate", "record_estimate"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,21 @@ def probe_estimate(probe: DtypeProbe, model: ModelFacts, dtype: str, workload: W
     if workload.include_load:
         load_s = probe.cast(model.checkpoint_dtype or "float32", dtype) * model.parameters / elements
     return Estimate(load=load_s, prefill=prefill_s, decode=decode_s)
+
+
+def compare_rounds(
+    probe: DtypeProbe, model: ModelFacts, workload: Workload, candidate: str, reference: str = "float32"
+) -> Spread | None:
+    """`reference` seconds / `candidate` seconds for `workload`, estimated from each probe round on
+    its own (> 1: the candidate is faster), summarised; None when a round lacks either dtype or
+    estimates no time at all."""
+    ratios = []
+    for one in probe.per_round():
+        ours, theirs = probe_estimate(one, model, candidate, workload), probe_estimate(one, model, reference, workload)
+        if ours is None or theirs is None or ours.total <= 0 or theirs.total <= 0:
+            return None
+        ratios.append(theirs.total / ours.total)
+    return spread(ratios)
 
 
 def record_estimate(variant: TunedVariant, record: TuningRecord, workload: Workload) -> Estimate:

@@ -68,9 +68,22 @@ BNB_STATE_BLOCK = 256
 LLAMA_STYLE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None) -> int:
-    """Bytes of the base weights: linear layers at 4 or 8 bits when quantized, the rest in dtype."""
-    if quantize is None:
+def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None, *, dequantized_to: str | None = None) -> int:
+    """Bytes of the base weights: linear layers at 4 or 8 bits when quantized, the rest in dtype.
+
+    An already-quantized checkpoint (`model.quantization`, with `quantize` None or "checkpoint") has
+    its quantized weights at the bits it stores them in, as transformers' `param_element_size` sizes
+    them (quantizers/base.py:129-132), or in `dequantized_to` when transformers dequantizes them on
+    this machine (policy/quantization.py, `decide_checkpoint_quantization`); the rest in dtype.
+    """
+    checkpoint = model.quantization
+    if checkpoint is not None and quantize in (None, "checkpoint"):
+        rest = (model.parameters - checkpoint.quantized_parameters) * BYTES[dtype]
+        if dequantized_to is not None:
+            return checkpoint.quantized_parameters * BYTES[dequantized_to] + rest
+        if checkpoint.bits is not None:
+            return checkpoint.stored_bytes() + rest
+    if quantize is None or quantize == "checkpoint":
         return model.parameters * BYTES[dtype]
     linear = model.linear_parameters
     rest = (model.parameters - linear) * BYTES[dtype]
@@ -105,7 +118,7 @@ def lora_tensor_bytes(numel: int, optim: str) -> int:
     return weight_and_grad + 2 * FP32 * numel  # exp_avg + exp_avg_sq in fp32
 
 
-def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False) -> int:
+def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False, softcapped: bool = False) -> int:
     """Peak bytes per logit (per token x vocabulary entry) of the causal-LM loss and its backward.
 
     The model computes logits for every position in training (`logits_to_keep=0`,
@@ -128,10 +141,17 @@ def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False) -> int:
     `outputs_kept=True` -> 12 + d. Measured on CPU (peak RSS growth per extra logit, vocabulary
     64000 vs 32000 at 512 tokens): bf16 10.0 forward / 12.0 backward / 14.0 with the outputs kept;
     fp32 8.0 / 12.0 / 16.0.
+
+    `softcapped`: the model caps its logits (`final_logit_softcapping`, Gemma 2: modeling_gemma2.py
+    `logits = logits / cap; logits = torch.tanh(logits); logits = logits * cap`). `tanh` saves its output
+    (d bytes a logit) for the backward, and it lives until the backward reaches it, after the loss's:
+    +d at both peaks. Measured on CPU with a tiny Gemma2 in bf16 (autograd saved-tensor hooks, tensors
+    of s x V): 4.0 bytes saved a logit plain, 6.0 with final_logit_softcapping=30.
     """
     d = BYTES[dtype]
-    forward = d + (FP32 if d < FP32 else 0) + FP32
-    backward = 3 * FP32 + (d if outputs_kept else 0)
+    capped = d if softcapped else 0
+    forward = d + (FP32 if d < FP32 else 0) + FP32 + capped
+    backward = 3 * FP32 + (d if outputs_kept else 0) + capped
     return max(forward, backward)
 
 
@@ -218,6 +238,7 @@ def estimate_training_memory(
     checkpointing: bool = True,
     on_gpu: bool = True,
     optim: str | None = None,
+    dequantized_to: str | None = None,
 ) -> TrainingMemory:
     """Peak training memory of one LoRA step. `optim` is TrainingArguments' optimizer name; None
     means the one the plan chooses (`planned_optimizer`)."""
@@ -225,7 +246,7 @@ def estimate_training_memory(
     tokens = seq_len * batch
     layers = model.num_layers or 0
     layer = layer_bytes_per_token(model, dtype, quantize, targets, on_gpu) * tokens
-    logits = logits_bytes_per_element(dtype) * tokens * (model.vocab_size or 0)
+    logits = logits_bytes_per_element(dtype, softcapped=bool(model.final_softcap)) * tokens * (model.vocab_size or 0)
     if checkpointing:
         # Non-reentrant checkpointing keeps each layer's input; the backward frees the logits'
         # buffers (lm_head and the loss come first) before it recomputes the last layer.
@@ -239,7 +260,7 @@ def estimate_training_memory(
         if name in targets
     )
     return TrainingMemory(
-        weights=weight_bytes(model, dtype, quantize),
+        weights=weight_bytes(model, dtype, quantize, dequantized_to=dequantized_to),
         lora=int(lora),
         activations=activations,
         overhead=CUDA_OVERHEAD if on_gpu else 0,

@@ -3,16 +3,84 @@ explicit max_memory when it must, loud about CPU/disk offload; per-rank under to
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..errors import PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..plans import Decision, Rejected
+from ..plans import Decision, Plan, Rejected
 from .devices import check_device_map
-from .fit import HEADROOM, TRAINING_SHARE, gib, judge_fit, max_memory_size, percent
+from .fit import HEADROOM, TRAINING_SHARE, gib, judge_fit, max_memory_size, percent, pinned_gpu
+from .memory import weight_bytes
+from .request import Request
 
-__all__ = ["decide_placement", "decide_tensor_parallel", "offload_warning"]
+__all__ = [
+    "decide_placement",
+    "decide_rank_device",
+    "decide_tensor_parallel",
+    "offload_warning",
+    "placed_machine",
+    "plan_within",
+]
+
+
+def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Machine:
+    """`machine` restricted to the one GPU a single process will place the model on, when its GPUs
+    differ in compute capability; else `machine` itself (every GPU, or the weakest, decides).
+
+    The GPU is the one your device_map pins, else the one `judge_fit` picks for a 16-bit copy (the most
+    free memory), as `decide_placement` will: T4 + A100 puts Llama-3-8B on the A100, so the A100 decides
+    bf16 and FlashAttention. A distributed launch keeps every GPU (all ranks must agree on the dtype);
+    a spread (device_map "auto", or a copy too big for one GPU) keeps every GPU it may touch.
+    `plan_within` checks the finished plan stayed on that GPU.
+    """
+    if len({g.capability for g in machine.gpus}) < 2 or machine.launch.distributed:
+        return machine
+    pinned = pinned_gpu(request.device_map)
+    if pinned is None:
+        if request.device_map is not None:
+            return machine
+        # 2 bytes a parameter: bf16 or fp16, whichever the GPU runs (the size placement judges is no larger
+        # once the dtype is chosen for that GPU; fp32 only where neither is native, which this GPU decides).
+        fit = judge_fit(machine, weight_bytes(model, "bfloat16", None), HEADROOM)
+        if not fit.fits or fit.gpu is None:
+            return machine
+        pinned = fit.gpu.index
+    chosen = tuple(g for g in machine.gpus if g.index == pinned)
+    return replace(machine, gpus=chosen) if chosen else machine
+
+
+def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> Decision | None:
+    """The CUDA device to make current before a quantized FSDP / DeepSpeed ZeRO-3 rank loads (None when
+    there is no such question). Those launches get no device_map, and bitsandbytes' quantizer then puts
+    the whole model on `torch.cuda.current_device()` (transformers quantizers/quantizer_bnb_4bit.py and
+    quantizer_bnb_8bit.py `update_device_map`: `device_map = {"": torch.cuda.current_device()}`), which
+    is cuda:0 on every rank unless the process set it: every rank's copy would land on GPU 0."""
+    launch = machine.launch
+    if not (quantized and launch.distributed and launch.shards_parameters and machine.gpus) or device_map is not None:
+        return None
+    index = 0 if len(machine.gpus) == 1 else launch.local_rank  # one visible GPU per rank means cuda:0
+    if index >= len(machine.gpus):
+        raise PlacementError(
+            f"LOCAL_RANK={launch.local_rank} but this process sees {len(machine.gpus)} GPU(s): start at most "
+            "one process per visible GPU (torchrun --nproc_per_node), or fix CUDA_VISIBLE_DEVICES."
+        )
+    what = "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
+    return Decision(
+        "cuda_device",
+        index,
+        f"torch.cuda.set_device({index}) before loading (LOCAL_RANK={launch.local_rank}): {what} takes no "
+        "device_map, and bitsandbytes' quantizer then loads onto torch.cuda.current_device(), cuda:0 on every "
+        "rank unless set",
+        (Rejected(0, "every rank's quantized copy on GPU 0") if index else Rejected(None, "left to chance"),),
+    )
+
+
+def plan_within(plan: Plan, judged: Machine) -> bool:
+    """Whether the plan's device_map keeps the model on `judged`'s GPUs."""
+    pinned = pinned_gpu(plan.kwargs.get("device_map"))
+    return pinned is not None and pinned in {g.index for g in judged.gpus}
 
 
 def offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
@@ -232,6 +300,37 @@ def decide_placement(
             None,
             (),
         )
+    if (
+        training_bytes is not None
+        and weights.fits
+        and weights.gpu is not None
+        and training_bytes > sum(fit.spread.values())
+    ):
+        # The weights fit one GPU; what does not fit even all GPUs together is the rest of training
+        # (mostly activations at seq_len x batch_size). Keep the weights on one GPU and say what to change.
+        gpu, rest = weights.gpu, training_bytes - weight_bytes
+        excess = (
+            f"~{gib(training_bytes)} to train exceeds {gpu.name} (cuda:{gpu.index}, {gib(fit.budget)} usable for "
+            f"training): the weights (~{gib(weight_bytes)}) fit, the other ~{gib(rest)} (activations at this "
+            "seq_len x batch_size, LoRA and AdamW state) do not"
+        )
+        return (
+            Decision(
+                "device_map",
+                f"cuda:{gpu.index}",
+                f"{excess}, on one GPU or spread over all",
+                (
+                    Rejected(
+                        "auto", "spreads the weights, which fit; the training state does not fit the GPUs together"
+                    ),
+                ),
+            ),
+            None,
+            (
+                f"{excess}: expect an out-of-memory error. Lower seq_len or batch_size, turn gradient_checkpointing "
+                "on, or use a GPU with more memory.",
+            ),
+        )
     max_memory: dict[Any, str] = {i: max_memory_size(b) for i, b in weights.spread.items()}
     total = sum(weights.spread.values())
     if weights.fits_spread:
@@ -239,8 +338,8 @@ def decide_placement(
             Decision(
                 "device_map",
                 "auto",
-                f"{size} exceed one GPU: spread over {len(weights.spread)} GPUs with an explicit max_memory "
-                f"({percent(HEADROOM)} of each one's free memory)",
+                f"{size if training_bytes is None else what} exceed one GPU: spread over {len(weights.spread)} GPUs "
+                f"with an explicit max_memory ({percent(HEADROOM)} of each one's free memory)",
             ),
             max_memory,
             (),

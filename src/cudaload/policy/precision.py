@@ -7,8 +7,9 @@ from ..errors import DtypeUnsupportedError
 from ..facts.dtypes import DTYPES, canonical_dtype
 from ..facts.machine import DtypeProbe, Machine
 from ..facts.model import ModelFacts
+from ..facts.spread import TIE_MARGIN, Spread
 from ..plans import Decision, Rejected
-from .measured import Estimate, matching_record, probe_estimate, record_estimate
+from .measured import Estimate, compare_rounds, matching_record, probe_estimate, record_estimate
 from .request import Workload
 
 __all__ = ["decide_dtype", "normalise_dtype"]
@@ -131,17 +132,76 @@ def _probe_ratios(probe: DtypeProbe, dtype: str) -> str | None:
     return f"{short} matmul {_speed(mine, fp32)} than fp32 at prefill, {_speed(dec, dec32)} at decode"
 
 
+NOTICEABLE_S = 0.05
+"""Estimated times closer than this for the whole workload are a tie whatever their ratio: a tiny
+model's 0.01 s in either dtype differs by milliseconds that the user never sees, and its ratio moves
+from one process to the next (10 fresh caches of the demo model on an idle Zen 4: bf16 from 1.5x
+slower to 1.2x faster, each process's own rounds agreeing to 2%)."""
+
+
+def _verdict(rounds: Spread, checkpoint: str | None, gap_s: float | None = None) -> tuple[str, str, bool]:
+    """(dtype, headline, tie) from bf16's per-round speed against fp32 for the workload: the faster
+    one when the middle half of the rounds is all beyond TIE_MARGIN on its side and the estimates
+    are NOTICEABLE_S apart (`gap_s`); else a tie, which keeps the checkpoint's dtype (float32 for an
+    fp16 or unknown one)."""
+    spread_of = (
+        f"{rounds.low:.2f}-{rounds.high:.2f}x over the middle of {rounds.rounds} rounds"
+        if rounds.rounds > 1
+        else "one measurement"
+    )
+    unnoticeable = gap_s is not None and gap_s < NOTICEABLE_S
+    if rounds.tie() or unnoticeable:
+        kept = checkpoint if checkpoint in _CPU_CANDIDATES else "float32"
+        why = (
+            f"the estimates are {gap_s * 1000:.0f} ms apart, under the {NOTICEABLE_S * 1000:.0f} ms worth choosing for"
+            if unnoticeable and gap_s is not None
+            else "the rounds disagree"
+            if rounds.disagrees
+            else f"within the {TIE_MARGIN:.0%} tie margin"
+            if rounds.within()
+            else f"some rounds within the {TIE_MARGIN:.0%} tie margin"
+        )
+        whose = "the checkpoint's" if kept == checkpoint else "the default"
+        return kept, f"tie: bf16 at {rounds.median:.2f}x fp32's speed ({spread_of}; {why}), kept {whose} {kept}", True
+    if rounds.median > 1:
+        return "bfloat16", f"bf16 {rounds.median:.2f}x faster than fp32 ({spread_of})", False
+    low, high = 1 / rounds.high, 1 / rounds.low
+    slower = f"{low:.2f}-{high:.2f}x over the middle of {rounds.rounds} rounds" if rounds.rounds > 1 else spread_of
+    return "float32", f"bf16 {1 / rounds.median:.2f}x slower than fp32 ({slower})", False
+
+
 def _measured_choice(
-    estimates: dict[str, Estimate], source: str, workload: Workload, ignored: tuple[str, ...]
+    estimates: dict[str, Estimate],
+    source: str,
+    workload: Workload,
+    ignored: tuple[str, ...],
+    rounds: Spread | None = None,
+    checkpoint: str | None = None,
 ) -> Decision:
-    """The candidate with the least estimated time; every other dtype rejected with its cost."""
-    best = min((d for d in _CPU_CANDIDATES if d in estimates), key=lambda d: estimates[d].total)
+    """The candidate with the least estimated time (given the probe's per-round comparison, the
+    verdict of `_verdict`); every other dtype rejected with its cost."""
+    tie = False
+    if rounds is not None:
+        both = [estimates[d].total for d in _CPU_CANDIDATES if d in estimates]
+        gap = abs(both[0] - both[1]) if len(both) == 2 else None
+        best, headline, tie = _verdict(rounds, checkpoint, gap)
+    else:
+        best = min((d for d in _CPU_CANDIDATES if d in estimates), key=lambda d: estimates[d].total)
+        headline = "fastest measured here"
     chosen = estimates[best]
     rejected = []
     for dtype, estimate in estimates.items():
         if dtype == best:
             continue
         cost = f"est. {estimate.total:.2f} s, {_speed(estimate.total, chosen.total)} than {best}"
+        if rounds is not None and dtype in _CPU_CANDIDATES:
+            # The other candidate: its median speed over the rounds, the number the headline judges.
+            relative = rounds.median if dtype == "bfloat16" else 1 / rounds.median
+            speed = f"{relative:.2f}x faster" if relative >= 1 else f"{1 / relative:.2f}x slower"
+            median = " (median of the rounds)" if rounds.rounds > 1 else ""
+            cost = f"est. {estimate.total:.2f} s, {speed} than {best}{median}"
+        if tie and dtype in _CPU_CANDIDATES:
+            cost += ", a tie within the measurement noise"
         if dtype == "float16":
             if estimate.total < chosen.total:
                 cost += ", but fp16 overflows in some models: pass dtype='float16' to take that trade"
@@ -149,7 +209,7 @@ def _measured_choice(
                 cost += "; fp16 also overflows in some models"
         rejected.append(Rejected(dtype, cost))
     note = "".join(f"; {why}" for why in ignored)
-    reason = f"fastest measured here: est. {chosen.total:.2f} s for {workload.describe()} ({source}){note}"
+    reason = f"{headline}: est. {chosen.total:.2f} s for {workload.describe()} ({source}){note}"
     return Decision("dtype", best, reason, tuple(rejected))
 
 
@@ -178,7 +238,8 @@ def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decis
         )
         if ratios:
             source = f"{ratios}; {source}"
-        return _measured_choice(estimates, source, workload, ignored)
+        rounds = compare_rounds(probe, model, workload, "bfloat16")
+        return _measured_choice(estimates, source, workload, ignored, rounds, model.checkpoint_dtype)
     return _static_cpu_dtype(machine, ignored)
 
 

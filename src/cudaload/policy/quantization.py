@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from ..errors import MissingPackageError, QuantizationError
+from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..facts.quantization import CheckpointQuantization
 from ..plans import Decision, Rejected
 from .fit import TRAINING_SHARE, gib, judge_fit, pinned_gpu
+from .kernels import kernels_status
 from .memory import TrainingMemory
 
-__all__ = ["QUANTIZE_CHOICES", "bitsandbytes_status", "decide_quantization"]
+__all__ = [
+    "QUANTIZE_CHOICES",
+    "CheckpointPlan",
+    "bitsandbytes_status",
+    "decide_checkpoint_quantization",
+    "decide_quantization",
+]
 
 QUANTIZE_CHOICES = ("4bit", "8bit", "auto", None)
 # bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
@@ -32,8 +42,11 @@ def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
 def _config(quantize: str, dtype: str, machine: Machine) -> dict[str, Any]:
     if quantize == "8bit":
         return {"load_in_8bit": True}
-    # FSDP needs the packed 4-bit weights stored in a float dtype to shard them with the rest.
-    storage = dtype if machine.launch.strategy == "fsdp" else "uint8"
+    # FSDP and DeepSpeed ZeRO-3 shard the packed 4-bit weights with the rest only when they are stored
+    # in a float dtype, the compute dtype: peft docs/source/accelerate/deepspeed.md ("Use PEFT QLoRA and
+    # DeepSpeed with ZeRO3": `bnb_4bit_quant_storage=quant_storage_dtype`, "`dtype` for
+    # `AutoModelForCausalLM` is same as the `bnb_4bit_quant_storage` data type") and fsdp.md (FSDP-QLoRA).
+    storage = dtype if machine.launch.shards_parameters else "uint8"
     return {
         "load_in_4bit": True,
         "bnb_4bit_quant_type": "nf4",
@@ -50,10 +63,13 @@ def decide_quantization(
     dtype: str,
     estimates: dict[str | None, TrainingMemory],
     device_map: Any = None,
+    checkpoint: CheckpointPlan | None = None,
 ) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
     """(decision, BitsAndBytesConfig kwargs or None, warnings). `estimates` maps None/"4bit"/"8bit"
     to the training-memory estimate for that choice; `device_map` is the one you passed, if any: a
-    single process judges the GPU it pins the model to.
+    single process judges the GPU it pins the model to. `checkpoint`: what happens to an
+    already-quantized checkpoint here (`decide_checkpoint_quantization`): its own quantization is
+    used ("checkpoint"), never stacked with another.
 
     "auto" asks fit.py's `judge_fit`, as placement does: the same GPU and budget for both."""
     if requested not in QUANTIZE_CHOICES:
@@ -61,10 +77,12 @@ def decide_quantization(
             f"quantize={requested!r} is not a choice. Use '4bit' (QLoRA), '8bit', None (no quantization) "
             "or 'auto' (4-bit only when 16-bit LoRA would not fit)."
         )
-    if model.quantized is not None and requested is not None:
+    if checkpoint is not None:
+        return _checkpoint_quantize(model, requested, checkpoint), None, ()
+    if model.quantized is not None and requested in ("4bit", "8bit"):  # ModelFacts built without `quantization`
         raise QuantizationError(
-            f"quantize={requested!r} was asked, but {model.source} is already quantized "
-            f"({model.quantized}). Pass quantize=None to fine-tune it as it is."
+            f"quantize={requested!r} was asked, but {model.source} is already quantized ({model.quantized}). "
+            "Pass quantize='auto' (the default) or None to fine-tune it as it is."
         )
     usable, why = bitsandbytes_status(machine)
     if requested in ("4bit", "8bit"):
@@ -139,3 +157,218 @@ def decide_quantization(
         _config("4bit", dtype, machine),
         warnings,
     )
+
+
+# transformers 5.22.2 dequantizes MXFP4 when use_kernels=True on CUDA and requires it on the CPU
+# (quantizer_mxfp4.py:171-184); 5.25.0 dropped both rules (5.23/5.24 not checked: treated as 5.22).
+MXFP4_USE_KERNELS_RULE_UNTIL = Version("5.25.0")
+
+
+def _at_least(machine: Machine, dist: str, minimum: str) -> tuple[bool, str]:
+    version = machine.software.version(dist)
+    if version is None:
+        return False, f"{dist} is not installed"
+    try:
+        ok = Version(version) >= Version(minimum)
+    except InvalidVersion:
+        ok = False
+    return ok, f"{dist} {version}" + ("" if ok else f" is older than {minimum}")
+
+
+def _transformers_before(machine: Machine, version: Version) -> bool:
+    installed = machine.software.version("transformers")
+    try:
+        return installed is None or Version(installed) < version
+    except InvalidVersion:
+        return True
+
+
+def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
+    """Why transformers would dequantize an MXFP4 checkpoint here (quantizer_mxfp4.py
+    `validate_environment`, 5.22.2 lines 63-121 and 171-184); None when it keeps it quantized."""
+    old_rule = _transformers_before(machine, MXFP4_USE_KERNELS_RULE_UNTIL)
+    kernels_ok, kernels_why = kernels_status(machine)
+    if not machine.gpus:
+        if old_rule:
+            return (
+                f"on a CPU transformers {machine.software.version('transformers')} runs MXFP4 only with "
+                "use_kernels=True (quantizer_mxfp4.py:179-184), and cudaload plans Hub layer kernels only on CUDA"
+            )
+        triton_ok, triton_why = _at_least(machine, "triton", "3.5.0")
+        if not triton_ok:
+            return f"MXFP4 on a CPU needs triton >= 3.5.0 (quantizer_mxfp4.py:85-88, 104-111): {triton_why}"
+        return None if kernels_ok else f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:113-121): {kernels_why}"
+    gpu = min(machine.gpus, key=lambda g: g.capability)
+    if gpu.capability < (7, 5):
+        return f"MXFP4 kernels need compute capability >= 7.5 and {gpu.name} is {gpu.sm} (quantizer_mxfp4.py:80-102)"
+    triton_ok, triton_why = _at_least(machine, "triton", "3.4.0")
+    if not triton_ok:
+        return f"MXFP4 on CUDA needs triton >= 3.4.0 (quantizer_mxfp4.py:83, 104-111): {triton_why}"
+    if not kernels_ok:
+        return f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:84, 113-121): {kernels_why}"
+    if use_kernels and old_rule:
+        return (
+            f"use_kernels=True makes transformers {machine.software.version('transformers')} dequantize MXFP4 on "
+            "CUDA (quantizer_mxfp4.py:171-177)"
+        )
+    return None
+
+
+def _missing_packages(machine: Machine, checkpoint: CheckpointQuantization) -> str | None:
+    """What from_pretrained's `validate_environment` would raise ImportError for; None when nothing."""
+    if checkpoint.method == "bitsandbytes":
+        usable, why = bitsandbytes_status(machine)
+        return None if usable else why
+    needs: tuple[tuple[str, str], ...] = ()
+    if checkpoint.method == "gptq":
+        needs = (("optimum", "1.24.0"), ("gptqmodel", "1.4.3"))  # quantizer_gptq.py:35-36, 55-72
+    elif checkpoint.method == "awq":
+        needs = (("gptqmodel", "0"),)  # quantizer_awq.py:45-49
+    elif checkpoint.method == "compressed-tensors":
+        needs = (("compressed-tensors", "0.15.0"),)  # quantizer_compressed_tensors.py:68-72
+    problems = [why for ok, why in (_at_least(machine, d, v) for d, v in needs) if not ok]
+    return "; ".join(problems) or None
+
+
+def _dequantized_why(machine: Machine, checkpoint: CheckpointQuantization, use_kernels: bool) -> str | None:
+    """Why transformers would not keep this checkpoint's weights quantized here; None when it does."""
+    if checkpoint.bits is None:
+        return f"cudaload does not know how {checkpoint.method} stores weights: sized in the plan's dtype"
+    if checkpoint.dequantize:
+        return "its quantization_config asks for dequantize=True"
+    if checkpoint.method == "mxfp4":
+        return _mxfp4_blocker(machine, use_kernels)
+    if checkpoint.method == "fp8":
+        # quantizer_finegrained_fp8.py:39-57: no GPU, or below sm89, dequantizes to bf16.
+        if not machine.gpus:
+            return "FP8 weights need a GPU (quantizer_finegrained_fp8.py:39-46)"
+        gpu = min(machine.gpus, key=lambda g: g.capability)
+        if gpu.capability < (8, 9):
+            return (
+                f"FP8 matmuls need compute capability >= 8.9 and {gpu.name} is {gpu.sm} "
+                "(quantizer_finegrained_fp8.py:48-57)"
+            )
+    if checkpoint.method == "compressed-tensors":
+        # Without the FP8 kernel path the compressed weights are decompressed on the first forward
+        # (quantizer_compressed_tensors.py, `_process_model_after_weight_loading`); the FP8 path needs
+        # use_optimized_inference and sm89+ (`validate_environment`).
+        fp8 = checkpoint.option("type") == "float" and checkpoint.option("num_bits") == "8"
+        weakest = min(machine.gpus, key=lambda g: g.capability) if machine.gpus else None
+        if not (fp8 and checkpoint.option("optimized") == "True" and weakest and weakest.capability >= (8, 9)):
+            return (
+                "compressed-tensors decompresses the weights on the first forward unless FP8 weights run its FP8 "
+                "kernels (use_optimized_inference=True, compute capability >= 8.9)"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What happens to an already-quantized checkpoint here.
+
+    Attributes:
+        decision: The "checkpoint_quantization" Decision.
+        dequantized_to: The dtype transformers dequantizes the quantized weights to; None when they stay
+            quantized.
+        missing: Why from_pretrained would raise ImportError (a package the method needs); None if nothing.
+        trainable: Its quantizer allows training (`HfQuantizer.is_trainable`).
+        warnings: What to tell the user.
+    """
+
+    decision: Decision
+    dequantized_to: str | None
+    missing: str | None
+    trainable: bool
+    warnings: tuple[str, ...] = ()
+
+
+def decide_checkpoint_quantization(
+    machine: Machine, model: ModelFacts, dtype: str, use_kernels: bool, dequantize: bool = False
+) -> CheckpointPlan | None:
+    """Whether transformers keeps an already-quantized checkpoint's weights quantized on this machine
+    (their size, the plan's weight bytes, follows), or dequantizes them; None for a checkpoint that is
+    not quantized. `dequantize`: your own quantization_config asks for it."""
+    checkpoint = model.quantization
+    if checkpoint is None:
+        return None
+    why = "your quantization_config asks for dequantize=True" if dequantize else None
+    why = why or _dequantized_why(machine, checkpoint, use_kernels)
+    missing = _missing_packages(machine, checkpoint)
+    warnings: tuple[str, ...] = ()
+    if missing is not None:
+        warnings = (
+            f"{model.source} is a {checkpoint.label} checkpoint and {missing}: from_pretrained will raise. "
+            "Install what it needs (transformers' quantization docs list it).",
+        )
+    rest = model.parameters - checkpoint.quantized_parameters
+    if why is None:
+        stored = checkpoint.stored_bytes()
+        unquantized = f"~{gib(checkpoint.quantized_parameters * BYTES[dtype])} in {dtype} instead"
+        reason = (
+            f"the checkpoint is {checkpoint.label}: {checkpoint.quantized_parameters:,} weights stay quantized at "
+            f"{checkpoint.bits:.3g} bits (~{gib(stored)}), the other {rest:,} parameters in {dtype}; "
+            "cudaload never quantizes it again"
+        )
+        trainable = checkpoint.method != "mxfp4"  # quantizer_mxfp4.py:208-213: is_trainable is False
+        return CheckpointPlan(
+            Decision(
+                "checkpoint_quantization",
+                checkpoint.method,
+                reason,
+                (Rejected("dequantized", unquantized),),
+            ),
+            None,
+            missing,
+            trainable,
+            warnings,
+        )
+    # MXFP4 and FP8 dequantize to bf16 (quantizer_mxfp4.py:99-120 "dequantizing the model to bf16",
+    # integrations/mxfp4.py `_convert_moe_packed_tensors(dtype=torch.bfloat16)`; quantizer_finegrained_fp8.py:42, 54).
+    target = "bfloat16" if checkpoint.method in ("mxfp4", "fp8") else dtype
+    decision = Decision(
+        "checkpoint_quantization",
+        "dequantized",
+        f"the checkpoint is {checkpoint.label}, but {why}: its quantized weights are sized in {target} "
+        f"(~{gib(checkpoint.quantized_parameters * BYTES[target])})",
+        (Rejected(checkpoint.method, why),),
+    )
+    if checkpoint.bits is not None and not dequantize:
+        warnings += (
+            f"{model.source}: {checkpoint.label} weights will be dequantized to {target} here ({why}), "
+            f"~{gib(checkpoint.quantized_parameters * (BYTES[target] - checkpoint.bits / 8))} more memory.",
+        )
+    return CheckpointPlan(decision, target, missing, True, warnings)
+
+
+def _checkpoint_quantize(model: ModelFacts, requested: str | None, checkpoint: CheckpointPlan) -> Decision:
+    """quantize= for an already-quantized checkpoint: "auto" and None take the checkpoint's own
+    quantization ("checkpoint"); "4bit"/"8bit" would stack a second one and raise."""
+    found = model.quantization
+    assert found is not None  # a CheckpointPlan exists only for a quantized checkpoint
+    if requested in ("4bit", "8bit"):
+        raise QuantizationError(
+            f"quantize={requested!r} was asked, but {model.source} is already quantized ({found.method}), as "
+            f"{found.label}: "
+            "cudaload does not quantize a quantized checkpoint again (transformers loads it with its own "
+            "quantization_config). Pass quantize='auto' (the default) or None to fine-tune it as it is, or "
+            "point to the unquantized checkpoint to choose 4-/8-bit yourself."
+        )
+    if checkpoint.missing is not None:
+        raise MissingPackageError(
+            f"{model.source} is a {found.label} checkpoint (fine-tuned with its own quantization), but "
+            f"{checkpoint.missing}."
+        )
+    if not checkpoint.trainable and checkpoint.dequantized_to is None:
+        raise QuantizationError(
+            f"{model.source} is a {found.label} checkpoint, and transformers cannot train {found.label} weights "
+            "(the quantizer's is_trainable is False). Pass quantize=None with "
+            "quantization_config=Mxfp4Config(dequantize=True) to fine-tune a bf16 copy."
+        )
+    how = "your choice" if requested is None else "the checkpoint's own"
+    stacked = Rejected("4bit", "already quantized: a second quantization is never stacked")
+    if checkpoint.dequantized_to is not None:
+        # Dequantized at load: the base is a plain 16-bit model, trained as one.
+        reason = f"{how}: the checkpoint's {found.label} weights are dequantized to {checkpoint.dequantized_to} here"
+        return Decision("quantize", None, reason, (stacked,), source="user" if requested is None else "auto")
+    reason = f"{how}: the checkpoint is already {found.label}; LoRA trains on it as stored"
+    return Decision("quantize", "checkpoint", reason, (stacked,), source="user" if requested is None else "auto")

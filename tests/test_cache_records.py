@@ -1,0 +1,254 @@
+"""cudaload's cache is read defensively: a record that parses but has a wrong type, a NaN, an
+infinite or a negative number anywhere counts as missing (measured or read again, and replaced),
+and a file that is not a small regular file (a FIFO, /dev/zero) is never read. Hostile records
+are written into a test cache folder; every reader goes through `cache.read_json` with a layout."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cudaload.capability import detect, dtype_probe
+from cudaload.capability.cache import MAX_READ_BYTES, Positive, conforms, decode, read_json, read_regular_file
+from cudaload.capability.dtype_probe import cached_dtype_probe
+from cudaload.capability.tuning import read_tuning_records, write_tuning_record
+from cudaload.facts.machine import TunedVariant, TuningRecord
+from cudaload.model_facts import _cached_facts, _facts_cache_file, read_model_facts
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    sizes: tuple[int, ...]
+    scale: float | None = None
+
+
+@pytest.mark.parametrize(
+    ("value", "spec", "ok"),
+    [
+        (5, int, True),
+        (-4, int, False),
+        (True, int, False),  # JSON true is not a count
+        (2.5, int, False),
+        (3, float, True),
+        (-4.5, float, False),  # the "est. -4.50 s" of issue 20
+        (math.nan, float, False),
+        (math.inf, float, False),
+        (0.0, Positive, False),
+        (1e-9, Positive, True),
+        ("x", str, True),
+        (5, str, False),
+        (None, int | None, True),
+        (5, tuple[str, ...], False),  # "linear_names": 5
+        (["a", 1], tuple[str, ...], False),
+        ([1, 2], tuple[int, int], True),
+        ([1, 2, 3], tuple[int, int], False),
+        ([1, 2], dict[str, int], False),  # a list where an object belongs
+        ({"a": 1.5}, dict[str, float], True),
+        ({"a": -1.5}, dict[str, float], False),
+        ({"name": "q", "sizes": [1, 2], "scale": None}, Pair, True),
+        ({"name": "q", "sizes": [1, 2]}, Pair, False),  # a missing field
+        ({"name": "q", "sizes": [1, -2], "scale": None}, Pair, False),
+        ({"k": 1, "rest": "ignored"}, {"k": int}, True),
+        ({"rest": 1}, {"k": int}, False),
+        ([{"k": 1}, {"k": "1"}], [{"k": int}], False),
+    ],
+)
+def test_conforms_checks_every_field(value: Any, spec: Any, ok: bool) -> None:
+    assert conforms(value, spec) is ok
+
+
+def test_decode_builds_tuples_and_dataclasses() -> None:
+    assert decode({"name": "q", "sizes": [1, 2], "scale": 2}, Pair) == Pair("q", (1, 2), 2.0)
+    assert decode([["a", 1, 2, 3]], tuple[tuple[str, int, int, int], ...]) == (("a", 1, 2, 3),)
+
+
+def test_read_json_treats_non_json_numbers_and_wrong_layouts_as_missing(tmp_path: Path) -> None:
+    path = tmp_path / "record.json"
+    path.write_text('{"seconds": NaN}')  # Python's json reads it; a cache record may not hold it
+    assert read_json(path) is None
+    path.write_text('{"seconds": 1.5}')
+    assert read_json(path, {"seconds": float}) == {"seconds": 1.5}
+    assert read_json(path, {"seconds": str}) is None
+    path.write_text('{"seconds": 1.5')  # truncated
+    assert read_json(path) is None
+
+
+# ---- the dtype probe cache --------------------------------------------------------------------
+
+
+def _hostile_probe_records(good: dict[str, Any]) -> dict[str, Any]:
+    rounds = good["rounds"]
+    return {
+        "nan time": {**good, "prefill_s": {**good["prefill_s"], "bfloat16": math.nan}},
+        "negative time": {**good, "decode_s": {**good["decode_s"], "float32": -4.5}},
+        "zero time": {**good, "prefill_s": {**good["prefill_s"], "float32": 0.0}},
+        "infinite cast": {**good, "cast_s": [[a, b, math.inf] for a, b, _ in good["cast_s"]]},
+        "string threads": {**good, "threads": "2"},
+        "zero width": {**good, "in_features": 0},  # would divide by zero in the estimates
+        "list for a dict": {**good, "prefill_s": list(good["prefill_s"].values())},
+        "dict for a list": {**good, "rounds": {"0": rounds[0]}},
+        "a number for rounds": {**good, "rounds": 5},
+        "a bad round": {**good, "rounds": [*rounds[:-1], {**rounds[-1], "decode_s": {"float32": 1.0}}]},
+        "a dtype missing": {**good, "decode_s": {"float32": 1e-3}},
+    }
+
+
+def test_a_hostile_probe_record_is_measured_again_and_replaced(tmp_path: Path, monkeypatch) -> None:
+    env = {**os.environ, "CUDALOAD_CACHE": str(tmp_path / "cache")}
+    machine = replace(detect(), threads=2)
+    measured = cached_dtype_probe(machine, (256, 256), env)
+    assert measured is not None
+    # Measured once for real; each re-measurement below returns that probe again (the probe boundary).
+    monkeypatch.setattr(dtype_probe, "measure_dtypes", lambda *bucket: replace(measured, fingerprint=()))
+    (path,) = (tmp_path / "cache" / "probes").glob("*.json")
+    good = json.loads(path.read_text())
+    assert cached_dtype_probe(machine, (256, 256), env).from_cache  # type: ignore[union-attr]
+    hostile = {name: json.dumps(record) for name, record in _hostile_probe_records(good).items()}
+    hostile["truncated"] = path.read_text()[: len(path.read_text()) // 2]
+    for name, text in hostile.items():
+        path.write_text(text)
+        again = cached_dtype_probe(machine, (256, 256), env)
+        assert again is not None and not again.from_cache, name
+        assert all(s > 0 and math.isfinite(s) for _, s in again.prefill_s + again.decode_s), name
+        reread = cached_dtype_probe(machine, (256, 256), env)  # the file was replaced by a good one
+        assert reread is not None and reread.from_cache, name
+
+
+def test_a_plan_with_a_hostile_probe_record_in_the_cache_comes_out_measured(
+    tiny_models, tmp_path: Path, monkeypatch
+) -> None:
+    import cudaload
+
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    first = cudaload.plan(str(tiny_models["qwen3"]))
+    (path,) = (tmp_path / "cache" / "probes").glob("*.json")
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps({**good, "decode_s": {"float32": -4.5, "bfloat16": 1e-6, "float16": 1e-6}}))
+    plan = cudaload.plan(str(tiny_models["qwen3"]))
+    reason = plan.decision("dtype").reason
+    assert "probed on this CPU" in reason and "(cached)" not in reason and "-4.5" not in reason
+    assert plan.timings["probe"] > 0
+    assert json.loads(path.read_text())["decode_s"]["float32"] > 0  # replaced
+    assert first.decision("dtype").value in ("float32", "bfloat16")
+
+
+# ---- tuning records ---------------------------------------------------------------------------
+
+
+def test_a_hostile_tuning_record_is_skipped(tmp_path: Path) -> None:
+    env = {**os.environ, "CUDALOAD_CACHE": str(tmp_path / "cache")}
+    machine = replace(detect(), threads=2)
+    record = TuningRecord(
+        "shape",
+        256,
+        64,
+        (TunedVariant("float32", "sdpa", 0.3, 0.45, 21.0),),
+        tuple(sorted(machine.fingerprint().items())),
+        "2026-12-04",
+    )
+    path = write_tuning_record(record, env)
+    assert path is not None and len(read_tuning_records("shape", env)) == 1
+    good = json.loads(path.read_text())
+    variant = good["variants"][0]
+    for bad in (
+        {**good, "variants": [{**variant, "load_s": -4.5}]},
+        {**good, "variants": [{**variant, "decode_tokens_per_s": math.nan}]},
+        {**good, "variants": [{**variant, "dtype": 16}]},
+        {**good, "variants": {"0": variant}},
+        {**good, "prompt_tokens": "256"},
+        {**good, "fingerprint": [["torch", "2.13.0"]]},
+    ):
+        path.write_text(json.dumps(bad))
+        assert read_tuning_records("shape", env) == (), bad
+
+
+# ---- the model-facts cache --------------------------------------------------------------------
+
+
+def test_a_hostile_model_facts_record_is_read_again_and_replaced(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    folder = str(tiny_models["qwen3"])
+    fresh = read_model_facts(folder)
+    (path,) = (tmp_path / "cache" / "model-facts").glob("*.json")
+    good = json.loads(path.read_text())
+    assert _cached_facts(path, folder) == fresh
+    facts = good["facts"]
+    for name, bad in {
+        "linear_names is a number": {**good, "facts": {**facts, "linear_names": 5}},
+        "negative parameters": {**good, "facts": {**facts, "parameters": -3}},
+        "NaN softcap": {**good, "facts": {**facts, "softcap": math.nan}},
+        "a string head_dim": {**good, "facts": {**facts, "head_dim": "16"}},
+        "short linear shape": {**good, "facts": {**facts, "linear_shapes": [["q_proj", 64, 64]]}},
+        "a list for the facts": {**good, "facts": list(facts.values())},
+        "a number for quantization": {**good, "facts": {**facts, "quantization": 5}},
+        "a field missing": {**good, "facts": {k: v for k, v in facts.items() if k != "vocab_size"}},
+        "dtype_from_weights a string": {**good, "dtype_from_weights": "yes"},
+    }.items():
+        path.write_text(json.dumps(bad))
+        assert _cached_facts(path, folder) is None, name
+        assert read_model_facts(folder) == fresh, name
+        assert json.loads(path.read_text()) == json.loads(json.dumps({**good, "facts": asdict(fresh)})), name
+    path.write_text(json.dumps(good)[:100])  # truncated
+    assert read_model_facts(folder) == fresh and _cached_facts(path, folder) == fresh
+
+
+# ---- files that are not small regular files ---------------------------------------------------
+
+_BOUNDED = 60  # seconds: a regression fails here instead of hanging the suite
+
+
+def _in_a_subprocess(code: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=_BOUNDED
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+def test_a_fifo_or_device_config_is_not_hashed_and_does_not_hang(tmp_path: Path) -> None:
+    fifo, device, huge, fine = (tmp_path / name for name in ("fifo", "device", "huge", "fine"))
+    for folder in (fifo, device, huge, fine):
+        folder.mkdir()
+    os.mkfifo(fifo / "config.json")  # no writer: a blocking open or read would wait forever
+    (device / "config.json").symlink_to("/dev/zero")  # hashing would never end
+    with open(huge / "config.json", "wb") as handle:
+        handle.truncate(MAX_READ_BYTES + 1)
+    (fine / "config.json").write_text('{"model_type": "qwen3"}')
+    out = _in_a_subprocess(
+        f"""
+        from cudaload.model_facts import _facts_cache_file
+        for name in ("fifo", "device", "huge", "fine"):
+            print(name, _facts_cache_file({str(tmp_path)!r} + "/" + name, "AutoModelForCausalLM") is not None)
+        """
+    )
+    assert out.splitlines() == ["fifo False", "device False", "huge False", "fine True"]
+    assert _facts_cache_file(str(fine), "AutoModelForCausalLM") is not None
+
+
+def test_read_regular_file_reads_only_small_regular_files(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "small").write_bytes(b"12345")
+    (tmp_path / "record.json").symlink_to(tmp_path / "fifo")  # a cache record that is a FIFO
+    out = _in_a_subprocess(
+        f"""
+        from pathlib import Path
+        from cudaload.capability.cache import read_json, read_regular_file
+        root = Path({str(tmp_path)!r})
+        print(read_regular_file(root / "fifo"), read_regular_file(root / "zero"), read_regular_file(root))
+        print(read_regular_file(root / "small"), read_regular_file(root / "small", limit=4))
+        print(read_json(root / "record.json"), read_regular_file(root / "missing"))
+        """
+    )
+    assert out.splitlines() == ["None None None", "b'12345' None", "None None"]
+    assert read_regular_file(tmp_path / "small") == b"12345"
