@@ -438,3 +438,18 @@ def test_a_config_json_that_is_not_a_regular_file_is_a_model_config_error(tmp_pa
         [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, env=env, timeout=120
     )
     assert "is not a regular file" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("value", ["maybe", "2", "nope"])
+def test_an_unknown_cudaload_probe_value_is_a_setting_error(value: str) -> None:
+    from cudaload.capability.dtype_probe import probe_enabled
+
+    with pytest.raises(SettingError, match=f"CUDALOAD_PROBE='{value}'"):
+        probe_enabled({"CUDALOAD_PROBE": value})
+    assert probe_enabled({"CUDALOAD_PROBE": " OFF "}) is False and probe_enabled({}) is True
+
+
+def test_a_mixed_machine_is_described_per_gpu_model() -> None:
+    machine = cudaload.Machine.simulated(["A100", "T4", "A100"])
+    assert machine.describe() == "2x NVIDIA A100-SXM4-80GB + 1x Tesla T4 (sm_75)"
+    assert cudaload.Machine.simulated("H100", count=4).describe() == "4x NVIDIA H100 80GB HBM3 (sm_90)"

@@ -16,9 +16,10 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
 
     - Padding side: yours when you pass `padding_side`; right for training, where labels line up
       with inputs; else the plan's generation decision (`plan.generation.padding_side`: left for a
-      decoder-only model, which continues from the last position, and FlashAttention raises on
-      right-padded batched generation); left for any other generating model; otherwise (an encoder)
-      the tokenizer's own side, since absolute position embeddings expect right padding.
+      decoder-only model, which continues from the last position: generate() warns on a
+      right-padded batch, whose shorter rows continue from padding); left for any other
+      generating model; otherwise (an encoder) the tokenizer's own side, since absolute position
+      embeddings expect right padding.
     - A pad token when the tokenizer has none: the EOS token (the model's embeddings are not
       resized; padded positions are masked by the attention mask).
     `kwargs` go to AutoTokenizer.from_pretrained; `trust_remote_code` is never set for you.

@@ -86,9 +86,25 @@ def shape_bucket(hidden_size: int | None, intermediate_size: int | None) -> tupl
     return k, n
 
 
+_ON, _OFF = ("1", "true", "yes", "on", ""), ("0", "false", "no", "off")
+
+
 def probe_enabled(env: Mapping[str, str] | None = None) -> bool:
+    """CUDALOAD_PROBE: unset or 1/true/yes/on measures, 0/false/no/off does not.
+
+    Raises:
+        SettingError: any other value (a typo must not silently keep measuring).
+    """
     env = os.environ if env is None else env
-    return env.get("CUDALOAD_PROBE", "1").strip().lower() not in ("0", "false", "no", "off")
+    value = env.get("CUDALOAD_PROBE", "1").strip().lower()
+    if value not in _ON + _OFF:
+        from ..errors import SettingError
+
+        raise SettingError(
+            f"CUDALOAD_PROBE={env['CUDALOAD_PROBE']!r}: use 1 (measure this CPU's dtype speeds, the default) or 0 "
+            "(plan from the static table); also true/false, yes/no, on/off."
+        )
+    return value in _ON
 
 
 def torch_threads(env: Mapping[str, str] | None = None, cores: int | None = None) -> int | None:

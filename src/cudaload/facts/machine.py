@@ -495,8 +495,13 @@ class Machine:
     def describe(self) -> str:
         if not self.gpus:
             return f"CPU {self.cpu.model} ({self.cpu.cores} cores), no CUDA GPU"
-        names = sorted({g.name for g in self.gpus})
-        return f"{len(self.gpus)}x {' + '.join(names)} ({self.weakest_gpu.sm if self.weakest_gpu else ''})"
+        counts: dict[str, int] = {}
+        for gpu in self.gpus:
+            counts[gpu.name] = counts.get(gpu.name, 0) + 1
+        names = " + ".join(
+            f"{n}x {name}" for name, n in sorted(counts.items())
+        )  # "1x A100 + 1x T4", not "2x A100 + T4"
+        return f"{names} ({self.weakest_gpu.sm if self.weakest_gpu else ''})"
 
     @classmethod
     def simulated(
