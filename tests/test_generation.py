@@ -253,9 +253,13 @@ def test_gpu_plans_static_and_compile_only_for_long_decodes() -> None:
     decode = _decide(H100, workload=WORKLOADS["decode-heavy"])
     assert decode.cache_implementation == "static" and decode.compile
     assert decode.generate_kwargs == {"cache_implementation": "static"}
-    quantized = _decide(H100, workload=WORKLOADS["decode-heavy"], quantized=True)
+    quantized = _decide(H100, workload=WORKLOADS["decode-heavy"], quantized="bitsandbytes")
     assert quantized.cache_implementation == "dynamic" and not quantized.compile
-    assert "is_compileable" in quantized.decision("generation.cache_implementation").rejected[0].reason
+    reason = quantized.decision("generation.cache_implementation").rejected[0].reason
+    assert "bitsandbytes-quantized models are not compileable" in reason
+    # FineGrainedFP8's quantizer is compileable (quantizer_finegrained_fp8.py: is_compileable True)
+    fp8 = _decide(H100, workload=WORKLOADS["decode-heavy"], quantized="fp8")
+    assert fp8.cache_implementation == "static" and fp8.compile
     no_fullgraph = _decide(H100, replace(FULL, compiles_fullgraph=False), workload=WORKLOADS["decode-heavy"])
     assert no_fullgraph.cache_implementation == "dynamic"
 

@@ -453,3 +453,14 @@ def test_a_mixed_machine_is_described_per_gpu_model() -> None:
     machine = cudaload.Machine.simulated(["A100", "T4", "A100"])
     assert machine.describe() == "2x NVIDIA A100-SXM4-80GB + 1x Tesla T4 (sm_75)"
     assert cudaload.Machine.simulated("H100", count=4).describe() == "4x NVIDIA H100 80GB HBM3 (sm_90)"
+
+
+def test_an_offloaded_quantized_plan_does_not_advise_quantizing() -> None:
+    from cudaload.policy.placement import decide_placement
+
+    t4 = cudaload.Machine.simulated("T4")
+    too_big = 40 * 2**30  # exceeds a T4's 16 GiB: offloaded to CPU either way
+    _, _, plain = decide_placement(t4, too_big, quantized=False)
+    _, _, quantized = decide_placement(t4, too_big, quantized=True)
+    assert "Quantize (4-bit)" in plain[0]
+    assert "Quantize" not in quantized[0] and "more GPUs" in quantized[0]

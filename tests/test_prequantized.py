@@ -389,3 +389,27 @@ def test_facts_cache_round_trip_keeps_the_quantization(folders) -> None:
     first = cudaload.read_model_facts(folders["llama-gptq"])
     again = cudaload.read_model_facts(folders["llama-gptq"])
     assert again == first and again.quantization is not None and again.quantization.label == "GPTQ 4-bit (g128)"
+
+
+def test_generate_compiles_an_fp8_checkpoint_but_not_a_bitsandbytes_one(folders) -> None:
+    # _valid_auto_compile_criteria refuses a model whose quantizer is not compileable: FineGrainedFP8's
+    # is (quantizer_finegrained_fp8.py), bitsandbytes' is not (base.py's False).
+    h100 = Machine.simulated("H100")
+    fp8 = plan(folders, "llama-fp8", h100, generate=True, workload="decode-heavy")
+    bnb = plan(folders, "llama-bnb-4bit", h100, generate=True, workload="decode-heavy")
+    assert fp8.generation is not None and bnb.generation is not None
+    assert fp8.generation.compile is True
+    assert bnb.generation.compile is False
+    cache = bnb.generation.decision("generation.cache_implementation")
+    assert cache.value == "dynamic"
+    assert "bitsandbytes-quantized models are not compileable" in cache.rejected[0].reason
+
+
+def test_mixed_gpus_judge_mxfp4_on_the_gpu_the_model_goes_on(folders) -> None:
+    # V100 (sm70) + H100: the model goes on the H100 (most memory), which keeps MXFP4 (sm75+); the
+    # V100 alone would make transformers dequantize (quantizer_mxfp4.py).
+    alone = plan(folders, "gpt-oss-20b", Machine.simulated("V100", packages=MXFP4_OK))
+    assert alone.decision("checkpoint_quantization").value == "dequantized"
+    mixed = plan(folders, "gpt-oss-20b", Machine.simulated(["V100", "H100"], packages=MXFP4_OK))
+    assert mixed.kwargs["device_map"] == "cuda:1"
+    assert mixed.decision("checkpoint_quantization").value == "mxfp4"

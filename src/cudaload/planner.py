@@ -367,7 +367,8 @@ def _plan_generation(
         attention=result.attn_implementation,
         weight_bytes=result.weight_bytes or 0,
         device_map=result.kwargs.get("device_map"),
-        quantized="quantization_config" in result.kwargs or facts.quantized is not None,
+        # cudaload quantizes through bitsandbytes; a pre-quantized checkpoint by its own method
+        quantized="bitsandbytes" if "quantization_config" in result.kwargs else facts.quantized,
         workload=request.workload,
         **settings,
     )

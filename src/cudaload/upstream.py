@@ -163,3 +163,11 @@ TESTED_KERNELS_RANGE = KERNELS_RANGES["5.22"]
 # Families that overflow in fp16: exactly vLLM's `_FLOAT16_NOT_SUPPORTED_MODELS` (vllm/config/model.py:
 # "Numerical instability. Please use bfloat16 or float32 instead."), which vLLM applies on every GPU.
 FP16_FRAGILE_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"})
+
+
+COMPILEABLE_QUANT_METHODS = frozenset({"compressed-tensors", "fp8", "gemma", "gguf", "nvfp4", "torchao"})
+"""`quant_method`s whose quantizer says `is_compileable` True (transformers 5.22-5.25
+quantizers/quantizer_compressed_tensors.py, quantizer_finegrained_fp8.py, quantizer_gemma.py,
+quantizer_gguf.py, quantizer_nvfp4.py, quantizer_torchao.py); every other quantizer inherits False
+from quantizers/base.py (`HfQuantizer.is_compileable`), and generate() then never compiles
+(`_valid_auto_compile_criteria`)."""

@@ -69,7 +69,7 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     decisions = [dtype, attention]
     # An already-quantized checkpoint: kept quantized or dequantized by transformers on this machine.
     checkpoint = decide_checkpoint_quantization(
-        machine, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)
+        judged, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)
     )
     dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     if checkpoint is not None:

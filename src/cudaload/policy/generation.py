@@ -32,6 +32,7 @@ from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..generation import CACHE_IMPLEMENTATIONS, GenerationFacts, GenerationPlan
 from ..plans import Decision, Rejected
+from ..upstream import COMPILEABLE_QUANT_METHODS
 from .attention import is_flash_attention
 from .fit import gib
 from .request import Workload
@@ -202,12 +203,12 @@ def _cache_decision(
     )
 
 
-def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: bool, offloaded: bool) -> str | None:
+def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: str | None, offloaded: bool) -> str | None:
     """Why generate() will not auto-compile on this plan (None when it would with a static cache)."""
     if not machine.gpus:
         return "no CUDA GPU (generate() compiles only on cuda/xpu/neuron/tpu)"
-    if quantized:
-        return "bitsandbytes models are not compileable (`HfQuantizer.is_compileable` is False)"
+    if quantized is not None and quantized not in COMPILEABLE_QUANT_METHODS:
+        return f"{quantized}-quantized models are not compileable (their `HfQuantizer.is_compileable` is False)"
     if offloaded:
         return "weights offloaded to CPU/disk (`_valid_auto_compile_criteria` refuses offloaded models)"
     # `_can_compile_fullgraph` is no blocker: `_valid_auto_compile_criteria` (generation/utils.py, 5.22-5.25)
@@ -269,7 +270,7 @@ def decide_generation(
     attention: str,
     weight_bytes: int,
     device_map: Any,
-    quantized: bool = False,
+    quantized: str | None = None,
     workload: Workload | None = None,
     context: int | None = None,
     cache_implementation: str | None = None,
@@ -282,7 +283,8 @@ def decide_generation(
         facts: the model's KV-cache layout (`read_generation_facts`).
         dtype, attention, device_map: the plan's choices (the KV cache is kept in `dtype`).
         weight_bytes: the weights' size in memory (`weight_bytes` of policy/memory.py).
-        quantized: the model is bitsandbytes-quantized (transformers will not compile it).
+        quantized: the model's quantization method (`quant_method`, e.g. "bitsandbytes", "fp8"),
+            None when it is not quantized; transformers compiles only some (`COMPILEABLE_QUANT_METHODS`).
         workload: what the model will do (prompt and new tokens); decides static vs dynamic.
         context: tokens per sequence (prompt + new) for `max_batch`; default the workload's.
         cache_implementation, padding_side: your choices, validated and kept.

@@ -350,6 +350,6 @@ def decide_placement(
     warning = (
         f"{size} exceed all GPU memory: ~{gib(spill)} will be offloaded to CPU"
         f"{' and disk' if spill > available * HEADROOM else ''}, and every forward copies them back (very slow). "
-        "Quantize (4-bit), use more GPUs, or a smaller model."
+        + ("Use more GPUs or a smaller model." if quantized else "Quantize (4-bit), use more GPUs, or a smaller model.")
     )
     return Decision("device_map", "auto", f"{size} exceed GPU memory: offloading to CPU"), max_memory, (warning,)
