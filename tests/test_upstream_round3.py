@@ -305,3 +305,37 @@ def test_softcap_saved_bytes_measured() -> None:
         return sum(saved.values()) / (64 * 4096)
 
     assert saved_per_logit(30.0) - saved_per_logit(None) == 2.0  # one bf16 copy: tanh's output
+
+
+# Hub kernels' GPU coverage, from their build metadata (kernels-community build.toml files)
+
+
+def _hub_attention(gpu: str) -> tuple[str, list[str]]:
+    machine = Machine.simulated(
+        gpu,
+        packages={"kernels": "0.17.2"},
+        cached_kernels=[
+            "kernels-community/flash-attn2",
+            "kernels-community/vllm-flash-attn3",
+            "kernels-community/flash-attn4",
+        ],
+    )
+    plan_ = decide_plan(machine, llama(), Request())
+    return plan_.attn_implementation, list(plan_.attention_chain)
+
+
+def test_the_hub_flash_attn4_build_runs_on_consumer_blackwell() -> None:
+    # flash-attn4/build.toml is torch-noarch with FA4 4.0.0.beta8: forward 8-12, backward 9-12 (interface.py);
+    # flash-attn2/build.toml builds 8.0, 9.0, 10.0, 12.0. On an RTX 5090 (sm120) both Hub kernels run.
+    _, chain = _hub_attention("RTX 5090")
+    assert "kernels-community/flash-attn4" in chain and "kernels-community/flash-attn2" in chain
+    assert "kernels-community/vllm-flash-attn3" not in chain  # 8.0 and 9.0a only
+
+
+def test_the_hub_flash_attn4_build_is_not_planned_on_ampere() -> None:
+    # forward-only on sm80 (backward needs sm90+): FA2 stays the Ampere kernel.
+    _, chain = _hub_attention("A100")
+    assert "kernels-community/flash-attn4" not in chain and chain[0] in (
+        "kernels-community/vllm-flash-attn3",
+        "kernels-community/flash-attn2",
+    )

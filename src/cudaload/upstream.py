@@ -41,31 +41,48 @@ class FlashOption:
     hub_repo: str
     """The `kernels-community` repository transformers falls back to without the package."""
     majors: frozenset[int]
-    """CUDA compute-capability majors the kernels are built for."""
+    """CUDA compute-capability majors the released package's kernels are built for."""
+    hub_majors: frozenset[int]
+    """CUDA compute-capability majors the `kernels-community` Hub build runs on."""
 
 
 FLASH_OPTIONS: dict[str, FlashOption] = {
     o.implementation: o
     for o in (
-        # FA2: Ampere and newer (fails at the first forward on Turing/Volta, not at import).
+        # FA2: Ampere and newer (fails at the first forward on Turing/Volta, not at import). Released
+        # flash-attn 2.8.3 builds sm80/90/100/120 SASS without PTX (setup.py: "80;90;100;120"), and the
+        # Hub build the same (kernels-community flash-attn2/build.toml: cuda-capabilities 8.0, 9.0, 10.0,
+        # 12.0; kernel-builder adds PTX only for a "+PTX" capability): each runs within its major
+        # (8.0 covers 8.6/8.9), none on major 11 (sm110).
         FlashOption(
             "flash_attention_2",
             "flash-attn",
             "flash_attn",
             "kernels-community/flash-attn2",
-            frozenset({8, 9, 10, 11, 12}),
+            frozenset({8, 9, 10, 12}),
+            frozenset({8, 9, 10, 12}),
         ),
-        # FA3 (hopper/ in flash-attention): sm80 and sm90 builds; transformers' minimum major is 8.
+        # FA3 (hopper/ in flash-attention): sm80 and sm90a builds; transformers' minimum major is 8. The
+        # Hub build too (vllm-flash-attn3/build.toml: 8.0 and 9.0a), backward included.
         FlashOption(
             "flash_attention_3",
             "flash-attn-3",
             "flash_attn_interface",
             "kernels-community/vllm-flash-attn3",
             frozenset({8, 9}),
+            frozenset({8, 9}),
         ),
-        # FA4 (CuTe DSL): Hopper and datacenter Blackwell (sm100/sm103); not sm120.
+        # FA4 (CuTe DSL, compiled at first use): before 4.0.0b5 Hopper and datacenter Blackwell only
+        # (`majors`; newer packages: FA4_MAJORS_WIDE). The Hub build (flash-attn4/build.toml: torch-noarch)
+        # vendors 4.0.0.beta8 (torch-ext/flash_attn4/__init__.py): forward on majors 8-12, backward on
+        # 9-12 (interface.py `assert arch // 10 in [9, 10, 11, 12]`); sm80 left out as for the package.
         FlashOption(
-            "flash_attention_4", "flash-attn-4", "flash_attn", "kernels-community/flash-attn4", frozenset({9, 10})
+            "flash_attention_4",
+            "flash-attn-4",
+            "flash_attn",
+            "kernels-community/flash-attn4",
+            frozenset({9, 10}),
+            frozenset({9, 10, 11, 12}),
         ),
     )
 }
@@ -86,7 +103,8 @@ FA4_WIDE_VERSION = "4.0.0b5"
 FA4_MAJORS_WIDE = frozenset({9, 10, 11, 12})
 
 # Head dimensions: FA2 and FA3 support head_dim <= 256 (flash-attention README; a 512 head fails at
-# the first forward, flash-attention issue 2427). FA4 on sm100 takes 8-128, and 256 only from
+# the first forward, flash-attention issue 2427). FA4 on sm100 and sm110 (`_validate_head_dims`:
+# `compute_capability in [10, 11]`) takes 8-128, and 256 only from
 # flash-attn-4 4.0.0b11 (the sm100 hd256 kernels, flash_attn/cute/sm100_hd256_2cta_fmha_forward.py);
 # its (qk 192, v 128) DeepSeek shape is never reached from transformers, which pads V up to the QK
 # head dim before any FlashAttention call (integrations/flash_attention.py: "FlashAttention requires

@@ -106,15 +106,19 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
     if gpu is None:
         return "needs a CUDA GPU"
     fa4_wide = name == "flash_attention_4" and installed is not None and _at_least(installed, FA4_WIDE_VERSION)
-    majors = FA4_MAJORS_WIDE if fa4_wide else option.majors
+    majors = option.hub_majors if installed is None else FA4_MAJORS_WIDE if fa4_wide else option.majors
     if gpu.capability[0] not in majors:
         note = ""
-        if name == "flash_attention_4" and gpu.capability[0] in FA4_MAJORS_WIDE:
-            note = f" before flash-attn-4 {FA4_WIDE_VERSION} (installed: {installed or 'none; the Hub kernel is v0'})"
-        if fa4_wide and gpu.capability[0] == 8:
+        if name == "flash_attention_4" and installed is not None and gpu.capability[0] in FA4_MAJORS_WIDE:
+            note = f" before flash-attn-4 {FA4_WIDE_VERSION} (installed: {installed})"
+        elif installed is None and gpu.capability[0] in option.majors:
+            note = f" in the Hub build {option.hub_repo}"  # the package would have them
+        hub_fa4 = name == "flash_attention_4" and installed is None
+        if (fa4_wide or hub_fa4) and gpu.capability[0] == 8:
             # transformers would not stop it: the major >= 9 check is only in its error path (upstream.py).
+            which = f"flash-attn-4 {installed}" if installed else f"{option.hub_repo} (4.0.0.beta8)"
             return (
-                f"flash-attn-4 {installed} runs only its forward on {gpu.sm} ({gpu.name}; backward needs sm90+), "
+                f"{which} runs only its forward on {gpu.sm} ({gpu.name}; backward needs sm90+), "
                 "and FlashAttention-2 is the Ampere kernel (vLLM's choice below sm90)"
             )
         return f"no {name} kernels for {gpu.sm} ({gpu.name}){note}"
@@ -135,7 +139,7 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
         return f"head_dim {max(too_big)}: FlashAttention supports head dims up to {FLASH_MAX_HEAD_DIM}"
     if (
         name == "flash_attention_4"
-        and gpu.capability[0] == 10
+        and gpu.capability[0] in (10, 11)
         and not fa4_head_dims_ok(model.head_dims, model.qk_v_head_dims, installed)
     ):
         received = list(flash_received_head_dims(model.head_dims, model.qk_v_head_dims))
@@ -144,7 +148,7 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
             qk, v = model.qk_v_head_dims
             padded = f" (transformers pads V {v} up to the query-key dim {qk}, so the kernel gets {qk}/{qk})"
         return (
-            f"head dims {received}{padded}: FlashAttention-4 on sm100 takes 8-128, and 256 only from "
+            f"head dims {received}{padded}: FlashAttention-4 on {gpu.sm} takes 8-128, and 256 only from "
             f"flash-attn-4 {FA4_HD256_VERSION} (installed: {installed or 'none; the Hub kernel'})"
         )
     return None
