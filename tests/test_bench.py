@@ -25,13 +25,48 @@ def test_quick_bench_reports_the_plan_and_every_alternative(tmp_path: Path, monk
         result["plan"]["kwargs"]["dtype"],
         result["plan"]["kwargs"]["attn_implementation"],
     )
-    # Ratios are the variant's time over the plan's (decode: the plan's rate over the variant's).
+    # The plan's row is the variant the plan chose: its dtype decision and its first attention.
+    decided = {d["setting"]: d["value"] for d in result["plan"]["decisions"]}
+    assert plan["name"] == f"{decided['dtype']}/{result['plan']['attention_chain'][0]}"
+    assert plan["is_baseline"] and [v["name"] for v in variants if v["is_baseline"]] == [plan["name"]]
+
+    # Every row's numbers are the medians of its measured rounds (one round each in quick mode).
+    work = result["workload"]
+    assert (work["prompt_tokens"], work["new_tokens"], work["measured_rounds"]) == (64, 16, 1)
     for v in variants:
-        assert v["plan_speedup"]["prefill"] == pytest.approx(v["prefill_s"] / plan["prefill_s"], rel=1e-3)
-        assert v["plan_speedup"]["decode"] == pytest.approx(
-            plan["decode_tokens_per_s"] / v["decode_tokens_per_s"], rel=1e-3
+        assert v["ok"], v["error"]
+        runs = v["runs"]
+        assert [len(runs["load_s"]), len(runs["prefill_s"]), len(runs["decode_tps"])] == [1, 1, 1], v["name"]
+        assert (v["load_s"], v["prefill_s"], v["decode_tokens_per_s"]) == (
+            runs["load_s"][0],
+            runs["prefill_s"][0],
+            runs["decode_tps"][0],
         )
-        assert v["plan_speedup"]["end_to_end"] == pytest.approx(v["end_to_end_s"] / plan["end_to_end_s"], rel=1e-3)
+        assert v["load_s"] > 0 and v["prefill_s"] > 0 and v["decode_tokens_per_s"] > 0
+        assert v["end_to_end_s"] == pytest.approx(v["load_s"] + v["generate_s"])
+        assert v["prefill_tokens_per_s"] == pytest.approx(work["batch"] * 64 / v["prefill_s"], rel=1e-9)
+
+    # The plan's own ratios are 1 by definition; every other row's are its numbers over the plan's
+    # (decode: the plan's rate over the variant's), read from the two rows of the record.
+    assert plan["plan_speedup"] == {"load": 1.0, "prefill": 1.0, "decode": 1.0, "end_to_end": 1.0}
+    assert plan["plan_speedup_paired"] == {"load": 1.0, "prefill": 1.0, "decode": 1.0}
+    others = [v for v in variants if not v["is_plan"]]
+    assert len(others) == 6  # five more dtype x attention rows and bare from_pretrained
+    for v in others:
+        expected = {
+            "load": v["load_s"] / plan["load_s"],
+            "prefill": v["prefill_s"] / plan["prefill_s"],
+            "decode": plan["decode_tokens_per_s"] / v["decode_tokens_per_s"],
+            "end_to_end": v["end_to_end_s"] / plan["end_to_end_s"],
+        }
+        assert v["plan_speedup"] == pytest.approx(expected, abs=1e-4), v["name"]  # rounded to 4 places
+        # Paired: the median of the per-round ratios; with one round, that round's ratio.
+        paired = {
+            "load": v["runs"]["load_s"][0] / plan["runs"]["load_s"][0],
+            "prefill": v["runs"]["prefill_s"][0] / plan["runs"]["prefill_s"][0],
+            "decode": plan["runs"]["decode_tps"][0] / v["runs"]["decode_tps"][0],
+        }
+        assert v["plan_speedup_paired"] == pytest.approx(paired, abs=1e-4), v["name"]
 
     # Every dtype x attention alternative was measured, each once, with the plan's device_map.
     names = [v["name"] for v in variants]
@@ -45,25 +80,45 @@ def test_quick_bench_reports_the_plan_and_every_alternative(tmp_path: Path, monk
     (bare,) = [v for v in variants if v["is_bare"]]
     assert bare["kwargs"] == {} and bare["applied"] == "bfloat16/sdpa"  # the checkpoint's dtype, transformers' default
     for v in variants:
-        assert v["ok"], v["error"]
-        assert v["load_s"] > 0 and v["prefill_s"] > 0 and v["decode_tokens_per_s"] > 0
-        assert v["end_to_end_s"] == pytest.approx(v["load_s"] + v["generate_s"])
         assert v["finite_logits"] is True
         if not v["is_bare"]:
             assert v["kwargs"]["device_map"] == result["plan"]["kwargs"]["device_map"]
-        assert all(ratio > 0 for ratio in (*v["plan_speedup"].values(), *v["plan_speedup_paired"].values()))
+
+    # The summary: per metric, the row named best has the lowest cost of all the rows (decode: the
+    # highest tokens/s), and the plan's ratios are its cost over the best's and over bare's.
+    cost = {
+        "load": lambda v: v["load_s"],
+        "prefill": lambda v: v["prefill_s"],
+        "decode": lambda v: 1 / v["decode_tokens_per_s"],
+        "end_to_end": lambda v: v["end_to_end_s"],
+        "memory": lambda v: v["peak_memory_bytes"],
+    }
+    assert set(result["summary"]) == set(cost)
+    assert result["best"] == {metric: row["best"] for metric, row in result["summary"].items()}
+    by_name = {v["name"]: v for v in variants}
     for metric, row in result["summary"].items():
-        best = next(v for v in variants if v["name"] == row["best"])
-        assert row["plan_over_best"] >= 1.0 or best["is_plan"]  # nothing beats the best
-        assert row["plan_over_bare"] > 0, metric
+        of = cost[metric]
+        best = by_name[row["best"]]
+        assert of(best) == min(of(v) for v in variants), metric
+        if metric == "decode":
+            assert best["decode_tokens_per_s"] == max(v["decode_tokens_per_s"] for v in variants)
+        assert row["plan_over_best"] == pytest.approx(of(plan) / of(best), abs=1e-4), metric
+        assert row["plan_over_bare"] == pytest.approx(of(plan) / of(bare), abs=1e-4), metric
+
+    import os
+    import platform
+
+    import torch
+    import transformers
 
     saved = json.loads(out.read_text())
     assert saved["variants"] == variants
-    assert saved["machine"]["cpu"]["model"] and saved["machine"]["cpu"]["cores"] >= 1
-    assert isinstance(saved["machine"]["cpu"]["isa_flags"], list)
-    assert isinstance(saved["machine"]["gpus"], list)
-    assert {"python", "torch", "transformers"} <= set(saved["versions"])
-    assert all(saved["versions"][k] for k in ("python", "torch", "transformers"))
+    cpu = saved["machine"]["cpu"]
+    assert cpu["model"] and cpu["cores"] == len(os.sched_getaffinity(0)) and cpu["arch"] == platform.machine()
+    assert len(saved["machine"]["gpus"]) == torch.cuda.device_count()
+    assert saved["versions"]["python"] == platform.python_version()
+    assert saved["versions"]["torch"] == torch.__version__
+    assert saved["versions"]["transformers"] == transformers.__version__
     assert saved["date"].endswith("+00:00")
     assert saved["plan"]["kwargs"]["dtype"] == plan["dtype"]
 
@@ -73,8 +128,6 @@ def test_quick_bench_reports_the_plan_and_every_alternative(tmp_path: Path, monk
 
     # --save: a later plan of the same model on this machine uses the measured grid. The quick run
     # used 1 thread; with another thread count the record is stale and the plan says so.
-    import torch
-
     import cudaload
 
     model_dir = str(tmp_path / "qwen3-quick")

@@ -185,8 +185,31 @@ def test_detect_uncached_builds_a_whole_machine() -> None:
     machine = detect_uncached({"CUDA_VISIBLE_DEVICES": "1"}, [lambda: FakeProbe(node(A100, T4))])
     assert machine.source == "nvml"
     assert [g.name for g in machine.gpus] == ["Tesla T4"]  # fastest first: A100 is 0, T4 is 1
-    assert machine.software.version("transformers") is not None
-    assert machine.cpu.cores >= 1
+    # Everything but the GPUs is this machine's, as the OS and package metadata report it.
+    import os
+    import platform
+    from importlib.metadata import version
+    from pathlib import Path
+
+    # Versions without a local label ("2.13.0+cpu" is torch 2.13.0).
+    assert machine.software.version("transformers") == version("transformers").split("+")[0]
+    assert machine.software.version("torch") == version("torch").split("+")[0]
+    cpu = machine.cpu
+    assert cpu.cores == len(os.sched_getaffinity(0))
+    assert cpu.arch == platform.machine()
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+    assert cpu.model == (names[0] if names else platform.processor() or platform.machine())
+    flag_lines = [
+        line.split(":", 1)[1].split() for line in cpuinfo if line.split(":")[0].strip() in ("flags", "Features")
+    ]
+    # The ISA flags that decide CPU dtypes and matmul paths, written out: the rest of the line is noise.
+    kept = {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni"}
+    kept |= {"amx_bf16", "amx_tile", "amx_int8", "amx_fp16"}
+    assert cpu.flags == kept & set(flag_lines[0] if flag_lines else ())
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    assert cpu.memory_total == int(meminfo["MemTotal"].split()[0]) * 1024
+    assert cpu.memory_available is not None and 0 < cpu.memory_available <= cpu.memory_total
 
 
 def test_cpuinfo_flags_decide_bf16() -> None:

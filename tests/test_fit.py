@@ -11,7 +11,7 @@ from cudaload import Launch, Machine
 from cudaload.facts.machine import GiB
 from cudaload.plans import Plan
 from cudaload.policy import Request, decide_plan
-from cudaload.policy.fit import HEADROOM, TRAINING_SHARE, gib, judge_fit, percent, pinned_gpu
+from cudaload.policy.fit import HEADROOM, TRAINING_SHARE, judge_fit, percent, pinned_gpu
 from cudaload.policy.memory import estimate_training_memory
 from cudaload.policy.quantization import decide_quantization
 from model_shapes import llama
@@ -80,13 +80,15 @@ def test_even_4bit_too_big_warns_naming_the_gpu_it_was_judged_on() -> None:
     assert "NVIDIA A100-SXM4-80GB (cuda:1," in warning and "T4" not in warning
     # Placement agrees it fits no single GPU: it spreads over both, with the CPU for the rest.
     assert plan.kwargs["device_map"] == "auto"
-    assert set(plan.kwargs["max_memory"]) == {0, 1, "cpu"}
+    # 80% of each one's free memory: T4 15 GiB, A100 80 GiB, the simulated CPU's 64 GiB.
+    assert plan.kwargs["max_memory"] == {0: "12.0GiB", 1: "64.0GiB", "cpu": "51.2GiB"}
 
 
 def test_two_equal_gpus_are_judged_and_used_at_the_first() -> None:
     machine = Machine.simulated("A100", count=2, packages=BNB)
     fit = judge_fit(machine, GiB, HEADROOM)
     assert fit.gpu is not None and fit.gpu.index == 0 and fit.devices == (0,)
+    assert fit.budget == 64 * GiB  # 80% of the first A100's 80 GiB
     plan = finetune(machine, 8)
     assert plan.decision("quantize").value is None
     assert _judged_index(plan.decision("quantize").reason) == 0
@@ -123,14 +125,16 @@ def test_torchrun_on_two_equal_gpus_each_rank_keeps_16bit_on_its_own_gpu(rank: i
     assert plan.kwargs["device_map"] == {"": rank}
     fit = judge_fit(machine, 20 * GiB, TRAINING_SHARE)
     assert fit.per_rank and fit.fits and fit.gpu is not None and fit.gpu.index == 0
+    assert fit.budget == 72 * GiB  # 90% of 80 GiB: a rank's whole copy is not divided
 
 
 def test_torchrun_spread_budgets_are_shared_by_the_nodes_ranks() -> None:
     machine = Machine.simulated(["A100", "T4"], launch=_ddp(1))
     fit = judge_fit(machine, 100 * GiB, HEADROOM)
-    assert fit.spread == {g.index: int(g.usable_memory * HEADROOM) // 2 for g in machine.gpus}
+    # 80% of each GPU's free memory (A100 80 GiB -> 64, T4 15 GiB -> 12), halved for the 2 ranks.
+    assert fit.spread == {0: 32 * GiB, 1: 6 * GiB}
     single = judge_fit(Machine.simulated(["A100", "T4"]), 100 * GiB, HEADROOM)
-    assert single.spread == {g.index: int(g.usable_memory * HEADROOM) for g in machine.gpus}
+    assert single.spread == {0: 64 * GiB, 1: 12 * GiB}
 
 
 # --- a device_map you pin decides the GPU judged (single process) --------------------------------
@@ -184,7 +188,7 @@ def test_pinned_gpu(device_map: object, index: int | None) -> None:
 
 def test_exactly_the_budget_fits_one_byte_more_does_not() -> None:
     machine = Machine.simulated("T4")
-    budget = int(machine.gpus[0].usable_memory * HEADROOM)
+    budget = 12 * GiB  # 80% of the T4's 15 GiB
     at = judge_fit(machine, budget, HEADROOM)
     assert at.fits and at.budget == budget and at.devices == (0,)
     over = judge_fit(machine, budget + 1, HEADROOM)
@@ -193,17 +197,21 @@ def test_exactly_the_budget_fits_one_byte_more_does_not() -> None:
 
 def test_exactly_the_spread_fits_one_byte_more_does_not() -> None:
     machine = Machine.simulated(["T4", "A100"])
-    total = sum(int(g.usable_memory * HEADROOM) for g in machine.gpus)
+    total = 76 * GiB  # 80% of 15 GiB + 80% of 80 GiB = 12 + 64 GiB
     at = judge_fit(machine, total, HEADROOM)
+    assert at.spread == {0: 12 * GiB, 1: 64 * GiB}
     assert not at.fits and at.fits_spread and at.devices == (0, 1)
     assert not judge_fit(machine, total + 1, HEADROOM).fits_spread
 
 
 def test_the_share_sets_the_budget() -> None:
     machine = Machine.simulated("T4")
-    need = int(machine.gpus[0].usable_memory * (HEADROOM + TRAINING_SHARE) / 2)
-    assert not judge_fit(machine, need, HEADROOM).fits
-    assert judge_fit(machine, need, TRAINING_SHARE).fits
+    # The T4's 15 GiB: 12 GiB at 80% (HEADROOM), 13.5 GiB at 90% (TRAINING_SHARE).
+    assert judge_fit(machine, 12 * GiB, HEADROOM).fits
+    assert not judge_fit(machine, 12 * GiB + 1, HEADROOM).fits
+    assert judge_fit(machine, 12 * GiB + 1, TRAINING_SHARE).fits
+    assert judge_fit(machine, 27 * GiB // 2, TRAINING_SHARE).fits
+    assert not judge_fit(machine, 27 * GiB // 2 + 1, TRAINING_SHARE).fits
 
 
 def test_without_a_gpu_nothing_fits_a_gpu() -> None:
@@ -221,21 +229,20 @@ def test_the_reason_says_the_gpu_the_budget_and_the_share() -> None:
     machine = Machine.simulated(["T4", "A100"])
     fit = judge_fit(machine, 20 * GiB, TRAINING_SHARE)
     assert fit.reason == (
-        f"~20.0 GiB fit in {gib(fit.budget)} usable on NVIDIA A100-SXM4-80GB (cuda:1, the most free memory of 2 GPUs) "
+        "~20.0 GiB fit in 72.0 GiB usable on NVIDIA A100-SXM4-80GB (cuda:1, the most free memory of 2 GPUs) "
         "(90% of 80.0 GiB free)"
     )
     only = judge_fit(Machine.simulated("T4"), 20 * GiB, TRAINING_SHARE)
     assert only.reason == "~20.0 GiB do not fit in 13.5 GiB usable on Tesla T4 (90% of 15.0 GiB free)"
 
 
-def test_reasons_write_the_shares_from_the_constants() -> None:
-    assert (percent(HEADROOM), percent(TRAINING_SHARE)) == (
-        f"{round(HEADROOM * 100)}%",
-        f"{round(TRAINING_SHARE * 100)}%",
-    )
+def test_reasons_write_the_shares_as_percentages() -> None:
+    assert (percent(HEADROOM), percent(TRAINING_SHARE)) == ("80%", "90%")
+    assert percent(0.85) == "85%"  # the text follows the share, whatever it is
     plan = decide_plan(Machine.simulated("T4", count=2), llama(8), Request())
     assert plan.kwargs["device_map"] == "auto"
-    assert f"({percent(HEADROOM)} of each one's free memory)" in plan.decision("device_map").reason
+    assert plan.kwargs["max_memory"] == {0: "12.0GiB", 1: "12.0GiB"}  # 80% of each T4's 15 GiB
+    assert "(80% of each one's free memory)" in plan.decision("device_map").reason
 
 
 def test_a_device_map_pinning_the_small_gpu_is_what_quantize_auto_judges() -> None:

@@ -70,8 +70,9 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
     except OSError as exc:
         if os.path.isdir(name):
             raise ModelConfigError(
-                f"{name!r} is a local folder, but its config.json is missing or unreadable: {exc}. Save the model "
-                "there with save_pretrained(), or pass the folder that holds config.json."
+                f"{name!r} is a local folder, but its config.json is missing or unreadable: "
+                f"{str(exc).rstrip('.')}. Save the model there with save_pretrained(), or pass the folder that holds "
+                "config.json."
             ) from exc
         raise ModelConfigError(
             f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
