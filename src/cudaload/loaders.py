@@ -601,13 +601,6 @@ def apply_plan(
     return model
 
 
-def _check_flags(**flags: Any) -> None:
-    """Each flag is a bool: 'yes', 1 or None are not taken for one."""
-    for name, value in flags.items():
-        if not isinstance(value, bool):
-            raise SettingError(f"{name}={value!r} ({type(value).__name__}): pass True or False.")
-
-
 def load(
     model: Any,
     *,
@@ -690,8 +683,10 @@ def load(
             "config object use cudaload.plan(config); to load, save the model and pass its folder."
         )
     from .model_facts import model_class_name
+    from .planner import check_flag
 
-    _check_flags(strict=strict, verify=verify, allow_missing_weights=allow_missing_weights)
+    for name, value in (("strict", strict), ("verify", verify), ("allow_missing_weights", allow_missing_weights)):
+        check_flag(name, value, allow_none=False)
     if "output_loading_info" in overrides:
         raise SettingError(
             "output_loading_info= is not passed through: load() reads transformers' loading report itself, raises "

@@ -81,13 +81,12 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
         ) from exc
 
 
-_MAX_CONFIG_BYTES = 16 << 20  # capability.cache.MAX_READ_BYTES: far above any real config.json
-
-
 def _check_config_file(name: str) -> None:
     """A local folder's config.json must be a regular file of sane size before transformers opens
     it: a FIFO would block the read forever and a symlink to /dev/zero would fill memory."""
     import stat
+
+    from .capability.cache import MAX_READ_BYTES
 
     path = os.path.join(name, "config.json")
     if not os.path.isdir(name) or not os.path.lexists(path):
@@ -96,10 +95,10 @@ def _check_config_file(name: str) -> None:
         info = os.stat(path)  # stat opens nothing, so a FIFO does not block it
     except OSError:
         return
-    if not stat.S_ISREG(info.st_mode) or info.st_size > _MAX_CONFIG_BYTES:
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
         kind = "is not a regular file" if not stat.S_ISREG(info.st_mode) else f"is {info.st_size:,} bytes"
         raise ModelConfigError(
-            f"{path} {kind}: cudaload reads only a regular config.json of at most {_MAX_CONFIG_BYTES >> 20} MiB "
+            f"{path} {kind}: cudaload reads only a regular config.json of at most {MAX_READ_BYTES >> 20} MiB "
             "(a FIFO or a device would hang or fill memory). Save the model with save_pretrained()."
         )
 

@@ -32,7 +32,7 @@ __all__ = ["plan", "split_overrides"]
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
 
-def _flag(name: str, value: Any, allow_none: bool) -> None:
+def check_flag(name: str, value: Any, allow_none: bool) -> None:
     """Only a real bool (or None, "decide for me") counts: 1, "yes" or "False" must not."""
     if isinstance(value, bool) or (allow_none and value is None):
         return
@@ -70,9 +70,9 @@ def _check_attention_name(name: str) -> None:
 def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
     """Turn from_pretrained-style kwargs into a Request; unknown keys pass through untouched."""
     rest = dict(overrides)
-    _flag("use_kernels", rest.get("use_kernels"), allow_none=True)
+    check_flag("use_kernels", rest.get("use_kernels"), allow_none=True)
     if "trust_remote_code" in rest:
-        _flag("trust_remote_code", rest["trust_remote_code"], allow_none=False)
+        check_flag("trust_remote_code", rest["trust_remote_code"], allow_none=False)
     attn = rest.get("attn_implementation")
     if attn is not None and not isinstance(attn, str):
         raise SettingError(
@@ -223,7 +223,7 @@ def plan(
         ({'cache_implementation': 'static'}, 'left')
     """
     chosen_workload = workload_from(workload)
-    _flag("generate", generate, allow_none=True)
+    check_flag("generate", generate, allow_none=True)
     generation_settings = {
         "context": context,
         "cache_implementation": cache_implementation,
@@ -247,8 +247,8 @@ def plan(
             )
     if isinstance(model, (str, os.PathLike)) and not str(model).strip():
         raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
-    _flag("finetune", finetune, allow_none=False)
-    _flag("probe", probe, allow_none=False)
+    check_flag("finetune", finetune, allow_none=False)
+    check_flag("probe", probe, allow_none=False)
     if not finetune:
         training_only = {
             "lora": lora,
@@ -286,7 +286,7 @@ def plan(
         else {}
     )
     # Validated before anything is read: a bad flag must not reach the config loader.
-    _flag("hub_kernels", hub_kernels, allow_none=True)
+    check_flag("hub_kernels", hub_kernels, allow_none=True)
     request = split_overrides(overrides, workload=chosen_workload, hub_kernels=hub_kernels, **training)
     if machine is not None and not isinstance(machine, Machine):
         raise SettingError(

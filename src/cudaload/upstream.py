@@ -29,6 +29,7 @@ __all__ = [
     "fa4_head_dims_ok",
     "flash_received_head_dims",
     "hub_kernel_version",
+    "version_at_least",
 ]
 
 
@@ -125,11 +126,12 @@ def flash_received_head_dims(head_dims: tuple[int, ...], qk_v: tuple[int, int] |
 def fa4_head_dims_ok(head_dims: tuple[int, ...], qk_v: tuple[int, int] | None, installed: str | None = None) -> bool:
     """Whether FlashAttention-4 on sm100 runs every head dim the kernel receives; `installed` is the
     flash-attn-4 version (None: the Hub kernel, whose FA4 build is not known to have hd256)."""
-    hd256 = installed is not None and _at_least(installed, FA4_HD256_VERSION)
+    hd256 = installed is not None and version_at_least(installed, FA4_HD256_VERSION)
     return all(8 <= d <= 128 or (d == 256 and hd256) for d in flash_received_head_dims(head_dims, qk_v))
 
 
-def _at_least(version: str, minimum: str) -> bool:
+def version_at_least(version: str, minimum: str) -> bool:
+    """`version` >= `minimum` by PEP 440; False for a version that does not parse."""
     try:
         return Version(version) >= Version(minimum)
     except InvalidVersion:

@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from packaging.version import InvalidVersion, Version
-
 from ..errors import AttentionUnavailableError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
@@ -27,6 +25,7 @@ from ..upstream import (
     FLASH_OPTIONS,
     fa4_head_dims_ok,
     flash_received_head_dims,
+    version_at_least,
 )
 from .kernels import kernels_status
 
@@ -91,13 +90,6 @@ def _hub_kernel(machine: Machine, repo: str) -> tuple[bool, str]:
     return True, f"Hub kernel {repo} (not cached: downloaded on first use)"
 
 
-def _at_least(installed: str, minimum: str) -> bool:
-    try:
-        return Version(installed) >= Version(minimum)
-    except InvalidVersion:
-        return False
-
-
 def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, installed: str | None) -> str | None:
     """Why FlashAttention `name` cannot run this model here (None when it can). `installed` is the
     package version, or None for the Hub kernel."""
@@ -105,7 +97,7 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
     gpu = machine.weakest_gpu
     if gpu is None:
         return "needs a CUDA GPU"
-    fa4_wide = name == "flash_attention_4" and installed is not None and _at_least(installed, FA4_WIDE_VERSION)
+    fa4_wide = name == "flash_attention_4" and installed is not None and version_at_least(installed, FA4_WIDE_VERSION)
     majors = option.hub_majors if installed is None else FA4_MAJORS_WIDE if fa4_wide else option.majors
     if gpu.capability[0] not in majors:
         note = ""
@@ -126,9 +118,13 @@ def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, inst
         return "FlashAttention runs only in fp16/bf16; the dtype is float32"
     if not model.supports_flash:
         return f"{model.model_class} does not support FlashAttention"
-    if name == "flash_attention_2" and installed is not None and not _at_least(installed, FLASH_ATTN_2_MIN_VERSION):
+    if (
+        name == "flash_attention_2"
+        and installed is not None
+        and not version_at_least(installed, FLASH_ATTN_2_MIN_VERSION)
+    ):
         return f"flash-attn {installed} is older than {FLASH_ATTN_2_MIN_VERSION}, the oldest transformers accepts"
-    softcap_too_old = installed is not None and not _at_least(installed, FLASH_ATTN_2_SOFTCAP_MIN_VERSION)
+    softcap_too_old = installed is not None and not version_at_least(installed, FLASH_ATTN_2_SOFTCAP_MIN_VERSION)
     if model.softcap and name == "flash_attention_2" and softcap_too_old:
         return (
             f"attn_logit_softcapping={model.softcap} needs flash-attn >= {FLASH_ATTN_2_SOFTCAP_MIN_VERSION} "

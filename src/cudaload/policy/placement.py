@@ -51,6 +51,19 @@ def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Mac
     return replace(machine, gpus=chosen) if chosen else machine
 
 
+def _rank_gpu(machine: Machine) -> int:
+    """This rank's CUDA index: LOCAL_RANK, or 0 when the process sees one GPU (CUDA_VISIBLE_DEVICES set
+    per rank)."""
+    launch = machine.launch
+    index = 0 if len(machine.gpus) == 1 else launch.local_rank
+    if index >= len(machine.gpus):
+        raise PlacementError(
+            f"LOCAL_RANK={launch.local_rank} but this process sees {len(machine.gpus)} GPU(s): start at most "
+            "one process per visible GPU (torchrun --nproc_per_node), or fix CUDA_VISIBLE_DEVICES."
+        )
+    return index
+
+
 def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> Decision | None:
     """The CUDA device to make current before a quantized FSDP / DeepSpeed ZeRO-3 rank loads (None when
     there is no such question). Those launches get no device_map, and bitsandbytes' quantizer then puts
@@ -60,12 +73,7 @@ def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> De
     launch = machine.launch
     if not (quantized and launch.distributed and launch.shards_parameters and machine.gpus) or device_map is not None:
         return None
-    index = 0 if len(machine.gpus) == 1 else launch.local_rank  # one visible GPU per rank means cuda:0
-    if index >= len(machine.gpus):
-        raise PlacementError(
-            f"LOCAL_RANK={launch.local_rank} but this process sees {len(machine.gpus)} GPU(s): start at most "
-            "one process per visible GPU (torchrun --nproc_per_node), or fix CUDA_VISIBLE_DEVICES."
-        )
+    index = _rank_gpu(machine)
     what = "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
     return Decision(
         "cuda_device",
@@ -258,13 +266,7 @@ def decide_placement(
     if launch.distributed:
         if not machine.gpus:
             return Decision("device_map", "cpu", f"rank {launch.rank}/{launch.world_size} on CPU (gloo)"), None, ()
-        # One visible GPU per rank (CUDA_VISIBLE_DEVICES set per process) means cuda:0.
-        index = 0 if len(machine.gpus) == 1 else launch.local_rank
-        if index >= len(machine.gpus):
-            raise PlacementError(
-                f"LOCAL_RANK={launch.local_rank} but this process sees {len(machine.gpus)} GPU(s): start at most "
-                "one process per visible GPU (torchrun --nproc_per_node), or fix CUDA_VISIBLE_DEVICES."
-            )
+        index = _rank_gpu(machine)
         return (
             Decision(
                 "device_map",

@@ -13,6 +13,7 @@ from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.quantization import CheckpointQuantization
 from ..plans import Decision, Rejected
+from ..upstream import version_at_least
 from .fit import TRAINING_SHARE, gib, judge_fit, pinned_gpu
 from .kernels import kernels_status
 from .memory import TrainingMemory
@@ -168,10 +169,7 @@ def _at_least(machine: Machine, dist: str, minimum: str) -> tuple[bool, str]:
     version = machine.software.version(dist)
     if version is None:
         return False, f"{dist} is not installed"
-    try:
-        ok = Version(version) >= Version(minimum)
-    except InvalidVersion:
-        ok = False
+    ok = version_at_least(version, minimum)
     return ok, f"{dist} {version}" + ("" if ok else f" is older than {minimum}")
 
 
