@@ -418,14 +418,26 @@ def test_a_finetune_that_does_not_fit_names_the_activations_not_the_weights() ->
 # 9. A config.json that is not a regular file is refused, never read
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
-def test_a_config_json_that_is_not_a_regular_file_is_a_model_config_error(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("fifo", "is not a regular file"),
+        ("dev-zero", "is not a regular file"),
+        ("huge", "is 16,777,217 bytes: cudaload reads only a regular config.json of at most 16 MiB"),
+    ],
+)
+def test_a_config_json_that_is_not_a_regular_file_is_a_model_config_error(
+    tmp_path: Path, kind: str, message: str
+) -> None:
     folder = tmp_path / "model"
     folder.mkdir()
     if kind == "fifo":
         os.mkfifo(folder / "config.json")  # no writer: opening it to read would block forever
-    else:
+    elif kind == "dev-zero":
         (folder / "config.json").symlink_to("/dev/zero")  # reading it would fill memory
+    else:
+        with open(folder / "config.json", "wb") as handle:
+            handle.truncate(16 * 2**20 + 1)  # one byte over the cap, sparse on disk
     script = (
         "import sys, cudaload\n"
         "try:\n"
@@ -437,7 +449,7 @@ def test_a_config_json_that_is_not_a_regular_file_is_a_model_config_error(tmp_pa
     done = subprocess.run(
         [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, env=env, timeout=120
     )
-    assert "is not a regular file" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert message in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("value", ["maybe", "2", "nope"])
