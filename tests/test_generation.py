@@ -15,7 +15,8 @@ from cudaload import Machine
 from cudaload.cli import main
 from cudaload.errors import ModelConfigError, SettingError
 from cudaload.facts.machine import GiB
-from cudaload.generation import CACHE_IMPLEMENTATIONS, GenerationFacts, KvLayers, read_generation_facts
+from cudaload.capability.kv_layout import read_generation_facts
+from cudaload.facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts, KvLayers
 from cudaload.policy.generation import decide_generation
 from cudaload.policy.request import WORKLOADS
 
@@ -348,9 +349,16 @@ def test_plan_generate(tiny_models: dict[str, Path]) -> None:
         cudaload.plan(path, machine=H100, context=100)
     with pytest.raises(SettingError, match="finetune"):
         cudaload.plan(path, machine=H100, generate=True, finetune=True)
+    # The facts read from the config carry its KV-cache layout: planning them is planning the path.
     facts = cudaload.read_model_facts(path)
-    with pytest.raises(ModelConfigError, match="config"):
-        cudaload.plan(facts, machine=H100, generate=True)
+    assert facts.generation is not None
+    from_facts = cudaload.plan(facts, machine=H100, generate=True, context=100).generation
+    assert from_facts == plan.generation
+    # Facts without one (built by hand) cannot plan generation, and say what to pass instead.
+    with pytest.raises(ModelConfigError, match="path, Hub id or PretrainedConfig"):
+        cudaload.plan(replace(facts, generation=None), machine=H100, generate=True)
+    # generate=None (what load() asks) leaves such facts without a generation section.
+    assert cudaload.plan(replace(facts, generation=None), machine=H100, generate=None).generation is None
 
 
 def test_cli_plan_generate(tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

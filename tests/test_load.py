@@ -11,7 +11,15 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import cudaload
-from cudaload import AttentionUnavailableError, CudaloadWarning, LoadFailedError, Machine, load, tokenizer_for
+from cudaload import (
+    AttentionUnavailableError,
+    CudaloadWarning,
+    LoadFailedError,
+    Machine,
+    from_pretrained_kwargs,
+    load,
+    tokenizer_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +39,7 @@ def test_load_applies_the_plan_and_matches_a_bare_load(tiny_models, arch) -> Non
     assert applied.verified is True and applied.fallbacks == ()
     assert {"plan", "load", "verify"} <= set(applied.timings)
 
-    bare = AutoModelForCausalLM.from_pretrained(tiny_models[arch], **applied.plan.from_pretrained_kwargs())
+    bare = AutoModelForCausalLM.from_pretrained(tiny_models[arch], **from_pretrained_kwargs(applied.plan))
     with torch.inference_mode():
         ours, theirs = model(IDS).logits, bare(IDS).logits
     assert torch.isfinite(ours).all()

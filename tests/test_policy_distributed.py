@@ -81,6 +81,7 @@ from dataclasses import replace  # noqa: E402
 
 from cudaload import Machine  # noqa: E402
 from cudaload.facts.machine import Launch  # noqa: E402
+from cudaload.loaders import from_pretrained_kwargs  # noqa: E402
 from cudaload.policy import Request, decide_plan  # noqa: E402
 from model_shapes import llama  # noqa: E402
 
@@ -157,7 +158,7 @@ def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
     from transformers.distributed import DistributedConfig
 
     plan = decide_plan(Machine.simulated("A100", count=4, launch=_ranks(4)), _model(70), Request())
-    kwargs = plan.from_pretrained_kwargs()
+    kwargs = from_pretrained_kwargs(plan)
     assert "tp_plan" not in kwargs and isinstance(kwargs["distributed_config"], DistributedConfig)
     assert kwargs["distributed_config"].tp_plan == "auto"
 

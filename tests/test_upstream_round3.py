@@ -13,7 +13,7 @@ from cudaload import Machine
 from cudaload.capability.software import simulated_packages
 from cudaload.facts.machine import GiB, Launch
 from cudaload.facts.model import ModelFacts
-from cudaload.generation import GenerationFacts, KvLayers
+from cudaload.facts.kv_cache import GenerationFacts, KvLayers
 from cudaload.loaders import set_rank_device
 from cudaload.policy import Request, Workload, decide_plan
 from cudaload.policy.generation import decide_generation

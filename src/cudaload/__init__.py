@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "plan": "cudaload.planner",
     "load": "cudaload.loaders",
+    "from_pretrained_kwargs": "cudaload.loaders",
     "load_for_finetune": "cudaload.finetune",
     "training_arguments": "cudaload.finetune",
     "AppliedPlan": "cudaload.loaders",
@@ -22,7 +23,7 @@ _EXPORTS = {
     "CudaloadWarning": "cudaload.errors",
     "tokenizer_for": "cudaload.tokenizer",
     "pipeline": "cudaload.pipelines",
-    "GenerationPlan": "cudaload.generation",
+    "GenerationPlan": "cudaload.plans",
     "FinetunePlan": "cudaload.plans",
     "detect": "cudaload.capability",
     "Plan": "cudaload.plans",
@@ -90,6 +91,7 @@ __all__ = [
     "WorkloadError",
     "__version__",
     "detect",
+    "from_pretrained_kwargs",
     "load",
     "load_for_finetune",
     "pipeline",
@@ -120,12 +122,11 @@ if TYPE_CHECKING:
     from .facts.machine import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
     from .facts.model import ModelFacts
     from .finetune import load_for_finetune, training_arguments
-    from .generation import GenerationPlan
-    from .loaders import AppliedPlan, Fallback, load
+    from .loaders import AppliedPlan, Fallback, from_pretrained_kwargs, load
     from .model_facts import read_model_facts
     from .pipelines import pipeline
     from .planner import plan
-    from .plans import Decision, FinetunePlan, Plan, Rejected
+    from .plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
     from .policy.request import Workload
     from .tokenizer import tokenizer_for
 

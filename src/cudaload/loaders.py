@@ -17,9 +17,9 @@ from .policy.attention import attention_kind
 from .upstream import FLASH_OPTIONS
 
 if TYPE_CHECKING:
-    from .generation import GenerationPlan
+    from .plans import GenerationPlan
 
-__all__ = ["AppliedPlan", "Fallback", "load", "set_rank_device"]
+__all__ = ["AppliedPlan", "Fallback", "from_pretrained_kwargs", "load", "set_rank_device"]
 
 
 @dataclass(frozen=True)
@@ -375,17 +375,50 @@ def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -
     return replace(plan.with_attention(chain[0]), attention_chain=chain, decisions=decisions)
 
 
-def _applied_generation(planned: GenerationPlan, model: Any, attention: str) -> GenerationPlan:
-    """The generation decisions again, with the attention and dtype the loaded model has."""
-    from .facts.dtypes import BYTES
-    from .policy.generation import decide_generation
+def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
+    """The plan's from_pretrained keyword arguments as the objects transformers takes: its JSON-ready
+    `kwargs` with a `BitsAndBytesConfig` for a planned quantization and, for tensor parallelism, a
+    `DistributedConfig` where transformers has one. What `load()` passes to from_pretrained (with
+    `output_loading_info=True`); use it to load a plan with transformers yourself.
 
-    inputs = dict(planned.inputs)
-    machine = inputs.pop("machine")
-    dtype = str(model.dtype).removeprefix("torch.")
-    return decide_generation(
-        machine, planned.facts, dtype=dtype if dtype in BYTES else planned.dtype, attention=attention, **inputs
-    )
+    Args:
+        plan: A `Plan` from `plan()`.
+
+    Returns:
+        A new dict of from_pretrained keyword arguments (the plan is not changed).
+
+    Raises:
+        SettingError: `plan` is not a Plan.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> a100 = cudaload.Machine.simulated("A100", packages={"bitsandbytes": "0.50.2", "peft": "0.21.2"})
+        >>> plan = cudaload.plan(path, machine=a100, finetune=True, quantize="4bit")
+        >>> plan.kwargs["quantization_config"]["bnb_4bit_quant_type"]
+        'nf4'
+        >>> type(cudaload.from_pretrained_kwargs(plan)["quantization_config"]).__name__
+        'BitsAndBytesConfig'
+    """
+    if not isinstance(plan, Plan):
+        raise SettingError(
+            f"from_pretrained_kwargs() takes a Plan from cudaload.plan(), not {type(plan).__name__} ({plan!r:.60})."
+        )
+    kwargs = dict(plan.kwargs)
+    quant = kwargs.get("quantization_config")
+    if isinstance(quant, Mapping):
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
+    if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
+        # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
+        try:
+            from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
+        except ImportError:  # older 5.x: tp_plan= is the API
+            return kwargs
+        kwargs["distributed_config"] = DistributedConfig(tp_plan=kwargs.pop("tp_plan"))
+    return kwargs
 
 
 @dataclass(frozen=True)
@@ -410,7 +443,7 @@ def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _WeightsReport,
     """(the model loaded with `option`, its weights report, None), or (None, an empty report, the failure)."""
     try:
         model, info = auto.from_pretrained(
-            plan.model, output_loading_info=True, **plan.with_attention(option).from_pretrained_kwargs()
+            plan.model, output_loading_info=True, **from_pretrained_kwargs(plan.with_attention(option))
         )
     except CudaloadError:
         raise  # cudaload's own errors already say what to do
@@ -571,8 +604,11 @@ def apply_plan(
 
     applied_plan = _as_applied(plan, chain[index:], fallbacks)
     if plan.generation is not None:
+        from .planner import generation_as_applied
+
+        dtype = str(model.dtype).removeprefix("torch.")
         applied_plan = replace(
-            applied_plan, generation=_applied_generation(plan.generation, model, applied_plan.attn_implementation)
+            applied_plan, generation=generation_as_applied(plan, applied_plan.attn_implementation, dtype)
         )
     device_map = getattr(model, "hf_device_map", None)
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))

@@ -18,9 +18,11 @@ import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from .capability.kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
 from .errors import ModelConfigError, RemoteCodeError, SettingError
 from .facts.dtypes import canonical_dtype
-from .facts.model import ModelFacts
+from .facts.kv_cache import GenerationFacts
+from .facts.model import ModelFacts, generates
 from .facts.quantization import count_quantized, read_quantization_config
 from .upstream_imports import import_transformers
 
@@ -441,8 +443,8 @@ def _read_model_facts(
         )
     hidden = getattr(text_config, "hidden_size", None)
     heads = getattr(text_config, "num_attention_heads", None)
-    head_dim = getattr(text_config, "head_dim", None) or (hidden // heads if hidden and heads else None)
-    head_dims, qk_v = _head_dims(text_config, head_dim)
+    size = head_dim(text_config)
+    head_dims, qk_v = _head_dims(text_config, size)
     compatible = getattr(cls, "_compatible_flash_implementations", None)
     facts = ModelFacts(
         source=model if isinstance(model, str) else (getattr(config, "_name_or_path", "") or config.model_type),
@@ -454,7 +456,7 @@ def _read_model_facts(
         supports_flex=bool(getattr(cls, "_supports_flex_attn", False)),
         parameters=sum(p.numel() for p in meta.parameters()),
         checkpoint_dtype=checkpoint_dtype,
-        head_dim=head_dim,
+        head_dim=size,
         num_layers=getattr(text_config, "num_hidden_layers", None),
         hidden_size=hidden,
         sliding_window=getattr(text_config, "sliding_window", None),
@@ -474,8 +476,20 @@ def _read_model_facts(
         attention_heads=heads,
         kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
         tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
+        generation=_generation_facts(config, cls, model, revision) if generates(auto_class) else None,
     )
     return facts, dtype_from_weights
+
+
+def _generation_facts(config: Any, cls: type, model: Any, revision: str | None) -> GenerationFacts | None:
+    """The KV-cache layout from the config already read (and the checkpoint's generation_config.json);
+    None when the decoder's layers cannot be read the way transformers' caches read them."""
+    generation_config = checkpoint_generation_config(model, revision) if isinstance(model, str) else {}
+    try:
+        return read_generation_facts(config, cls, generation_config)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError):
+        # get_layer_types_and_kwargs on a config it does not describe (e.g. an encoder without layer sizes)
+        return None
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -564,11 +578,12 @@ def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tupl
     return tuple(sorted(found)), pair
 
 
-# The facts cache. A local folder's facts depend on its config.json, the Auto class, the installed
+# The facts cache. A local folder's facts depend on its config.json (and generation_config.json), the
+# Auto class, the installed
 # transformers (its classes and their `_supports_*` flags) and this code; the key holds all four.
 # Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
 # the config): it is then re-read from the safetensors header, which costs no import.
-_FACTS_SCHEMA = 2  # 2: ModelFacts.quantization
+_FACTS_SCHEMA = 3  # 2: ModelFacts.quantization; 3: ModelFacts.generation
 
 
 def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
@@ -582,6 +597,8 @@ def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
     if config is None:
         return None  # no cache: the config is then read (and judged) as transformers reads it
     config_hash = hashlib.sha256(config).hexdigest()
+    # The checkpoint's generation_config.json (its cache_implementation) is a fact too, and changes alone.
+    generation_config = read_regular_file(os.path.join(model, "generation_config.json"))
     from . import __version__
     from .capability.cache import cache_dir, cache_key
     from .capability.software import installed_versions
@@ -593,6 +610,7 @@ def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
         {
             "schema": _FACTS_SCHEMA,
             "config": config_hash,
+            "generation_config": hashlib.sha256(generation_config).hexdigest() if generation_config else None,
             "auto_class": auto_class,
             "transformers": transformers_version,
             "cudaload": __version__,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import (
     AttentionUnavailableError,
@@ -16,18 +16,16 @@ from .errors import (
     QuantizationError,
     SettingError,
 )
+from .facts.dtypes import BYTES
 from .facts.machine import Machine
 from .facts.model import ModelFacts
 from .model_facts import model_class_name, read_model_facts
-from .plans import Plan
+from .plans import GenerationPlan, Plan
+from .policy import Request, decide_plan, decide_plan_generation
+from .policy.request import GenerationRequest, Workload, check_padding_side, workload_from
 from .upstream_imports import import_transformers
 
-if TYPE_CHECKING:
-    from .generation import GenerationPlan
-from .policy import Request, decide_plan
-from .policy.request import Workload, workload_from
-
-__all__ = ["plan", "split_overrides"]
+__all__ = ["check_flag", "generation_as_applied", "plan", "split_overrides"]
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
@@ -222,72 +220,18 @@ def plan(
         >>> plan.generation.generate_kwargs, plan.generation.padding_side
         ({'cache_implementation': 'static'}, 'left')
     """
-    chosen_workload = workload_from(workload)
-    check_flag("generate", generate, allow_none=True)
-    generation_settings = {
-        "context": context,
-        "cache_implementation": cache_implementation,
-        "padding_side": padding_side,
-    }
-    if not generate and any(v is not None for v in generation_settings.values()):
-        given = ", ".join(f"{k}={v!r}" for k, v in generation_settings.items() if v is not None)
-        raise SettingError(f"{given} only applies to a generation plan: pass generate=True as well.")
-    if generate and finetune:
-        raise SettingError(
-            "generate=True and finetune=True: a fine-tuning plan trains, it does not plan generation. Plan the "
-            "generation separately (cudaload.plan(model, generate=True))."
-        )
-    if not isinstance(model, (str, os.PathLike, ModelFacts)):
-        from transformers import PretrainedConfig
-
-        if not isinstance(model, PretrainedConfig):
-            raise ModelConfigError(
-                f"plan() takes a local path, a Hub id, a PretrainedConfig or ModelFacts, not "
-                f"{type(model).__name__} ({model!r:.60})."
-            )
-    if isinstance(model, (str, os.PathLike)) and not str(model).strip():
-        raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
-    check_flag("finetune", finetune, allow_none=False)
+    for name, value, allow_none in (("generate", generate, True), ("finetune", finetune, False)):
+        check_flag(name, value, allow_none)
+    generation = _generation_request(generate, finetune, context, cache_implementation, padding_side)
+    _check_model(model)
     check_flag("probe", probe, allow_none=False)
-    if not finetune:
-        training_only = {
-            "lora": lora,
-            "gradient_checkpointing": gradient_checkpointing,
-            "seq_len": seq_len,
-            "batch_size": batch_size,
-            "quantize": None if quantize == "auto" else quantize,  # None: inference is never quantized by it
-        }
-        if any(v is not None for v in training_only.values()):
-            named = ", ".join(f"{k}={v!r}" for k, v in training_only.items() if v is not None)
-            raise FinetuneConfigError(
-                f"{named} only applies to a fine-tuning plan: pass finetune=True (load_for_finetune() does)"
-                + (
-                    ", or a quantization_config= of your own to quantize for inference."
-                    if training_only["quantize"] is not None
-                    else "."
-                )
-            )
+    training = _training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
     model_class = model_class_name(model_class)
-    if finetune and quantize is not None and "quantization_config" in overrides:
-        raise QuantizationError(
-            f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
-            "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
-        )
-    training = (
-        dict(
-            training=True,
-            quantize=quantize,
-            lora=lora,
-            gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
-            seq_len=2048 if seq_len is None else seq_len,
-            batch_size=1 if batch_size is None else batch_size,
-        )
-        if finetune
-        else {}
-    )
     # Validated before anything is read: a bad flag must not reach the config loader.
     check_flag("hub_kernels", hub_kernels, allow_none=True)
-    request = split_overrides(overrides, workload=chosen_workload, hub_kernels=hub_kernels, **training)
+    request = split_overrides(
+        overrides, workload=workload_from(workload), hub_kernels=hub_kernels, generation=generation, **training
+    )
     if machine is not None and not isinstance(machine, Machine):
         raise SettingError(
             f"machine={machine!r:.60} ({type(machine).__name__}): pass a cudaload.Machine, e.g. "
@@ -309,66 +253,114 @@ def plan(
         )
     )
     if detected:
-        from .capability import measure_for
-        from .policy.devices import usable_machine
-
-        on_cpu = not usable_machine(machine)[0].gpus
-        machine = measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
+        machine = _measured(machine, facts, probe, request)
     result = decide_plan(machine, facts, request)
-    generating = any(kind in facts.auto_class for kind in ("CausalLM", "Seq2SeqLM"))  # Auto or model class
-    if generate or (generate is None and generating and not finetune and not isinstance(model, ModelFacts)):
-        try:
-            generation = _plan_generation(model, machine, facts, result, request, overrides, generation_settings)
-        except Exception:
-            if generate:
-                raise
-            generation = None  # generate=None: "if the config allows"; a model it cannot read plans without
-        result = replace(result, generation=generation)
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
     return result
 
 
-def _plan_generation(
-    model: Any,
-    machine: Machine,
-    facts: ModelFacts,
-    result: Plan,
-    request: Request,
-    overrides: Mapping[str, Any],
-    settings: Mapping[str, Any],
-) -> GenerationPlan:
-    """plan.generation: the generation facts read from the config, then the pure policy."""
-    from .generation import checkpoint_generation_config, read_generation_facts
-    from .policy.devices import usable_machine
-    from .policy.generation import decide_generation
+def _check_model(model: Any) -> None:
+    if not isinstance(model, (str, os.PathLike, ModelFacts)):
+        import_transformers()
+        from transformers import PretrainedConfig
 
-    if isinstance(model, ModelFacts):
-        raise ModelConfigError(
-            "generate=True needs the model's config (its KV-cache layout), and ModelFacts do not carry it: pass "
-            "the model's path, Hub id or PretrainedConfig."
+        if not isinstance(model, PretrainedConfig):
+            raise ModelConfigError(
+                f"plan() takes a local path, a Hub id, a PretrainedConfig or ModelFacts, not "
+                f"{type(model).__name__} ({model!r:.60})."
+            )
+    if isinstance(model, (str, os.PathLike)) and not str(model).strip():
+        raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
+
+
+def _generation_request(
+    generate: bool | None,
+    finetune: bool,
+    context: int | None,
+    cache_implementation: str | None,
+    padding_side: str | None,
+) -> GenerationRequest | None:
+    """What plan()'s generation arguments ask: None for no generation section."""
+    settings = {"context": context, "cache_implementation": cache_implementation, "padding_side": padding_side}
+    if not generate and any(v is not None for v in settings.values()):
+        given = ", ".join(f"{k}={v!r}" for k, v in settings.items() if v is not None)
+        raise SettingError(f"{given} only applies to a generation plan: pass generate=True as well.")
+    if generate and finetune:
+        raise SettingError(
+            "generate=True and finetune=True: a fine-tuning plan trains, it does not plan generation. Plan the "
+            "generation separately (cudaload.plan(model, generate=True))."
         )
-    import_transformers()
-    import transformers
+    if generate is False or finetune:
+        return None
+    if padding_side is not None:
+        check_padding_side(padding_side)
+    return GenerationRequest(generate is True, context, cache_implementation, padding_side)
 
-    revision = overrides.get("revision")
-    trust = overrides.get("trust_remote_code", False) is True
-    if isinstance(model, (str, os.PathLike)):
-        config = transformers.AutoConfig.from_pretrained(str(model), trust_remote_code=trust, revision=revision)
-        generation_config = checkpoint_generation_config(str(model), revision)
-    else:
-        config, generation_config = model, {}
-    gen_facts = read_generation_facts(config, getattr(transformers, facts.model_class, None), generation_config)
-    return decide_generation(
-        usable_machine(machine)[0],
-        gen_facts,
-        dtype=result.dtype,
-        attention=result.attn_implementation,
-        weight_bytes=result.weight_bytes or 0,
-        device_map=result.kwargs.get("device_map"),
-        # cudaload quantizes through bitsandbytes; a pre-quantized checkpoint by its own method
-        quantized="bitsandbytes" if "quantization_config" in result.kwargs else facts.quantized,
-        workload=request.workload,
-        **settings,
-    )
+
+def _training_request(
+    finetune: bool,
+    quantize: str | None,
+    lora: Mapping[str, Any] | None,
+    gradient_checkpointing: bool | None,
+    seq_len: int | None,
+    batch_size: int | None,
+    overrides: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Request fields of a fine-tuning plan ({} for inference, where giving any of them is an error)."""
+    if not finetune:
+        training_only = {
+            "lora": lora,
+            "gradient_checkpointing": gradient_checkpointing,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "quantize": None if quantize == "auto" else quantize,  # None: inference is never quantized by it
+        }
+        if any(v is not None for v in training_only.values()):
+            named = ", ".join(f"{k}={v!r}" for k, v in training_only.items() if v is not None)
+            raise FinetuneConfigError(
+                f"{named} only applies to a fine-tuning plan: pass finetune=True (load_for_finetune() does)"
+                + (
+                    ", or a quantization_config= of your own to quantize for inference."
+                    if training_only["quantize"] is not None
+                    else "."
+                )
+            )
+        return {}
+    if quantize is not None and "quantization_config" in overrides:
+        raise QuantizationError(
+            f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
+            "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
+        )
+    return {
+        "training": True,
+        "quantize": quantize,
+        "lora": lora,
+        "gradient_checkpointing": True if gradient_checkpointing is None else gradient_checkpointing,
+        "seq_len": 2048 if seq_len is None else seq_len,
+        "batch_size": 1 if batch_size is None else batch_size,
+    }
+
+
+def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:
+    """This machine with the measurements that apply to `facts` (tuning records, the CPU dtype probe)."""
+    from .capability import measure_for
+    from .policy.devices import usable_machine
+
+    on_cpu = not usable_machine(machine)[0].gpus
+    return measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
+
+
+def generation_as_applied(plan: Plan, attention: str, dtype: str) -> GenerationPlan | None:
+    """`plan.generation` planned again for what `load()` really applied: the attention it fell back to
+    and the dtype the model has. The same policy call as `plan()`'s, from the plan's own inputs."""
+    if plan.generation is None or plan.inputs is None:
+        return plan.generation
+    if dtype not in BYTES:  # e.g. a quantized model's storage dtype: the KV cache keeps the planned one
+        dtype = plan.dtype
+    if (attention, dtype) == (plan.attn_implementation, plan.dtype):
+        return plan.generation
+    applied = replace(plan, kwargs={**plan.kwargs, "attn_implementation": attention, "dtype": dtype})
+    inputs = plan.inputs
+    return decide_plan_generation(inputs.machine, inputs.model, applied, inputs.request)

@@ -12,10 +12,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-if TYPE_CHECKING:
-    from .generation import GenerationPlan
+from .facts.dtypes import BYTES
+from .facts.kv_cache import GenerationFacts
 
-__all__ = ["Decision", "DecisionSource", "FinetunePlan", "Plan", "Rejected"]
+if TYPE_CHECKING:
+    from .facts.machine import Machine
+    from .facts.model import ModelFacts
+    from .policy.request import Request
+
+__all__ = [
+    "Decision",
+    "DecisionSource",
+    "FinetunePlan",
+    "GenerationPlan",
+    "Plan",
+    "PlanInputs",
+    "Rejected",
+    "decision_lines",
+    "jsonable",
+]
 
 
 DecisionSource = Literal["auto", "user"]
@@ -103,6 +118,20 @@ def _short(value: Any, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def decision_lines(decisions: tuple[Decision, ...], indent: str = "  ", mark_yours: bool = False) -> list[str]:
+    """`explain()`'s rows: one per decision (setting, value, reason), its rejected options below it
+    marked "x"; `mark_yours` adds "(set by you)" to the caller's own choices."""
+    width = max((len(d.setting) for d in decisions), default=10)
+    lines = []
+    for d in decisions:
+        mark = " (set by you)" if mark_yours and d.source == "user" else ""
+        lines.append(f"{indent}{d.setting:<{width}}  {_short(d.value, VALUE_WIDTH):<{VALUE_WIDTH}}  {d.reason}{mark}")
+        for r in d.rejected:
+            rejected = _short(r.value, VALUE_WIDTH - 2)
+            lines.append(f"{indent}{'':<{width}}  x {rejected:<{VALUE_WIDTH - 2}}  {r.reason}")
+    return lines
+
+
 @dataclass(frozen=True)
 class FinetunePlan:
     """The fine-tuning section of a Plan (`plan.finetune`): what `load_for_finetune()` applies.
@@ -157,6 +186,134 @@ class FinetunePlan:
 
 
 @dataclass(frozen=True)
+class GenerationPlan:
+    """The generation settings of a Plan (`plan.generation`), each a Decision with its reason.
+
+    - `generate_kwargs`: what to pass to `model.generate(...)` to get the planned cache (empty when
+      transformers' own default is the plan).
+    - `padding_side`: the tokenizer padding side for batched inputs ("left" for decoder-only).
+    - `kv_bytes_per_token`, `max_batch`, `max_context`: the KV-cache arithmetic behind the decisions.
+
+    Built by `plan(..., generate=True)` (and by `load()` for a causal or seq2seq LM; after an
+    attention fallback, planned again with the attention and dtype really applied); `explain()`
+    shows its decisions.
+
+    Attributes:
+        decisions: One `Decision` per generation setting: "generation.kv_cache",
+            "generation.max_batch", "generation.cache_implementation", "generation.compile",
+            "generation.continuous_batching", "generation.padding_side".
+        generate_kwargs: What to pass to `model.generate(...)` to get the planned cache (e.g.
+            `{"cache_implementation": "static"}`); empty when transformers' own default is the plan.
+        padding_side: The tokenizer padding side for batched inputs: "left" for decoder-only
+            models, "right" for encoder-decoder ones, or yours (`tokenizer_for()` follows it).
+        cache_implementation: The planned cache: "dynamic", "static", "offloaded",
+            "offloaded_static", "quantized" (yours, or the checkpoint's generation_config), or
+            None when the model builds its own cache.
+        compile: generate() will torch.compile the forward (upstream's `_valid_auto_compile_criteria`).
+        context: The context (prompt + new tokens) `max_batch` is computed for.
+        kv_bytes_per_token: Bytes one token of one sequence adds to the KV cache, all caching
+            layers (within windows).
+        max_batch: Sequences of `context` tokens whose KV cache fits in the budget; None when
+            memory is unknown.
+        max_context: The longest single sequence whose KV cache fits (capped at the model's max
+            positions); None when memory is unknown.
+        budget_bytes: Bytes the KV cache may use: a share of the GPU memory (or, on a CPU, the
+            RAM) left beside the weights; None when unknown.
+        dtype: The dtype the KV cache is sized in (the model's).
+        facts: The model's generation facts (KV layout, max positions) the decisions used.
+        warnings: Generation settings that work but cost you (also shown by the plan's explain()).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> h100 = cudaload.Machine.simulated("H100")
+        >>> generation = cudaload.plan(path, machine=h100, generate=True, workload="decode-heavy").generation
+        >>> generation.cache_implementation, generation.compile, generation.generate_kwargs
+        ('static', True, {'cache_implementation': 'static'})
+        >>> generation.kv_bytes_per_token, generation.max_context  # 2 layers x K+V x 2 kv heads x 16 x 2 bytes
+        (256, 256)
+        >>> generation.decision("generation.padding_side").value
+        'left'
+    """
+
+    decisions: tuple[Decision, ...]
+    generate_kwargs: Mapping[str, Any]
+    padding_side: str
+    cache_implementation: str | None
+    compile: bool
+    """generate() will torch.compile the forward (upstream's `_valid_auto_compile_criteria`)."""
+    context: int
+    """The context (prompt + new tokens) `max_batch` is computed for."""
+    kv_bytes_per_token: int
+    """Bytes one token of one sequence adds to the KV cache, all caching layers (within windows)."""
+    max_batch: int | None
+    """Sequences of `context` tokens whose KV cache fits in the budget; None when memory is unknown."""
+    max_context: int | None
+    """The longest single sequence whose KV cache fits (capped at the model's max positions)."""
+    budget_bytes: int | None
+    dtype: str
+    facts: GenerationFacts
+    warnings: tuple[str, ...] = ()
+
+    def decision(self, setting: str) -> Decision:
+        for d in self.decisions:
+            if d.setting == setting:
+                return d
+        raise KeyError(setting)
+
+    def kv_cache_bytes(self, batch: int, context: int) -> int:
+        """KV-cache bytes for `batch` sequences of `context` tokens in the plan's dtype."""
+        return self.facts.kv_bytes(batch, context, BYTES.get(self.dtype, 4))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generate_kwargs": jsonable(self.generate_kwargs),
+            "padding_side": self.padding_side,
+            "cache_implementation": self.cache_implementation,
+            "compile": self.compile,
+            "context": self.context,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "max_batch": self.max_batch,
+            "max_context": self.max_context,
+            "budget_bytes": self.budget_bytes,
+            "dtype": self.dtype,
+            "layers": [
+                {
+                    "layer_type": g.layer_type,
+                    "count": g.count,
+                    "elements_per_token": g.elements_per_token,
+                    "window": g.window,
+                }
+                for g in self.facts.layers
+            ],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "warnings": list(self.warnings),
+        }
+
+    def explain_lines(self) -> list[str]:
+        """The generation block of `Plan.explain()`."""
+        lines = [f"  generation (context {self.context} tokens):"]
+        lines += decision_lines(self.decisions, indent="    ", mark_yours=True)
+        lines += [f"    WARNING: {w}" for w in self.warnings]
+        return lines
+
+    def __str__(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The policy's inputs for one plan: the machine as planned for (its usable GPUs), the model's
+    facts and the request. Kept on the Plan so that generation can be planned again for what
+    `load()` really applied (another attention after a fallback)."""
+
+    machine: Machine
+    model: ModelFacts
+    request: Request
+
+
+@dataclass(frozen=True)
 class Plan:
     """What `plan()` decided: the exact from_pretrained keyword arguments and the reason for each.
 
@@ -168,8 +325,8 @@ class Plan:
         model: The model as given (local path or Hub id; for a PretrainedConfig its name).
         machine: One line describing the machine planned for (`Machine.describe()`).
         kwargs: The `from_pretrained` keyword arguments, JSON-ready (dtype as a string,
-            quantization as BitsAndBytesConfig arguments); `from_pretrained_kwargs()` gives the
-            objects transformers takes.
+            quantization as BitsAndBytesConfig arguments); `cudaload.from_pretrained_kwargs(plan)`
+            gives the objects transformers takes.
         attention_chain: Attention implementations to try in order; the first is the choice,
             the rest are what `load()` falls back to.
         decisions: One `Decision` per setting.
@@ -185,6 +342,8 @@ class Plan:
             (not cached).
         generation: Generation settings (`GenerationPlan`); None for plans that do not generate
             (fine-tuning, encoders, `generate=False`).
+        inputs: What the policy decided from (`PlanInputs`: the machine, the model's facts, the
+            request); not part of the plan's value (equality, hash, `to_dict()`).
 
     Examples:
         >>> import tempfile, cudaload
@@ -220,6 +379,12 @@ class Plan:
     generation: GenerationPlan | None = None
     """Generation settings (KV cache, batch x context that fits, cache implementation, compile,
     padding side), each a Decision; None for plans that do not generate (fine-tuning, encoders)."""
+    inputs: PlanInputs | None = field(default=None, compare=False, repr=False)
+    """What the policy decided from (not part of the plan's value, not in `to_dict()`): `load()`
+    plans generation again from it when an attention fallback changed what was applied."""
+
+    def __hash__(self) -> int:  # kwargs is a dict: hash the plan's JSON value, which equality agrees with
+        return hash(self.to_json())
 
     def decision(self, setting: str) -> Decision:
         """The Decision for `setting` (e.g. "dtype"); KeyError when the plan has none."""
@@ -254,23 +419,6 @@ class Plan:
         """This plan with another attention implementation (used when falling back)."""
         return replace(self, kwargs={**self.kwargs, "attn_implementation": implementation})
 
-    def from_pretrained_kwargs(self) -> dict[str, Any]:
-        """The kwargs as objects transformers takes (a BitsAndBytesConfig for quantization)."""
-        kwargs = dict(self.kwargs)
-        quant = kwargs.get("quantization_config")
-        if isinstance(quant, Mapping):
-            from transformers import BitsAndBytesConfig
-
-            kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
-        if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
-            # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
-            try:
-                from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
-            except ImportError:  # older 5.x: tp_plan= is the API
-                return kwargs
-            kwargs["distributed_config"] = DistributedConfig(tp_plan=kwargs.pop("tp_plan"))
-        return kwargs
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -289,13 +437,7 @@ class Plan:
 
     def explain(self) -> str:
         """A short table: one line per setting with its reason, rejected options indented below."""
-        lines = [f"cudaload plan for {self.model} on {self.machine}"]
-        width = max(len(d.setting) for d in self.decisions) if self.decisions else 10
-        for d in self.decisions:
-            lines.append(f"  {d.setting:<{width}}  {_short(d.value, VALUE_WIDTH):<{VALUE_WIDTH}}  {d.reason}")
-            for r in d.rejected:
-                rejected = _short(r.value, VALUE_WIDTH - 2)
-                lines.append(f"  {'':<{width}}  x {rejected:<{VALUE_WIDTH - 2}}  {r.reason}")
+        lines = [f"cudaload plan for {self.model} on {self.machine}", *decision_lines(self.decisions)]
         estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
             assumes = estimate["assumes"]
@@ -310,7 +452,7 @@ class Plan:
         if len(self.attention_chain) > 1:
             lines.append(f"  attention fallback chain: {' -> '.join(self.attention_chain)}")
         if self.generation is not None:
-            lines += self.generation.explain_lines(VALUE_WIDTH)
+            lines += self.generation.explain_lines()
         for warning in self.warnings:
             lines.append(f"  WARNING: {warning}")
         return "\n".join(lines)

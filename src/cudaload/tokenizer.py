@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ModelConfigError, SettingError
+from .facts.model import generates
 from .plans import Plan
+from .policy.request import check_padding_side
 from .upstream_imports import import_transformers
 
 __all__ = ["tokenizer_for"]
@@ -56,15 +58,15 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
     import_transformers()
     from transformers import AutoTokenizer
 
-    if padding_side is not None and padding_side not in ("left", "right"):
-        raise SettingError(f"padding_side={padding_side!r}: pass 'left' or 'right', or leave it unset.")
+    if padding_side is not None:
+        check_padding_side(padding_side)
     source: str
     generation = None
     if isinstance(model_or_plan, Plan):
         source = model_or_plan.model
         revision = model_or_plan.kwargs.get("revision")
         generation = model_or_plan.generation
-        generates = any(k in model_or_plan.model_class for k in ("CausalLM", "Seq2SeqLM"))
+        can_generate = generates(model_or_plan.model_class)
     else:
         config = getattr(model_or_plan, "config", None)
         source = str(getattr(model_or_plan, "name_or_path", "") or getattr(config, "_name_or_path", "") or "")
@@ -77,8 +79,8 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
         revision = None
         applied = getattr(model_or_plan, "cudaload_plan", None)
         generation = getattr(applied, "generation", None)
-        can_generate = getattr(model_or_plan, "can_generate", None)
-        generates = bool(can_generate()) if callable(can_generate) else False
+        method = getattr(model_or_plan, "can_generate", None)
+        can_generate = bool(method()) if callable(method) else False
     if revision is not None:
         kwargs.setdefault("revision", revision)
     try:
@@ -102,7 +104,7 @@ def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: s
         tokenizer.padding_side = "right"
     elif generation is not None:
         tokenizer.padding_side = generation.padding_side
-    elif generates:
+    elif can_generate:
         tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import describe_error
-from ..generation import CACHE_IMPLEMENTATIONS
+from ..facts.kv_cache import CACHE_IMPLEMENTATIONS
 from .harness import Workload, _Memory, _StepClock
 from .results import _median, _ratio
 
@@ -164,7 +164,7 @@ def compare_generation(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ..loaders import input_device
+    from ..loaders import from_pretrained_kwargs, input_device
 
     generation = the_plan.generation
     variants = generation_variants(generation, default_padding_side(path))
@@ -182,7 +182,7 @@ def compare_generation(
     if work.threads is not None:
         torch.set_num_threads(work.threads)
     say(f"generation: loading the model with the plan, {len(variants)} generate() variants")
-    kwargs = the_plan.from_pretrained_kwargs()
+    kwargs = from_pretrained_kwargs(the_plan)
     model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     device = input_device(model)

@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..loaders import from_pretrained_kwargs
 from ..plans import jsonable
 from .environment import machine_facts, versions
 from .harness import Variant, measure, workload_for
@@ -39,7 +40,7 @@ SCHEMA = 3
 def variants_for(plan: Any) -> list[Variant]:
     """The plan's own variant first, then every other dtype x attention, each with the plan's
     other kwargs (device_map, ...) unchanged, then a bare `from_pretrained(path)`."""
-    base = plan.from_pretrained_kwargs()
+    base = from_pretrained_kwargs(plan)
     attention = list(dict.fromkeys([*plan.attention_chain, *ATTENTION]))
     dtypes = list(dict.fromkeys([plan.dtype, *DTYPES]))
     variants = [Variant(plan.dtype, plan.attn_implementation, base, is_plan=True)]

@@ -7,7 +7,7 @@ round), each timing one call with `time.perf_counter()` inside the child:
 - `detect()` (after the import);
 - `plan(model)` with an empty measurement cache (the first plan on a machine: dtype probe and the
   model's facts) and with a warm one (every later plan);
-- `load(model)` against bare `from_pretrained(model, **plan.from_pretrained_kwargs())` on the same
+- `load(model)` against bare `from_pretrained(model, **from_pretrained_kwargs(plan))` on the same
   checkpoint, torch and transformers imported beforehand in both (so the ratio is cudaload's work,
   not import order); `load()` with and without its verification forward, which is also shown alone;
 - the floor: reading the checkpoint's weight files from the page cache (a second read of them).
@@ -139,9 +139,10 @@ def run_overhead(
     heavy: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="cudaload-overhead-") as tmp:
         warm = Path(tmp) / "warm"
+        from ..loaders import from_pretrained_kwargs
         from ..planner import plan
 
-        kwargs = plan(folder).from_pretrained_kwargs()  # what bare from_pretrained is given
+        kwargs = from_pretrained_kwargs(plan(folder))  # what bare from_pretrained is given
         _child("plan", folder, warm)  # fills the warm cache (probe + model facts) and writes bytecode
         for r in range(repeats):
             say(f"overhead round {r + 1}/{repeats}")

@@ -10,9 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from ..upstream import FP16_FRAGILE_FAMILIES
+from .kv_cache import GenerationFacts
 from .quantization import CheckpointQuantization
 
-__all__ = ["ModelFacts", "any_model", "reference_model"]
+__all__ = ["ModelFacts", "any_model", "generates", "reference_model"]
+
+
+def generates(class_name: str) -> bool:
+    """Whether a transformers class (Auto or model class, by name) generates text: a causal or a
+    sequence-to-sequence LM, the classes with a `generate()` that plans a KV cache."""
+    return any(kind in class_name for kind in ("CausalLM", "Seq2SeqLM"))
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class ModelFacts:
             `quantization_config`: method, bits per weight, how many weights); None when it is not.
         final_softcap: `final_logit_softcapping` (Gemma 2): tanh on the logits keeps a copy of them
             for the backward (counted by the training-memory estimate). None without it.
+        generation: The KV-cache layout and generation flags (`GenerationFacts`), read from the
+            same config; None when cudaload cannot read one from it, or in facts built by hand.
 
     Examples:
         >>> import tempfile, cudaload
@@ -121,6 +130,13 @@ class ModelFacts:
     final_softcap: float | None = None
     """`final_logit_softcapping` (Gemma 2): the logits pass through tanh, which keeps a copy of them for
     the backward (policy/memory.py counts it). None without it."""
+    generation: GenerationFacts | None = None
+    """The KV-cache layout and generation flags (facts/kv_cache.py), read from the same config."""
+
+    @property
+    def generates(self) -> bool:
+        """A causal or sequence-to-sequence LM: a model whose plan can have a generation section."""
+        return generates(self.auto_class)
 
     def __post_init__(self) -> None:
         # The facts cache stores `dataclasses.asdict` output as JSON: a quantization comes back as a mapping.

@@ -7,16 +7,18 @@ tests pass facts in. One module per decision; `decide_plan` composes them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from ..errors import PlacementError
+from ..errors import ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..plans import Decision, FinetunePlan, Plan, Rejected
+from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
 from .attention import decide_attention
 from .devices import check_max_memory, usable_machine
 from .finetune import decide_lora, decide_training_arguments
 from .fit import HEADROOM, percent
+from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import decide_placement, decide_rank_device, decide_tensor_parallel, placed_machine, plan_within
@@ -25,7 +27,7 @@ from .quantization import decide_checkpoint_quantization, decide_quantization
 from .request import Request, Workload
 from .tuning import tune_on_gpu
 
-__all__ = ["Request", "Workload", "decide_plan"]
+__all__ = ["Request", "Workload", "decide_plan", "decide_plan_generation"]
 
 
 def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
@@ -48,7 +50,44 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     if judged is not machine and not plan_within(plan, judged):
         # The copy reached beyond the GPU judged on: every GPU it touches must run the dtype and attention.
         plan = _compose(machine, machine, model, request, warnings)
-    return plan
+    return replace(
+        plan,
+        generation=decide_plan_generation(machine, model, plan, request),
+        inputs=PlanInputs(machine, model, request),
+    )
+
+
+def decide_plan_generation(machine: Machine, model: ModelFacts, plan: Plan, request: Request) -> GenerationPlan | None:
+    """The plan's generation section, decided for its dtype, attention and placement; None when the
+    request asks for none, or asks "if the model generates" (generate=None) of a model that does not or
+    whose config gives no KV-cache layout. `planner.generation_as_applied` calls it again after a fallback."""
+    wanted = request.generation
+    if wanted is None or (not wanted.required and (not model.generates or model.generation is None)):
+        return None
+    if model.generation is None:
+        raise ModelConfigError(
+            f"generate=True needs the KV-cache layout of {model.source}, and its facts have none: "
+            + (
+                f"{model.auto_class} does not generate (plan a causal or seq2seq LM)."
+                if not model.generates
+                else "ModelFacts built by hand without generation=GenerationFacts(...), or a config whose decoder "
+                "layers cudaload cannot read; pass the model's path, Hub id or PretrainedConfig."
+            )
+        )
+    return decide_generation(
+        machine,
+        model.generation,
+        dtype=plan.dtype,
+        attention=plan.attn_implementation,
+        weight_bytes=plan.weight_bytes or 0,
+        device_map=plan.kwargs.get("device_map"),
+        # cudaload quantizes through bitsandbytes; a pre-quantized checkpoint by its own method
+        quantized="bitsandbytes" if "quantization_config" in plan.kwargs else model.quantized,
+        workload=request.workload,
+        context=wanted.context,
+        cache_implementation=wanted.cache_implementation,
+        padding_side=wanted.padding_side,
+    )
 
 
 def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Request, found: list[str]) -> Plan:

@@ -25,23 +25,23 @@ this policy follows unless it says otherwise:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SettingError
 from ..facts.dtypes import BYTES
+from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts
 from ..facts.machine import Machine
-from ..generation import CACHE_IMPLEMENTATIONS, GenerationFacts, GenerationPlan
-from ..plans import Decision, Rejected
+from ..plans import Decision, GenerationPlan, Rejected
 from ..upstream import COMPILEABLE_QUANT_METHODS
 from .attention import is_flash_attention
 from .fit import gib
-from .request import Workload
+from .request import Workload, check_padding_side
 
 __all__ = [
     "CPU_SHARE",
     "DECODE_HEAVY_TOKENS",
     "GPU_SHARE",
-    "PADDING_SIDES",
     "decide_generation",
     "kv_budget",
 ]
@@ -55,7 +55,6 @@ CPU_SHARE = 0.6
 DECODE_HEAVY_TOKENS = 256
 """A static cache + torch.compile pays back its warm-up only over long decodes: planned when a
 workload generates at least this many tokens and at least as many as it reads."""
-PADDING_SIDES = ("left", "right")
 
 
 def _size(n: int) -> str:
@@ -230,10 +229,7 @@ def _padding_decision(facts: GenerationFacts, requested: str | None) -> tuple[De
     # and no 5.x model raises it, so the reasons no longer claim FlashAttention raises.
     decoder_only = not facts.encoder_decoder
     if requested is not None:
-        if requested not in PADDING_SIDES:
-            raise SettingError(
-                f"padding_side={requested!r}: pass 'left' or 'right', or leave it unset to let cudaload choose."
-            )
+        check_padding_side(requested)
         warnings: tuple[str, ...] = ()
         if decoder_only and requested == "right":
             warnings = (
@@ -300,129 +296,137 @@ def decide_generation(
         gen.max_batch, gen.decision("generation.cache_implementation").reason
     """
     workload = workload or Workload()
-    if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
-        raise SettingError(f"context={context!r}: pass a positive number of tokens (prompt + new), or leave it unset.")
-    chosen_context = context or workload.prompt_tokens + workload.new_tokens
-    if context is None and facts.max_positions is not None:
-        chosen_context = min(chosen_context, facts.max_positions)
+    chosen_context = _context(facts, context, workload)
     warnings: list[str] = []
-    d = BYTES.get(dtype, 4)
-    per_token = facts.bytes_per_token(d)
-    budget, where = kv_budget(machine, device_map, weight_bytes)
-    cap = facts.max_positions or 1 << 24
     if facts.max_positions is not None and chosen_context > facts.max_positions:
         warnings.append(
             f"context {chosen_context} exceeds the model's {facts.max_positions} positions: beyond them its output "
             "degrades (or its position embeddings fail)."
         )
-    decisions = [_kv_decision(facts, dtype, per_token)]
-    max_batch: int | None = None
-    max_context: int | None = None
-    if budget is None:
-        decisions.append(
-            Decision(
-                "generation.max_batch",
-                None,
-                f"the free memory is unknown ({where}): {_size(facts.kv_bytes(1, chosen_context, d))} of KV cache "
-                f"per sequence of {chosen_context} tokens",
-            )
-        )
-    else:
-        per_sequence = facts.kv_bytes(1, chosen_context, d)
-        max_batch = max(budget, 0) // per_sequence if per_sequence else None
-        max_context = _max_context(facts, d, max(budget, 0), cap) if per_token else cap
-        fit = (
-            f"batch {max_batch} x {chosen_context} tokens ({_size(per_sequence)} each)"
-            if max_batch is not None
-            else "any batch (no per-token cache)"
-        )
-        decisions.append(
-            Decision(
-                "generation.max_batch",
-                {"batch": max_batch, "context": chosen_context},
-                f"{fit} fit in {gib(max(budget, 0))}: {where}, the share transformers' continuous batching "
-                f"gives its cache (`resolve_max_memory_percent`); one sequence fits up to {max_context} tokens",
-            )
-        )
-        if max_batch == 0:
-            warnings.append(
-                f"one sequence of {chosen_context} tokens needs {_size(per_sequence)} of KV cache, more than the "
-                f"{gib(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
-                "fit), quantize the weights, or use a GPU with more memory."
-            )
+    d = BYTES.get(dtype, 4)
+    per_token = facts.bytes_per_token(d)
+    budget, where = kv_budget(machine, device_map, weight_bytes)
+    fit = _fit(facts, d, chosen_context, budget, where)
+    warnings += fit.warnings
     offloaded = isinstance(device_map, str) and device_map == "auto" and budget is not None and budget < 0
     blocker = _compile_blocker(machine, facts, quantized, offloaded)
-    cache = _cache_decision(machine, facts, cache_implementation, workload, blocker, max_batch != 0)
-    decisions.append(cache)
-    static = cache.value in ("static", "offloaded_static")
-    compiles = static and blocker is None
-    flash = is_flash_attention(attention)
-    if compiles:
-        compile_reason = (
-            "generate() compiles the forward itself with a static cache on a GPU (`_valid_auto_compile_criteria`), "
-            'default CompileConfig mode "reduce-overhead" (CUDA graphs)'
-        )
-        if flash:
-            compile_reason += "; with FlashAttention transformers turns fullgraph off (FA breaks the graph)"
-        if not facts.compiles_fullgraph:
-            compile_reason += (
-                "; the class does not declare `_can_compile_fullgraph` (not read by `_valid_auto_compile_criteria`): "
-                "expect graph breaks"
-            )
-        decisions.append(Decision("generation.compile", "reduce-overhead (CUDA graphs)", compile_reason))
-    else:
-        why = blocker if static else f"the cache is {cache.value or 'the model own'}, not static"
-        decisions.append(
-            Decision(
-                "generation.compile",
-                False,
-                f"generate() does not compile: {why} (`_valid_auto_compile_criteria`)",
-            )
-        )
-    graphs = bool(machine.gpus) and flash
-    decisions.append(
-        Decision(
-            "generation.continuous_batching",
-            "CUDA graphs, no compile" if graphs else "no CUDA graphs, no compile",
-            (
-                "generate_batch() would capture CUDA graphs: FlashAttention needs no attention mask"
-                if graphs
-                else "generate_batch() would not capture CUDA graphs: "
-                + ("no GPU" if not machine.gpus else f"{attention} needs an attention mask, and padding it costs more")
-            )
-            + " (`decide_use_cuda_graphs`); it compiles nothing by default (default_compile_level 0). Agreed: "
-            "graphs pay where the shapes need no mask",
-        )
-    )
+    cache = _cache_decision(machine, facts, cache_implementation, workload, blocker, fit.max_batch != 0)
+    compiles = cache.value in ("static", "offloaded_static") and blocker is None
     padding, padding_warnings = _padding_decision(facts, padding_side)
-    decisions.append(padding)
     warnings += padding_warnings
     generate_kwargs: dict[str, Any] = {}
     if cache.value is not None and (cache.source == "user" or cache.value in ("static", "offloaded")):
         generate_kwargs["cache_implementation"] = cache.value
     warnings += [f"generation: {note}" for note in facts.notes]
+    decisions = (
+        _kv_decision(facts, dtype, per_token),
+        fit.decision,
+        cache,
+        _compile_decision(facts, cache, blocker, compiles, attention),
+        _continuous_batching_decision(machine, attention),
+        padding,
+    )
     return GenerationPlan(
-        decisions=tuple(decisions),
+        decisions=decisions,
         generate_kwargs=generate_kwargs,
         padding_side=str(padding.value),
         cache_implementation=cache.value,
         compile=compiles,
         context=chosen_context,
         kv_bytes_per_token=per_token,
-        max_batch=max_batch,
-        max_context=max_context,
+        max_batch=fit.max_batch,
+        max_context=fit.max_context,
         budget_bytes=budget,
         dtype=dtype,
         facts=facts,
         warnings=tuple(warnings),
-        inputs={
-            "machine": machine,
-            "weight_bytes": weight_bytes,
-            "device_map": device_map,
-            "quantized": quantized,
-            "workload": workload,
-            "context": context,
-            "cache_implementation": cache_implementation,
-            "padding_side": padding_side,
-        },
+    )
+
+
+def _context(facts: GenerationFacts, context: int | None, workload: Workload) -> int:
+    """The context `max_batch` is computed for: yours, else the workload's capped at the model's positions."""
+    if context is not None and (not isinstance(context, int) or isinstance(context, bool) or context < 1):
+        raise SettingError(f"context={context!r}: pass a positive number of tokens (prompt + new), or leave it unset.")
+    if context is not None:
+        return context
+    chosen = workload.prompt_tokens + workload.new_tokens
+    return chosen if facts.max_positions is None else min(chosen, facts.max_positions)
+
+
+@dataclass(frozen=True)
+class _Fit:
+    decision: Decision
+    max_batch: int | None
+    max_context: int | None
+    warnings: tuple[str, ...] = ()
+
+
+def _fit(facts: GenerationFacts, d: int, context: int, budget: int | None, where: str) -> _Fit:
+    """The "generation.max_batch" decision: how many `context`-token sequences fit in the KV budget."""
+    per_sequence = facts.kv_bytes(1, context, d)
+    if budget is None:
+        reason = (
+            f"the free memory is unknown ({where}): {_size(per_sequence)} of KV cache per sequence of {context} tokens"
+        )
+        return _Fit(Decision("generation.max_batch", None, reason), None, None)
+    cap = facts.max_positions or 1 << 24
+    max_batch = max(budget, 0) // per_sequence if per_sequence else None
+    max_context = _max_context(facts, d, max(budget, 0), cap) if facts.bytes_per_token(d) else cap
+    fit = (
+        f"batch {max_batch} x {context} tokens ({_size(per_sequence)} each)"
+        if max_batch is not None
+        else "any batch (no per-token cache)"
+    )
+    decision = Decision(
+        "generation.max_batch",
+        {"batch": max_batch, "context": context},
+        f"{fit} fit in {gib(max(budget, 0))}: {where}, the share transformers' continuous batching "
+        f"gives its cache (`resolve_max_memory_percent`); one sequence fits up to {max_context} tokens",
+    )
+    warnings: tuple[str, ...] = ()
+    if max_batch == 0:
+        warnings = (
+            f"one sequence of {context} tokens needs {_size(per_sequence)} of KV cache, more than the "
+            f"{gib(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
+            "fit), quantize the weights, or use a GPU with more memory.",
+        )
+    return _Fit(decision, max_batch, max_context, warnings)
+
+
+def _compile_decision(
+    facts: GenerationFacts, cache: Decision, blocker: str | None, compiles: bool, attention: str
+) -> Decision:
+    if not compiles:
+        static = cache.value in ("static", "offloaded_static")
+        why = blocker if static else f"the cache is {cache.value or 'the model own'}, not static"
+        return Decision(
+            "generation.compile", False, f"generate() does not compile: {why} (`_valid_auto_compile_criteria`)"
+        )
+    reason = (
+        "generate() compiles the forward itself with a static cache on a GPU (`_valid_auto_compile_criteria`), "
+        'default CompileConfig mode "reduce-overhead" (CUDA graphs)'
+    )
+    if is_flash_attention(attention):
+        reason += "; with FlashAttention transformers turns fullgraph off (FA breaks the graph)"
+    if not facts.compiles_fullgraph:
+        reason += (
+            "; the class does not declare `_can_compile_fullgraph` (not read by `_valid_auto_compile_criteria`): "
+            "expect graph breaks"
+        )
+    return Decision("generation.compile", "reduce-overhead (CUDA graphs)", reason)
+
+
+def _continuous_batching_decision(machine: Machine, attention: str) -> Decision:
+    graphs = bool(machine.gpus) and is_flash_attention(attention)
+    return Decision(
+        "generation.continuous_batching",
+        "CUDA graphs, no compile" if graphs else "no CUDA graphs, no compile",
+        (
+            "generate_batch() would capture CUDA graphs: FlashAttention needs no attention mask"
+            if graphs
+            else "generate_batch() would not capture CUDA graphs: "
+            + ("no GPU" if not machine.gpus else f"{attention} needs an attention mask, and padding it costs more")
+        )
+        + " (`decide_use_cuda_graphs`); it compiles nothing by default (default_compile_level 0). Agreed: "
+        "graphs pay where the shapes need no mask",
     )

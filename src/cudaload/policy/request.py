@@ -6,9 +6,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import WorkloadError
+from ..errors import SettingError, WorkloadError
 
-__all__ = ["WORKLOADS", "Request", "Workload", "workload_from"]
+__all__ = [
+    "PADDING_SIDES",
+    "WORKLOADS",
+    "GenerationRequest",
+    "Request",
+    "Workload",
+    "check_padding_side",
+    "workload_from",
+]
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,28 @@ def workload_from(value: object) -> Workload:
     )
 
 
+PADDING_SIDES = ("left", "right")
+"""A tokenizer's `padding_side` values."""
+
+
+def check_padding_side(value: object) -> None:
+    """Refuse a padding side a tokenizer does not have (plan()'s, tokenizer_for()'s and pipeline()'s)."""
+    if value not in PADDING_SIDES:
+        raise SettingError(f"padding_side={value!r}: pass 'left' or 'right', or leave it unset to let cudaload choose.")
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What the caller asked of generation (`plan(..., generate=...)`)."""
+
+    required: bool
+    """generate=True: the plan must have a generation section (an error for a model without a KV-cache
+    layout). False (generate=None): one when the model generates and its config gives the layout."""
+    context: int | None = None
+    cache_implementation: str | None = None
+    padding_side: str | None = None
+
+
 @dataclass(frozen=True)
 class Request:
     attn_implementation: str | None = None
@@ -105,3 +135,5 @@ class Request:
     """What a measured dtype choice optimises (fine-tuning uses seq_len x batch_size of prefill)."""
     passthrough: Mapping[str, Any] = field(default_factory=dict)
     """Other from_pretrained kwargs the caller gave: passed on untouched."""
+    generation: GenerationRequest | None = None
+    """Plan generation settings as asked; None: no generation section (generate=False, fine-tuning)."""

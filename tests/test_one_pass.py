@@ -1,0 +1,110 @@
+"""plan() decides everything in one pass: the config is read once into ModelFacts (KV-cache layout
+included), the policy composes the generation section with every other decision, and load() plans
+generation again through the planner, from the plan's own inputs, when a fallback changed the attention."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import cudaload
+from cudaload import Machine, ModelConfigError, SettingError, load
+from cudaload.facts.kv_cache import KvLayers
+
+H100 = Machine.simulated("H100")
+
+
+def _fresh_copy(tiny_models: dict[str, Path], tmp_path: Path, arch: str = "qwen3") -> str:
+    """A copy with its own path, so the facts cache has not seen it."""
+    folder = tmp_path / arch
+    shutil.copytree(tiny_models[arch], folder)
+    return str(folder)
+
+
+def test_plan_reads_the_config_once(tiny_models, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers
+
+    path = _fresh_copy(tiny_models, tmp_path)
+    real = transformers.AutoConfig.from_pretrained
+    calls: list[str] = []
+
+    def counting(name: str, *args: object, **kwargs: object) -> object:
+        calls.append(str(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", counting)
+    plan = cudaload.plan(path, machine=H100, generate=True)
+    # One read serves the parameter count, the attention support and the KV-cache layout (was two:
+    # the generation section read the config a second time).
+    assert calls == [path]
+    assert plan.generation is not None and plan.generation.kv_bytes_per_token == 256
+    calls.clear()
+    assert cudaload.plan(path, machine=H100, generate=True).generation == plan.generation
+    assert calls == []  # the facts cache holds the layout too: a model seen before reads no config
+
+
+def test_the_facts_carry_the_kv_layout_through_the_cache(tiny_models, tmp_path: Path) -> None:
+    path = _fresh_copy(tiny_models, tmp_path)
+    read = cudaload.read_model_facts(path)
+    cached = cudaload.read_model_facts(path)
+    # tiny qwen3: 2 full-attention layers, 2 KV heads x (16 + 16) = 64 numbers per token each.
+    assert read.generation is not None and read.generation.layers == (KvLayers("full_attention", 2, 64),)
+    assert cached.generation == read.generation and isinstance(cached.generation.layers[0], KvLayers)
+    # generation_config.json is part of the key: a checkpoint that starts asking for a static cache is re-read.
+    Path(path, "generation_config.json").write_text(json.dumps({"cache_implementation": "static"}))
+    assert cudaload.read_model_facts(path).generation.checkpoint_cache_implementation == "static"
+
+
+def test_an_encoder_has_no_generation_section(tmp_path: Path) -> None:
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    BertModel(config).save_pretrained(tmp_path)
+    facts = cudaload.read_model_facts(str(tmp_path))
+    assert not facts.generates and facts.generation is None
+    assert cudaload.plan(str(tmp_path), machine=H100, generate=None).generation is None
+    with pytest.raises(ModelConfigError, match="AutoModel does not generate"):
+        cudaload.plan(str(tmp_path), machine=H100, generate=True)
+
+
+def test_generation_is_planned_again_for_the_attention_a_fallback_applied(tiny_models) -> None:
+    # A machine that plans FlashAttention-2 while this one has no flash-attn: load() falls back to SDPA.
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    path = str(tiny_models["llama"])
+    planned = cudaload.plan(path, machine=a100, device_map="cpu", dtype="bfloat16", generate=True)
+    assert planned.attn_implementation == "flash_attention_2"
+    assert planned.generation.decision("generation.continuous_batching").value == "CUDA graphs, no compile"
+    model = load(path, machine=a100, device_map="cpu", dtype="bfloat16", generate=True)
+    applied = model.cudaload_plan
+    assert applied.attn_implementation == "sdpa"
+    batching = applied.generation.decision("generation.continuous_batching")
+    assert batching.value == "no CUDA graphs, no compile" and "sdpa needs an attention mask" in batching.reason
+    # The same decisions a plan made for SDPA from the start has.
+    for_sdpa = cudaload.plan(
+        path, machine=a100, device_map="cpu", dtype="bfloat16", attn_implementation="sdpa", generate=True
+    )
+    assert applied.generation == for_sdpa.generation
+
+
+def test_a_plan_is_a_hashable_value_without_its_inputs(tiny_models) -> None:
+    path = str(tiny_models["qwen3"])
+    first, again = cudaload.plan(path, machine=H100), cudaload.plan(path, machine=H100)
+    assert first.inputs is not None and first.inputs.model.source == path
+    assert first == again and hash(first) == hash(again) and len({first, again}) == 1
+    assert replace(first, inputs=None) == first  # the inputs are not part of the value
+    assert "inputs" not in first.to_dict()
+    assert first != cudaload.plan(path, machine=Machine.simulated("T4"))
+
+
+def test_from_pretrained_kwargs_builds_the_objects_and_refuses_other_values(tiny_models) -> None:
+    plan = cudaload.plan(str(tiny_models["qwen3"]), machine=H100)
+    kwargs = cudaload.from_pretrained_kwargs(plan)
+    assert kwargs == dict(plan.kwargs) and kwargs is not plan.kwargs
+    with pytest.raises(SettingError, match="takes a Plan"):
+        cudaload.from_pretrained_kwargs(plan.to_dict())  # type: ignore[arg-type]
