@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import cudaload
-from cudaload.policy.attention import attention_kind, is_flash_attention
+from cudaload.policy.attention import is_flash_attention
+from cudaload.upstream import attention_kind
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import cudaload
-from cudaload.bench.generation import (
+from cudaload.bench.generate_bench import (
     compare_generation,
     default_padding_side,
     generation_variants,

@@ -20,9 +20,9 @@ import pytest
 from cudaload.capability import detect, dtype_probe
 from cudaload.capability.cache import MAX_READ_BYTES, Positive, conforms, decode, read_json, read_regular_file
 from cudaload.capability.dtype_probe import cached_dtype_probe
-from cudaload.capability.tuning import read_tuning_records, write_tuning_record
+from cudaload.capability.model_config import _cached_facts, _facts_cache_file, read_model_facts
+from cudaload.capability.tuning_records import read_tuning_records, write_tuning_record
 from cudaload.facts.machine import TunedVariant, TuningRecord
-from cudaload.model_facts import _cached_facts, _facts_cache_file, read_model_facts
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,26 @@ def test_a_plan_with_a_hostile_probe_record_in_the_cache_comes_out_measured(
     assert "probed on this CPU" in reason and "(cached)" not in reason and "-4.5" not in reason
     assert plan.timings["probe"] > 0
     assert json.loads(path.read_text())["decode_s"]["float32"] > 0  # replaced
-    assert first.decision("dtype").value in ("float32", "bfloat16")
+    assert "(cached)" not in first.decision("dtype").reason and first.timings["probe"] > 0  # measured too
+
+    # A well-formed record is used as it is: one saying bf16 is 100x slower than fp32 here decides the
+    # dtype. By hand (tiny Qwen3 = 73,728 projection weights + a 256 x 64 lm_head = 1.125 + 0.25 of the
+    # 256 x 256 probed weight; load + 512-token prompt + 128 new tokens, checkpoint bf16, casts 1e-5 s):
+    #   bf16: prefill 1e-2 x 512/128 x 1.125 + 1e-3 x 0.25 = 0.04525 + decode 127 x 1e-3 x 1.375 = 0.174625
+    #         -> 0.219875 s
+    #   fp32: 1e-4 x 4 x 1.125 + 1e-5 x 0.25 = 0.0004525 + 127 x 1e-5 x 1.375 = 0.00174625 + the cast of
+    #         106,880 parameters (1.6309 weights) 1e-5 x 1.6309 -> 0.0022151 s
+    # bf16 at 0.219875 / 0.0022151 = 99.26x fp32's time in every round, 0.22 s apart: fp32, although the
+    # checkpoint is bf16.
+    prefill = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 1e-2}
+    decode = {"float32": 1e-5, "bfloat16": 1e-3, "float16": 1e-3}
+    casts = [[a, b, 1e-5] for a, b, _ in good["cast_s"]]
+    rounds = [{"prefill_s": prefill, "decode_s": decode, "cast_s": casts}] * 5
+    path.write_text(json.dumps({**good, "prefill_s": prefill, "decode_s": decode, "cast_s": casts, "rounds": rounds}))
+    forced = cudaload.plan(str(tiny_models["qwen3"])).decision("dtype")
+    assert forced.value == "float32" and "(cached)" in forced.reason
+    assert forced.reason.startswith("bf16 99.26x slower than fp32 (99.26-99.26x over the middle of 5 rounds)")
+    assert "est. 0.00 s" in forced.reason and "est. 0.22 s" in {r.value: r.reason for r in forced.rejected}["bfloat16"]
 
 
 # ---- tuning records ---------------------------------------------------------------------------
@@ -226,7 +245,7 @@ def test_a_fifo_or_device_config_is_not_hashed_and_does_not_hang(tmp_path: Path)
     (fine / "config.json").write_text('{"model_type": "qwen3"}')
     out = _in_a_subprocess(
         f"""
-        from cudaload.model_facts import _facts_cache_file
+        from cudaload.capability.model_config import _facts_cache_file
         for name in ("fifo", "device", "huge", "fine"):
             print(name, _facts_cache_file({str(tmp_path)!r} + "/" + name, "AutoModelForCausalLM") is not None)
         """

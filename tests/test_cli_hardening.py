@@ -311,7 +311,7 @@ def test_ctrl_c_in_a_running_bench_prints_what_was_measured(tmp_path: Path) -> N
 def _fake_children(monkeypatch: pytest.MonkeyPatch, results: dict[str | None, Any]) -> None:
     """Stand-ins for the finetune bench's variant processes (the one process boundary): each
     returns its result by `quantize`, or raises what it is given (Ctrl-C while it runs)."""
-    from cudaload.bench import finetune
+    from cudaload.bench import finetune_bench
 
     class FakeChild:
         def __init__(self, spec: dict[str, Any], env: dict[str, str], timeout: float, tmp: Path) -> None:
@@ -328,7 +328,7 @@ def _fake_children(monkeypatch: pytest.MonkeyPatch, results: dict[str | None, An
         def close(self) -> None:
             return None
 
-    monkeypatch.setattr(finetune, "_Child", FakeChild)
+    monkeypatch.setattr(finetune_bench, "_Child", FakeChild)
 
 
 MEASURED_LORA = {

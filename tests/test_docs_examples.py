@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,37 @@ def _untested_upstream() -> list[str]:
 UNTESTED = _untested_upstream()
 
 
+_MASKS = (
+    (re.compile(r"\b(?:bfloat16|float16|float32|bf16|fp16|fp32)\b"), "<dtype>"),
+    # How a CPU dtype decision's reason opens is what the CPU measured: "bf16 1.6x faster than fp32",
+    # "tie: ...", or, with a bench record or the probe off, "fastest measured here" / "not measured here".
+    (re.compile(r"^(?:tie:|fastest measured here|not measured here)"), "<dtype>"),
+    (re.compile(r"\d+(?:\.\d+)?"), "N"),
+    (re.compile(r"\b(?:True|False|true|false)\b"), "<bool>"),
+)
+
+
+def shape(output: str) -> list[str]:
+    """What an output of "this machine" keeps from one machine to another: its lines, in order, each
+    with its indentation and its first word (a setting, a section, a label), and a printed value
+    (a line starting with [, ( or {) whole, so its keys and its strings count; in every line the
+    numbers, the dtype names and the booleans are masked (what the CPU measured decides those)."""
+    lines = []
+    for line in output.splitlines():
+        for pattern, mask in _MASKS:
+            line = pattern.sub(mask, line)
+        text = line.strip()
+        indent = line[: len(line) - len(line.lstrip())]
+        lines.append(indent + (text if text[:1] in "[({" else text.split(" ", 1)[0]) if text else "")
+    return lines
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
     """Run every example once, in one worker (one import of torch and transformers for all)."""
@@ -69,8 +101,20 @@ def test_example_runs_and_prints_what_the_page_shows(example: Any, results: dict
     if example.output is None:
         return
     if example.this_machine:
-        # Regenerated on the machine the page names; here it only has to say something.
-        assert result.output.strip() or not example.output.strip()
+        # Regenerated on the machine the page names: its CPU, its timings and what it measured differ
+        # from this one's, but not what the example prints: the same lines, each with the same label,
+        # and printed values (dicts, lists, tuples) with the same keys (see `shape`).
+        if UNTESTED:
+            pytest.skip(f"ran; the pasted output is the tested set's, and this set has {', '.join(UNTESTED)}")
+        if _cuda_visible():
+            pytest.skip("ran; the pasted output is a CPU-only machine's, and this machine has a CUDA GPU")
+        pasted, real = shape(example.output), shape(result.output)
+        assert real == pasted, (
+            f"{example.page}:{example.line}: a real run prints other lines than the page shows (numbers and dtypes "
+            "masked, each line cut to its first word); run `python tools/regenerate_docs.py "
+            f"{example.page}` and review the diff:\n"
+            + "\n".join(difflib.unified_diff(pasted, real, "page", "real run", lineterm=""))
+        )
         return
     if UNTESTED:
         pytest.skip(f"ran; the pasted output is the tested set's, and this set has {', '.join(UNTESTED)}")
@@ -87,6 +131,36 @@ def test_the_docs_have_examples_with_outputs() -> None:
     assert len(EXAMPLES) >= 30
     assert sum(e.output is not None and not e.this_machine for e in EXAMPLES) >= 20
     assert {e.page for e in EXAMPLES} >= {"README.md", "docs/index.md", "docs/troubleshooting.md"}
+
+
+def test_a_this_machine_output_keeps_its_shape_on_another_cpu_and_loses_it_when_the_example_changes() -> None:
+    # Two CPUs' runs of docs/cpu-dtype.md's first example: other dtype, other numbers, other verdict.
+    theirs = (
+        "bfloat16\n"
+        "tie: bf16 at 0.90x fp32's speed (0.88-2.65x over the middle of 5 rounds), kept the checkpoint's bfloat16\n"
+        "  x float32 - est. 0.01 s, 1.12x faster than bfloat16 (median of the rounds), a tie\n"
+        "  x float16 - est. 0.01 s, 2.4x faster than bfloat16, but fp16 overflows in some models\n"
+    )
+    ours = (
+        "float32\n"
+        "bf16 17.62x slower than fp32 (17.60-18.92x over the middle of 3 rounds): est. 0.10 s\n"
+        "  x bfloat16 - est. 1.69 s, 17.62x slower than float32 (median of the rounds)\n"
+        "  x float16 - est. 1.71 s, 17.8x slower than float32; fp16 also overflows in some models\n"
+    )
+    assert shape(ours) == shape(theirs) == ["<dtype>", "<dtype>", "  x", "  x"]
+    # A printed dict keeps its keys and its strings; the values a CPU decides are masked.
+    kwargs = "{'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cpu'}\n"
+    assert shape(kwargs) == shape(kwargs.replace("bfloat16", "float32"))
+    assert shape("{'bf16': True, 'optim': 'adamw_torch'}") == shape("{'bf16': False, 'optim': 'adamw_torch'}")
+    # What a broken or changed example prints instead does not pass for it.
+    assert shape(kwargs) != shape(kwargs.replace("'cpu'", "'auto'"))  # another placement
+    assert shape(kwargs) != shape(kwargs.replace("'device_map': 'cpu'", "'max_memory': 'cpu'"))  # another key
+    assert shape(theirs) != shape(
+        theirs.replace("  x float16 - est. 0.01 s, 2.4x faster than bfloat16, but fp16 overflows in some models\n", "")
+    )  # a line fewer
+    assert shape(theirs) != shape("Traceback (most recent call last):\n" + theirs)
+    explain = "  dtype                bfloat16   tie\n  device_map           cpu        no CUDA GPU\n"
+    assert shape(explain) != shape(explain.replace("device_map ", "use_kernels"))  # another setting
 
 
 def test_examples_not_run_here_say_why() -> None:

@@ -35,16 +35,23 @@ def _train(model, steps: int = 6) -> list[float]:
 def test_qlora_on_cpu(tiny_models) -> None:
     import bitsandbytes as bnb
 
-    model = load_for_finetune(str(tiny_models["qwen3"]), quantize="4bit")
+    model = load_for_finetune(str(tiny_models["qwen3"]), quantize="4bit", dtype="bfloat16")
     plan = model.cudaload_plan.plan
     quant = plan.kwargs["quantization_config"]
     assert quant["bnb_4bit_quant_type"] == "nf4" and quant["bnb_4bit_use_double_quant"] is True
-    assert quant["bnb_4bit_compute_dtype"] == plan.kwargs["dtype"]  # never the float32 default by accident
+    # Asked for bf16: the 4-bit layers compute in it, not in BitsAndBytesConfig's float32 default;
+    # the weights left unquantized (embeddings, norms) were loaded in it too.
+    assert quant["bnb_4bit_compute_dtype"] == "bfloat16"
 
     base = model.get_base_model()
     layers = [m for name, m in base.named_modules() if name.endswith(("q_proj.base_layer", "down_proj.base_layer"))]
     assert layers and all(isinstance(m, bnb.nn.Linear4bit) for m in layers)
-    assert base.model.layers[0].self_attn.q_proj.base_layer.compute_dtype == getattr(torch, plan.kwargs["dtype"])
+    assert {m.compute_dtype for m in layers} == {torch.bfloat16}
+    assert base.model.embed_tokens.weight.dtype == torch.bfloat16
+    # nf4 with double quantization, as bitsandbytes stores it: two weights a byte, in blocks of 64.
+    q_proj = base.model.layers[0].self_attn.q_proj.base_layer.weight
+    assert q_proj.dtype == torch.uint8 and q_proj.numel() == 64 * 64 // 2
+    assert q_proj.quant_state.blocksize == 64 and q_proj.quant_state.nested
 
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -145,17 +152,40 @@ def test_an_already_quantized_model_is_not_quantized_again(tiny_models, tmp_path
         load_for_finetune(str(saved), quantize="4bit")
 
 
-def test_training_arguments_are_the_plans_and_yours_win(tiny_models) -> None:
+def _unmeasured_dtype() -> torch.dtype:
+    """The dtype plan() gives with the CPU probe off (CUDALOAD_PROBE=0), from this machine's facts:
+    on CPU the static table, bf16 only with AMX-BF16 tiles (the `amx_bf16` flag of /proc/cpuinfo,
+    docs/cpu-dtype.md), else fp32; on a GPU, bf16 from sm80 on, fp16 before."""
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        return torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo: the CPU's flags are unknown here")
+    return torch.bfloat16 if "amx_bf16" in cpuinfo.read_text().split() else torch.float32
+
+
+@pytest.mark.parametrize("asked", [None, "bfloat16", "float32"])
+def test_training_arguments_are_the_plans_and_yours_win(tiny_models, monkeypatch, asked) -> None:
     from transformers import TrainingArguments
 
-    model = load_for_finetune(str(tiny_models["llama"]), quantize=None)
+    monkeypatch.setenv("CUDALOAD_PROBE", "0")  # unmeasured: the dtype follows from the machine's facts
+    extra = {} if asked is None else {"dtype": asked}
+    model = load_for_finetune(str(tiny_models["llama"]), quantize=None, **extra)
+    expected = _unmeasured_dtype() if asked is None else getattr(torch, asked)
+    # What was loaded, read off the model: the frozen base weights in the expected dtype.
+    loaded = {p.dtype for n, p in model.named_parameters() if not p.requires_grad}
+    assert loaded == {expected}
     args = training_arguments(model, output_dir="out", optim="sgd")
     assert args["optim"] == "sgd" and args["output_dir"] == "out"
     # transformers 5.23 renamed TrainingArguments' gradient_checkpointing_kwargs (the old name warns).
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
     name = "activation_checkpointing" if "activation_checkpointing_kwargs" in fields else "gradient_checkpointing"
     assert args[f"{name}_kwargs"] == {"use_reentrant": False}
-    assert args["bf16"] == (model.cudaload_plan.plan.kwargs["dtype"] == "bfloat16")
+    # Mixed precision exactly when the weights were loaded in that half dtype; never fp16 on a CPU.
+    assert args["bf16"] is (expected == torch.bfloat16)
+    assert args["fp16"] is (expected == torch.float16)
     with pytest.raises(FinetuneConfigError, match="not a fine-tuning plan"):
         training_arguments(cudaload.plan(str(tiny_models["llama"])))
 

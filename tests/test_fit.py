@@ -14,6 +14,7 @@ from cudaload.policy import Request, decide_plan
 from cudaload.policy.fit import HEADROOM, TRAINING_SHARE, judge_fit, percent, pinned_gpu
 from cudaload.policy.memory import estimate_training_memory
 from cudaload.policy.quantization import decide_quantization
+from cudaload.request import TrainingRequest
 from model_shapes import llama
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
@@ -24,7 +25,7 @@ def _ddp(rank: int, world: int = 2) -> Launch:
 
 
 def finetune(machine: Machine, billions: float) -> Plan:
-    return decide_plan(machine, llama(billions), Request(training=True, quantize="auto"))
+    return decide_plan(machine, llama(billions), Request(training=TrainingRequest(quantize="auto")))
 
 
 def _index(machine: Machine, name: str) -> int:
@@ -55,6 +56,12 @@ def test_a_model_that_fits_the_big_gpu_is_not_quantized_and_goes_there(gpus: lis
     assert plan.kwargs["device_map"] == f"cuda:{a100}"
     assert f"(cuda:{a100}," in plan.decision("device_map").reason
     assert not plan.warnings
+    # The estimate, by hand (bf16 on the A100, 2048 tokens): weights 8,029,995,008 x 2 B = 14.96 GiB;
+    # LoRA 41,943,040 parameters x 16 B (fp32 weight, grad, AdamW) = 0.625 GiB; activations 32 x 2048
+    # x 4096 x 2 B of checkpointed inputs (0.5 GiB) + logits 12 B x 2048 x 128256 (2.94 GiB) = 3.44 GiB;
+    # + 1 GiB CUDA overhead = 20.02 GiB.
+    assert "estimated 20.0 GiB" in quantize.reason
+    assert "(weights 15.0 GiB, LoRA+Adam 0.6 GiB, activations 3.4 GiB)" in quantize.reason
 
 
 @pytest.mark.parametrize("gpus", [["A100", "T4"], ["T4", "A100"]])
@@ -70,6 +77,14 @@ def test_a_model_that_fits_no_gpu_is_quantized_judged_on_the_big_gpu_and_placed_
     assert _judged_index(quantize.reason) == a100
     assert plan.kwargs["device_map"] == f"cuda:{a100}"
     assert not any("Even 4-bit" in w for w in plan.warnings)
+    # By hand: llama(70) is 280 layers of the 8B's: 61,069,066,240 projection weights + 1,050,673,152
+    # in the embeddings; 16-bit: x 2 B = 115.71 GiB; LoRA 367,001,600 x 16 B = 5.47 GiB; activations
+    # 280 x 2048 x 4096 x 2 B + 12 x 2048 x 128256 B = 7.31 GiB; + 1 GiB = 129.49 GiB.
+    assert "(weights 115.7 GiB, LoRA+Adam 5.5 GiB, activations 7.3 GiB)" in quantize.reason
+    # QLoRA: nf4 61,069,066,240 x (1/2 + 1/64 + 4/16384) B = 31,503,646,720 + the rest x 2 B = 31.30 GiB;
+    # LoRA with paged 8-bit AdamW 367,001,600 x (8 + 2 + 8/256) B = 3.43 GiB; same activations 7.31
+    # GiB; + 1 GiB = 43.04 GiB.
+    assert "QLoRA needs ~43.0 GiB" in quantize.reason
 
 
 def test_even_4bit_too_big_warns_naming_the_gpu_it_was_judged_on() -> None:
@@ -82,6 +97,10 @@ def test_even_4bit_too_big_warns_naming_the_gpu_it_was_judged_on() -> None:
     assert plan.kwargs["device_map"] == "auto"
     # 80% of each one's free memory: T4 15 GiB, A100 80 GiB, the simulated CPU's 64 GiB.
     assert plan.kwargs["max_memory"] == {0: "12.0GiB", 1: "64.0GiB", "cpu": "51.2GiB"}
+    # By hand: 1200 layers of the 8B's: nf4 projections 261,724,569,600 x (1/2 + 1/64 + 4/16384) B
+    # = 135,015,628,800 + embeddings 2 x 1,050,673,152 B = 127.70 GiB; LoRA 1,572,864,000 x 10.03125 B
+    # = 14.69 GiB; activations 1200 x 2048 x 4096 x 2 B + 12 x 2048 x 128256 B = 21.69 GiB; + 1 GiB.
+    assert "Even 4-bit needs ~165.1 GiB" in warning
 
 
 def test_two_equal_gpus_are_judged_and_used_at_the_first() -> None:
@@ -249,7 +268,7 @@ def test_a_device_map_pinning_the_small_gpu_is_what_quantize_auto_judges() -> No
     # Through decide_plan, as plan() calls it: the 8B LoRA fits the A100, not the T4 it is pinned to.
     machine = Machine.simulated(["A100", "T4"], packages=BNB)
     t4 = _index(machine, "T4")
-    plan = decide_plan(machine, llama(8), Request(training=True, quantize="auto", device_map=f"cuda:{t4}"))
+    plan = decide_plan(machine, llama(8), Request(training=TrainingRequest(quantize="auto"), device_map=f"cuda:{t4}"))
     assert plan.decision("quantize").value == "4bit"
     assert "T4" in plan.decision("quantize").reason
     assert plan.kwargs["device_map"] == f"cuda:{t4}"

@@ -12,13 +12,13 @@ import pytest
 
 import cudaload
 from cudaload import Machine
+from cudaload.capability.kv_layout import read_generation_facts
 from cudaload.cli import main
 from cudaload.errors import ModelConfigError, SettingError
-from cudaload.facts.machine import GiB
-from cudaload.capability.kv_layout import read_generation_facts
 from cudaload.facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts, KvLayers
+from cudaload.facts.machine import GiB
 from cudaload.policy.generation import decide_generation
-from cudaload.policy.request import WORKLOADS
+from cudaload.request import WORKLOADS
 
 SMALL = dict(
     vocab_size=128,

@@ -1,10 +1,14 @@
-"""The layers import only downwards: capability (probes) -> facts (data) <- policy (pure) -> plans
-(the contract) <- loaders (apply); cli and bench at the edge. Read from the source, lazy imports
-included, so a function-level import cannot hide an upward arrow."""
+"""The layers import only downwards, and no module imports itself back.
+
+capability (probes and readers) -> facts (data) <- policy (pure) -> plans (the contract, with request,
+the input side) <- planner (gathers facts, runs the policy) <- loaders (apply); the facade, cli and
+bench at the edge. Read from the source, lazy imports included, so a function-level import cannot
+hide an upward arrow; `if TYPE_CHECKING:` blocks are annotations, not imports, and are skipped."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,29 +18,40 @@ import pytest
 import cudaload
 
 PACKAGE = Path(cudaload.__file__).parent
+ANYONE = {"errors", "upstream", "upstream_imports", "version"}
+"""Import nothing of cudaload (exceptions, tables of upstream facts, transformers' first import under a
+lock, the version string) and may be imported by every module."""
+FACADE = {"facts", "capability", "request", "plans", "planner", "loaders", "tokenizer", "finetune", "pipelines"}
 
-# Layer -> the layers its modules may import (besides their own). `errors` and `upstream` (tables
-# of upstream facts) import nothing of cudaload and may be imported by anyone.
-ALLOWED = {
+# Each top-level module or package of cudaload -> what its modules may import besides themselves and ANYONE.
+ALLOWED: dict[str, set[str]] = {
     "facts": set(),
+    "request": set(),  # what the caller asked: the input side of the contract
     "capability": {"facts"},
-    "plans": {"generation"},  # GenerationPlan, the generation section of a Plan
-    "generation": {"facts", "plans"},
-    "policy": {"facts", "plans", "generation"},
-    # reads a config: a probe of the model (upstream_imports: transformers' first import, under a lock)
-    "model_facts": {"facts", "capability", "upstream_imports"},
+    "plans": {"facts", "request"},  # the contract: Plan, GenerationPlan, FinetunePlan, Decision
+    "policy": {"facts", "plans", "request"},  # pure: never a probe, never the planner
+    "planner": {"facts", "capability", "plans", "policy", "request"},
+    "loaders": {"facts", "capability", "plans", "planner", "request"},  # apply only: never the policy
+    "tokenizer": {"facts", "plans", "request"},
+    "finetune": {"facts", "capability", "plans", "planner", "loaders", "request"},
+    "pipelines": {"loaders", "tokenizer", "plans"},
+    "demo": {"loaders", "tokenizer"},
+    "bench": FACADE | {"policy", "demo"},
+    "cli": FACADE | {"policy", "demo", "bench"},
+    "__main__": {"cli"},
+    "__init__": FACADE | {"demo"},  # the lazy name table; its imports are TYPE_CHECKING only
 }
-ANYONE = {"errors", "upstream"}
 
 
-def _layer(module: str) -> str:
-    return module.split(".")[1] if module.count(".") else "cudaload"
+def _unit(module: str) -> str:
+    """The top-level module or package of a dotted name relative to cudaload ("policy.fit" -> "policy")."""
+    return module.split(".")[0]
 
 
-def _imports(path: Path) -> set[str]:
-    """cudaload modules `path` imports anywhere (top level, inside functions), TYPE_CHECKING excluded."""
-    module = "cudaload." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
-    package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    """cudaload modules (relative to cudaload, e.g. "policy.fit") that `source`, the text of `module`,
+    imports anywhere: at the top, inside functions, `from cudaload import X` as "X"."""
+    package = module if is_package else module.rsplit(".", 1)[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -45,41 +60,93 @@ def _imports(path: Path) -> set[str]:
                 continue
             if isinstance(child, ast.ImportFrom):
                 if child.level:
-                    base = package.split(".")[: len(package.split(".")) - child.level + 1]
-                    target = ".".join(base + ([child.module] if child.module else []))
-                    found.update([target] if child.module else [f"{target}.{a.name}" for a in child.names])
-                elif child.module and child.module.startswith("cudaload"):
-                    found.add(child.module)
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - child.level + 1] + ([child.module] if child.module else []))
+                else:
+                    base = child.module or ""
+                if base == "cudaload" or base.startswith("cudaload."):
+                    # `from cudaload import capability` imports a module; `from .plans import Plan` a name.
+                    found.update(f"{base}.{a.name}" for a in child.names)
             elif isinstance(child, ast.Import):
-                found.update(a.name for a in child.names if a.name.startswith("cudaload"))
+                found.update(a.name for a in child.names if a.name.startswith("cudaload."))
             visit(child)
 
-    visit(ast.parse(path.read_text()))
-    return {m.removeprefix("cudaload.") for m in found if m != "cudaload" and not m.endswith("__version__")}
+    visit(ast.parse(source))
+    return {m.removeprefix("cudaload.") for m in found}
 
 
-def _layered_modules() -> list[Path]:
-    """Every module under a rule; the facade (load, plan, pipelines...), cli and bench are not."""
-    layered = set(ALLOWED) | ANYONE
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0].removesuffix(".py") in layered)
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(("cudaload", *parts)).removesuffix(".__init__")
 
 
-@pytest.mark.parametrize("path", _layered_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_each_layer_imports_only_the_layers_below(path: Path) -> None:
+def _imports(path: Path) -> set[str]:
+    return imports_in(path.read_text(), _module_name(path), path.name == "__init__.py")
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+NAMES = {_module_name(p).removeprefix("cudaload.").removeprefix("cudaload"): p for p in MODULES}
+
+
+def _resolve(name: str) -> str | None:
+    """The module an imported dotted name is, or lives in ("plans.Plan" -> "plans"); None: cudaload itself."""
+    while name and name not in NAMES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_each_module_imports_only_the_layers_below(path: Path) -> None:
     relative = path.relative_to(PACKAGE)
-    layer = relative.parts[0].removesuffix(".py")
-    allowed = ALLOWED.get(layer, set()) | ANYONE | {layer}
-    upward = sorted(m for m in _imports(path) if m.split(".")[0] not in allowed)
-    assert not upward, f"{relative} ({layer}) imports {upward}; {layer} may import only {sorted(allowed)}"
+    unit = relative.parts[0].removesuffix(".py")
+    allowed = ALLOWED.get(unit, set()) | ANYONE | {unit}
+    upward = sorted(m for m in _imports(path) if _unit(m) not in allowed)
+    assert not upward, f"{relative} ({unit}) imports {upward}; it may import only {sorted(allowed)}"
 
 
-def test_the_checker_sees_function_level_imports() -> None:
-    # The rule above would be empty if lazy imports were missed: the loaders' lazy import of the
-    # planner (inside load()) must be found, and every layer must have modules under the rule.
-    assert "planner" in _imports(PACKAGE / "loaders.py")
-    assert "policy.generation" in _imports(PACKAGE / "loaders.py")
-    checked = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in _layered_modules()}
-    assert checked == set(ALLOWED) | ANYONE
+def test_every_module_is_under_a_rule() -> None:
+    units = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in MODULES}
+    assert units == set(ALLOWED) | ANYONE, "a new top-level module needs its line in ALLOWED"
+    for name in ANYONE:
+        assert not _imports(PACKAGE / f"{name}.py"), f"{name} must import nothing of cudaload"
+
+
+def test_the_checker_sees_every_form_of_import() -> None:
+    # The rules above would pass vacuously if an import form were missed.
+    assert imports_in("from cudaload import capability", "cudaload.policy.fit") == {"capability"}
+    assert imports_in("def f():\n    from .. import capability\n", "cudaload.policy.fit") == {"capability"}
+    assert imports_in("import cudaload.capability.gpus", "cudaload.policy.fit") == {"capability.gpus"}
+    assert imports_in("from ..capability.cache import x", "cudaload.policy.fit") == {"capability.cache.x"}
+    assert imports_in("from .plans import Plan", "cudaload.loaders") == {"plans.Plan"}
+    assert imports_in("from .kv_layout import f", "cudaload.capability", is_package=True) == {"capability.kv_layout.f"}
+    skipped = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..capability import detect\n"
+    assert imports_in(skipped, "cudaload.policy.fit") == set()
+    assert "planner.generation_as_applied" in _imports(PACKAGE / "loaders.py")  # a lazy import, inside apply_plan
+
+
+def test_no_module_imports_itself_back() -> None:
+    graph = {
+        name: {target for m in _imports(path) if (target := _resolve(m)) is not None and target != name}
+        for name, path in NAMES.items()
+        if name  # the facade's lazy table imports everything by name only
+    }
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            walk(start, [start])
+    assert cycles == []
+    assert graph["loaders"] >= {"planner", "plans"} and not any(_unit(m) == "policy" for m in graph["loaders"])
 
 
 def test_importing_the_policy_loads_no_probe_and_no_torch() -> None:
@@ -92,6 +159,14 @@ def test_importing_the_policy_loads_no_probe_and_no_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded, heavy = out.splitlines()[0].split(), out.splitlines()[1:]
     assert "cudaload.policy" in loaded and "cudaload.facts.machine" in loaded
-    probes = [m for m in loaded if m.startswith(("cudaload.capability", "cudaload.model_facts", "cudaload.loaders"))]
+    probes = [m for m in loaded if m.startswith(("cudaload.capability", "cudaload.loaders", "cudaload.planner"))]
     assert probes == [], probes
     assert heavy in ([], [""])
+
+
+def test_the_how_it_works_page_gives_every_module_one_line() -> None:
+    page = (PACKAGE.parents[1] / "docs" / "how-it-works.md").read_text()
+    rows = re.findall(r"^\| `([\w/]+\.py)` \| (.+) \|$", page, re.MULTILINE)
+    listed = [path for path, _ in rows]
+    assert sorted(listed) == sorted(str(p.relative_to(PACKAGE)) for p in MODULES)
+    assert all(job.strip() and "|" not in job for _, job in rows)

@@ -37,6 +37,58 @@ def estimate(model: ModelFacts, **kw):
     return estimate_training_memory(model, **args)
 
 
+# --- what bitsandbytes stores, measured on this CPU (bitsandbytes 0.50 has a CPU backend) ----------
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@pytest.fixture(scope="module")
+def bnb_sizes() -> dict[str, float]:
+    """Bytes per weight of a 4-bit and an 8-bit layer as bitsandbytes quantizes them (as transformers'
+    BitsAndBytesConfig builds them: nf4 with double quantization; LLM.int8 without fp16 weights), and
+    per element of 8-bit AdamW state, read off real tensors."""
+    bnb = pytest.importorskip("bitsandbytes")
+    import torch
+
+    torch.manual_seed(0)
+    # 1024 x 256 = 262,144 weights: a whole number of 64-weight blocks and of 256-block groups, as every
+    # Llama-3-8B projection is (their sizes are multiples of 4096 x 1024).
+    nf4 = bnb.nn.Linear4bit(1024, 256, bias=False, compute_dtype=torch.bfloat16, compress_statistics=True)
+    nf4 = nf4.to("cpu")  # quantizes
+    state = nf4.weight.quant_state
+    assert state.nested and state.blocksize == 64
+    # packed weights + uint8 absmax per block + the nested fp32 absmax per 256 blocks (the nested 256-entry
+    # code and the offset are per tensor, ~1 KiB, left out by the estimate as here)
+    nf4_bytes = _nbytes(nf4.weight, state.absmax, state.state2.absmax)
+    int8 = bnb.nn.Linear8bitLt(1024, 256, bias=False, has_fp16_weights=False).to("cpu")
+    int8_bytes = _nbytes(int8.weight, int8.weight.SCB)  # int8 weights + one fp32 scale per output row
+
+    def adamw8bit_state(numel: int) -> int:
+        param = torch.nn.Parameter(torch.randn(numel))
+        optimizer = bnb.optim.AdamW8bit([param], lr=1e-3)  # paged_adamw_8bit's state, unpaged on a CPU
+        param.grad = torch.randn(numel)
+        optimizer.step()
+        # the two 256-entry quantization maps (qmap1/2) are shared by every parameter: not counted
+        return _nbytes(*(v for k, v in optimizer.state[param].items() if torch.is_tensor(v) and "qmap" not in k))
+
+    return {
+        "nf4_per_weight": nf4_bytes / 262_144,
+        "int8_bytes_1024x256": int8_bytes,
+        **{f"adamw8bit_{n}": adamw8bit_state(n) for n in (4095, 4096, 65536, 229376)},
+    }
+
+
+def test_bitsandbytes_sizes_are_the_ones_the_estimate_is_derived_from(bnb_sizes) -> None:
+    # nf4: 4 bits + an 8-bit absmax per 64 weights + a 32-bit absmax per 256 x 64 = 4.127 bits a weight.
+    assert bnb_sizes["nf4_per_weight"] * 8 == pytest.approx(4 + 8 / 64 + 32 / (64 * 256), rel=1e-12)
+    assert bnb_sizes["int8_bytes_1024x256"] == 1024 * 256 + 4 * 256
+    # 8-bit AdamW: two uint8 states + two fp32 absmax per 256; under 4096 elements, two fp32 states.
+    assert bnb_sizes["adamw8bit_65536"] == 2 * 65536 + 2 * 4 * 256
+    assert bnb_sizes["adamw8bit_4095"] == 2 * 4 * 4095
+
+
 # --- the logits term ---------------------------------------------------------------------------
 
 
@@ -89,7 +141,9 @@ def test_lora_parameter_count() -> None:
 def test_llama3_8b_16bit_at_2048_is_about_20_gib() -> None:
     model = llama(8)
     tokens, vocab, hidden, layers = 2048, 128256, 4096, 32
-    weights = model.parameters * 2  # bf16
+    # 32 layers x (4096*4096*2 + 4096*1024*2 + 3*4096*14336) = 6,979,321,856 in the projections, plus the
+    # embeddings and lm_head 2 x 128256 x 4096 = 1,050,673,152: 8,029,995,008 parameters, 2 bytes each.
+    weights = 16_059_990_016
     lora = _lora_parameters_8b() * (4 + 4 + 8)  # fp32 weight + grad + AdamW's two fp32 states
     kept = layers * tokens * hidden * 2  # each checkpointed layer's bf16 input
     logits = 12 * tokens * vocab  # the loss's peak, see test_logits_bytes_per_element
@@ -105,11 +159,14 @@ def test_llama3_8b_16bit_at_2048_is_about_20_gib() -> None:
     assert got.weights == weights
 
 
-def test_llama3_8b_qlora_at_2048() -> None:
+def test_llama3_8b_qlora_at_2048(bnb_sizes) -> None:
     model = llama(8)
-    linear = model.linear_parameters
-    weights = linear * 4.127 / 8 + (model.parameters - linear) * 2  # nf4 + double quant; the rest in bf16
-    lora = _lora_parameters_8b() * (4 + 4 + 2 + 8 / 256)  # paged 8-bit AdamW: 2 uint8 states + absmax/256
+    # The 6,979,321,856 projection weights at the bytes bitsandbytes stores per nf4 weight (measured:
+    # 0.5159, i.e. 4.127 bits); embeddings and lm_head (1,050,673,152) stay in bf16.
+    weights = 6_979_321_856 * bnb_sizes["nf4_per_weight"] + 1_050_673_152 * 2
+    # Each adapter tensor (r x 1024, r x 4096 or r x 14336 elements: all multiples of 256, none under
+    # 4096) keeps an fp32 weight and gradient, and 8-bit AdamW state as bitsandbytes measures it.
+    lora = _lora_parameters_8b() * (4 + 4 + bnb_sizes["adamw8bit_65536"] / 65536)
     activations = 32 * 2048 * 4096 * 2 + 12 * 2048 * 128256
     derived = weights + lora + activations + CUDA_OVERHEAD
     got = estimate(model, quantize="4bit")
@@ -128,17 +185,18 @@ def test_llama2_7b_qlora_matches_reported_figures(tokens, reported_gb) -> None:
 # --- optimizer state -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("numel", [4096, 65536, 229376, 16 * 14336])
-def test_8bit_optimizer_state_is_smaller_than_fp32_adamw(numel) -> None:
+@pytest.mark.parametrize("numel", [4096, 65536, 229376])
+def test_8bit_optimizer_state_is_what_bitsandbytes_keeps(numel, bnb_sizes) -> None:
     eight, fp32 = lora_tensor_bytes(numel, "paged_adamw_8bit"), lora_tensor_bytes(numel, "adamw_torch")
-    assert fp32 == 16 * numel
-    assert eight < fp32
+    assert fp32 == 16 * numel  # fp32 weight, gradient, exp_avg and exp_avg_sq
+    # fp32 weight and gradient + the state bitsandbytes' 8-bit AdamW allocated for that many elements
+    assert eight == 8 * numel + bnb_sizes[f"adamw8bit_{numel}"]
     assert eight / numel == pytest.approx(10, abs=0.05)  # 4 + 4 + 2 + 8/256
 
 
-def test_8bit_optimizer_keeps_small_tensors_in_fp32() -> None:
+def test_8bit_optimizer_keeps_small_tensors_in_fp32(bnb_sizes) -> None:
     # bitsandbytes' min_8bit_size=4096: smaller tensors get fp32 states.
-    assert lora_tensor_bytes(4095, "paged_adamw_8bit") == lora_tensor_bytes(4095, "adamw_torch")
+    assert lora_tensor_bytes(4095, "paged_adamw_8bit") == 8 * 4095 + bnb_sizes["adamw8bit_4095"] == 16 * 4095
 
 
 @pytest.mark.parametrize(
@@ -153,7 +211,7 @@ def test_8bit_optimizer_keeps_small_tensors_in_fp32() -> None:
 )
 def test_the_estimate_uses_the_planned_optimizer(quantize, on_gpu, optim) -> None:
     from cudaload import Machine
-    from cudaload.policy.finetune import decide_training_arguments
+    from cudaload.policy.training import decide_training_arguments
 
     machine = Machine.simulated("A100" if on_gpu else None, packages={"bitsandbytes": "0.50.2", "peft": "0.21.2"})
     _, args = decide_training_arguments(machine, "bfloat16", quantize is not None, True)
@@ -168,22 +226,37 @@ def test_the_estimate_uses_the_planned_optimizer(quantize, on_gpu, optim) -> Non
 # --- weights and layers ------------------------------------------------------------------------
 
 
-def test_weights_per_quantization() -> None:
+def test_weights_per_quantization(bnb_sizes) -> None:
     model = llama(8)
-    linear, rest = model.linear_parameters, model.parameters - model.linear_parameters
-    assert weight_bytes(model, "bfloat16", None) == model.parameters * 2
-    assert weight_bytes(model, "bfloat16", "4bit") == pytest.approx(linear * 4.127 / 8 + rest * 2, rel=1e-4)
-    rows = 32 * (4096 + 1024 + 1024 + 4096 + 14336 + 14336 + 4096)  # one fp32 scale per output row
-    assert weight_bytes(model, "bfloat16", "8bit") == linear + 4 * rows + rest * 2
+    # Llama-3-8B: 6,979,321,856 projection weights (32 layers x 218,103,808) + 1,050,673,152 in the
+    # embeddings and lm_head = 8,029,995,008 parameters (see test_llama3_8b_16bit_at_2048).
+    linear, rest = 6_979_321_856, 1_050_673_152
+    assert (model.linear_parameters, model.parameters) == (linear, linear + rest)
+    assert weight_bytes(model, "bfloat16", None) == 16_059_990_016
+    assert weight_bytes(model, "float32", None) == 32_119_980_032
+    # 4-bit: the projections at bitsandbytes' nf4 bytes per weight, the rest in bf16.
+    nf4 = linear * bnb_sizes["nf4_per_weight"] + rest * 2
+    # 3,489,660,928 + 109,051,904 + 1,703,936 (1/2, 1/64 and 4/16384 byte a weight) + 2 x 1,050,673,152
+    assert nf4 == 3_600_416_768 + 2_101_346_304
+    assert weight_bytes(model, "bfloat16", "4bit") == pytest.approx(nf4, abs=1)
+    # 8-bit: bitsandbytes keeps one int8 a weight and one fp32 scale per output row (measured on a
+    # 1024 x 256 layer: 262,144 + 4 x 256 bytes); Llama-3-8B has 32 x (4096 + 1024 + 1024 + 4096 +
+    # 14336 + 14336 + 4096) = 32 x 43,008 = 1,376,256 output rows.
+    assert bnb_sizes["int8_bytes_1024x256"] == 1024 * 256 + 4 * 256
+    assert weight_bytes(model, "bfloat16", "8bit") == linear + 4 * 1_376_256 + rest * 2
 
 
 def test_checkpointing_keeps_one_layer() -> None:
-    model = llama(1, vocab=0)  # no logits: the layers alone
-    layer = layer_bytes_per_token(model, "bfloat16", None, PROJ, True) * 2048
+    model = llama(1, vocab=0)  # no logits: the layers alone; 4 layers of Llama-3-8B's shape
+    # One layer's saved tensors per token, bf16, on a GPU: 2 fp32 norms 2*4*4096 + attention q/k/v/out
+    # 4*2*4096 + SwiGLU 3*2*14336 + each adapter's bool mask and bf16 input over the 7 adapters' fan-in
+    # (6*4096 + 14336): (1 + 2) * 38,912 -> 32,768 + 32,768 + 86,016 + 116,736 = 268,288 (65.5 x hidden).
+    layer = 268_288 * 2048
+    assert layer_bytes_per_token(model, "bfloat16", None, PROJ, True) == 268_288
     with_ckpt = estimate(model, checkpointing=True).activations
     without = estimate(model, checkpointing=False).activations
-    assert with_ckpt == 4 * 2048 * 4096 * 2 + layer
-    assert without == 4 * layer
+    assert with_ckpt == 4 * 2048 * 4096 * 2 + layer == 616_562_688  # each layer's input + one recomputed layer
+    assert without == 4 * layer == 2_197_815_296
     # A Llama-style layer with LoRA on every projection saves more than Korthikanti's 34·h (GPT,
     # trained weights): every adapter keeps its own masked copy of its input.
     assert 34 * 4096 * 2048 < layer < 80 * 4096 * 2048
@@ -258,7 +331,7 @@ def test_one_lora_step_on_this_cpu_matches_the_estimate() -> None:
     mark (pytest's). glibc's mmap threshold is pinned at 64 KiB so freed tensors leave the RSS."""
     from transformers import Qwen3Config
 
-    from cudaload.model_facts import read_model_facts
+    from cudaload.capability.model_config import read_model_facts
 
     config = dict(
         vocab_size=32000,
@@ -283,7 +356,7 @@ def test_one_lora_step_on_this_cpu_matches_the_estimate() -> None:
         checkpointing=False,
         on_gpu=False,
     )
-    logits = logits_bytes_per_element("float32") * seq * 32000
+    logits = 12 * seq * 32000  # the loss's peak per logit (test_logits_bytes_per_element)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     spec = {"config": config, "targets": list(targets), "seq": seq}
     done = subprocess.run(

@@ -19,9 +19,12 @@ H100 = Machine.simulated("H100")
 
 
 def _fresh_copy(tiny_models: dict[str, Path], tmp_path: Path, arch: str = "qwen3") -> str:
-    """A copy with its own path, so the facts cache has not seen it."""
+    """A copy the facts cache has not seen: the cache is keyed by config.json's bytes, so this one's
+    config gets a key of its own (an attribute transformers keeps and no model reads)."""
     folder = tmp_path / arch
     shutil.copytree(tiny_models[arch], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "cudaload_test_copy": str(folder)}))
     return str(folder)
 
 
@@ -62,9 +65,7 @@ def test_the_facts_carry_the_kv_layout_through_the_cache(tiny_models, tmp_path: 
 def test_an_encoder_has_no_generation_section(tmp_path: Path) -> None:
     from transformers import BertConfig, BertModel
 
-    config = BertConfig(
-        vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
-    )
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
     BertModel(config).save_pretrained(tmp_path)
     facts = cudaload.read_model_facts(str(tmp_path))
     assert not facts.generates and facts.generation is None
@@ -108,3 +109,14 @@ def test_from_pretrained_kwargs_builds_the_objects_and_refuses_other_values(tiny
     assert kwargs == dict(plan.kwargs) and kwargs is not plan.kwargs
     with pytest.raises(SettingError, match="takes a Plan"):
         cudaload.from_pretrained_kwargs(plan.to_dict())  # type: ignore[arg-type]
+
+
+def test_the_kv_budget_reads_a_device_map_with_the_one_device_parser() -> None:
+    from cudaload.policy.generation import kv_budget
+
+    mixed = Machine.simulated(["A100", "T4"])
+    # device_map=1 (an int: GPU 1) budgets the T4 alone; it used to fall back to both GPUs' memory.
+    budget, where = kv_budget(mixed, 1, 0)
+    assert "Tesla T4" in where and budget == int(15 * 2**30 * 0.8)  # the catalog's 15 GiB, GPU_SHARE 0.8
+    assert kv_budget(mixed, {"model.layers.0": "cuda:1", "lm_head": 1}, 0) == (budget, where)
+    assert "2 GPUs" in kv_budget(mixed, "auto", 0)[1]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cudaload.capability.model_config import read_model_facts
 from cudaload.capability.software import PACKAGES, installed_versions
-from cudaload.model_facts import read_model_facts
 
 
 def _fresh_process(code: str, cache: Path) -> dict[str, object]:
@@ -91,7 +91,7 @@ def test_a_planned_model_is_planned_again_without_torch(tiny_models, tmp_path: P
         import json, sys
         from dataclasses import asdict
         import cudaload
-        from cudaload.model_facts import read_model_facts
+        from cudaload.capability.model_config import read_model_facts
         plan = cudaload.plan({str(model)!r}, probe=False)
         facts = read_model_facts({str(model)!r})
         print(json.dumps({{

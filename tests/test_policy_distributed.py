@@ -83,6 +83,7 @@ from cudaload import Machine  # noqa: E402
 from cudaload.facts.machine import Launch  # noqa: E402
 from cudaload.loaders import from_pretrained_kwargs  # noqa: E402
 from cudaload.policy import Request, decide_plan  # noqa: E402
+from cudaload.request import TrainingRequest  # noqa: E402
 from model_shapes import llama  # noqa: E402
 
 
@@ -135,7 +136,10 @@ def test_tensor_parallel_or_spread_under_torchrun(launch, count, model, tp_plan,
 @pytest.mark.parametrize(
     ("machine", "request_"),
     [
-        (Machine.simulated("A100", count=4, launch=_ranks(4)), Request(training=True, quantize=None)),  # training
+        (
+            Machine.simulated("A100", count=4, launch=_ranks(4)),
+            Request(training=TrainingRequest(quantize=None)),
+        ),  # training
         (Machine.simulated("A100", count=4), Request()),  # one process
         (Machine.simulated(None, launch=_ranks(2)), Request()),  # no GPU
         (Machine.simulated("A100", count=4, launch=_ranks(4, strategy="fsdp")), Request()),  # FSDP shards itself
@@ -167,6 +171,8 @@ def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
 @pytest.mark.parametrize("gpu", [None, "A100"])
 def test_sharding_on_a_cpu_only_machine_warns_that_accelerate_runs_ddp(strategy, gpu) -> None:
     launch = replace(_ranks(2, strategy=strategy), zero_stage=3 if strategy == "deepspeed" else None)
-    plan = decide_plan(Machine.simulated(gpu, count=2, launch=launch), _model(1), Request(training=True, quantize=None))
+    plan = decide_plan(
+        Machine.simulated(gpu, count=2, launch=launch), _model(1), Request(training=TrainingRequest(quantize=None))
+    )
     assert "device_map" not in plan.kwargs
     assert any("plain DDP" in w for w in plan.warnings) == (gpu is None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import pytest
@@ -10,13 +11,18 @@ from cudaload import FinetuneConfigError, Machine, MissingPackageError, Placemen
 from cudaload.facts.machine import Launch
 from cudaload.facts.model import ModelFacts
 from cudaload.policy import Request, decide_plan
+from cudaload.request import TrainingRequest
 from model_shapes import PROJ, llama
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
 
 
 def finetune(machine: Machine, model: ModelFacts | None = None, **request):
-    return decide_plan(machine, model or llama(8), Request(training=True, **{"quantize": "auto", **request}))
+    """A fine-tuning plan; `request`'s fine-tuning keys go into its TrainingRequest, the rest into the Request."""
+    fields = {f.name for f in dataclasses.fields(TrainingRequest)}
+    training = TrainingRequest(**{k: v for k, v in request.items() if k in fields})
+    others = {k: v for k, v in request.items() if k not in fields}
+    return decide_plan(machine, model or llama(8), Request(training=training, **others))
 
 
 DDP8 = Launch("torchrun", rank=3, local_rank=3, world_size=8, local_world_size=8, strategy="ddp")

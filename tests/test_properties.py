@@ -14,6 +14,7 @@ from cudaload.facts.catalog import KNOWN_GPUS
 from cudaload.facts.machine import Launch
 from cudaload.facts.model import any_model
 from cudaload.policy import Request, decide_plan
+from cudaload.request import TrainingRequest
 from cudaload.upstream import FLASH_OPTIONS
 from model_shapes import llama
 
@@ -151,7 +152,7 @@ def test_plans_are_valid_for_the_machine_or_refused_with_a_cudaload_error(machin
 def test_a_quantized_model_under_ddp_is_never_spread_with_auto(machine, model, quantize) -> None:
     # Launches of several ranks, with what QLoRA needs installed, and models LoRA can wrap: before,
     # models() had no linear layers and every draw was refused, so nothing below ever ran.
-    plan = _plan(machine, model, Request(training=True, quantize=quantize))
+    plan = _plan(machine, model, Request(training=TrainingRequest(quantize=quantize)))
     assume(plan is not None)
     assert plan is not None and machine.launch.distributed
     assert plan.kwargs.get("device_map") != "auto"

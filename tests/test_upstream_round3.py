@@ -11,13 +11,14 @@ import pytest
 
 from cudaload import Machine
 from cudaload.capability.software import simulated_packages
+from cudaload.facts.kv_cache import GenerationFacts, KvLayers
 from cudaload.facts.machine import GiB, Launch
 from cudaload.facts.model import ModelFacts
-from cudaload.facts.kv_cache import GenerationFacts, KvLayers
 from cudaload.loaders import set_rank_device
 from cudaload.policy import Request, Workload, decide_plan
 from cudaload.policy.generation import decide_generation
 from cudaload.policy.memory import estimate_training_memory, logits_bytes_per_element
+from cudaload.request import TrainingRequest
 from cudaload.upstream import hub_kernel_version
 from model_shapes import PROJ, llama
 
@@ -45,7 +46,7 @@ def plan(machine: Machine, model: ModelFacts | None = None, **request: Any) -> A
 )
 def test_sharded_qlora_stores_4bit_in_the_compute_dtype(launch: Launch, storage: str) -> None:
     machine = Machine.simulated("H100", count=2, packages=BNB, launch=launch)
-    config = plan(machine, training=True, quantize="4bit").kwargs["quantization_config"]
+    config = plan(machine, training=TrainingRequest(quantize="4bit")).kwargs["quantization_config"]
     assert config["bnb_4bit_compute_dtype"] == "bfloat16"  # H100: sm90 runs bf16
     assert config["bnb_4bit_quant_storage"] == storage
 
@@ -57,7 +58,7 @@ def test_sharded_qlora_stores_4bit_in_the_compute_dtype(launch: Launch, storage:
 def test_checkpointing_reason_does_not_call_reentrant_the_default(transformers: str) -> None:
     # modeling_utils.py of both sets {"use_reentrant": False} when no kwargs are given.
     machine = Machine.simulated("A100", packages={**BNB, "transformers": transformers})
-    plan_ = plan(machine, training=True, quantize=None)
+    plan_ = plan(machine, training=TrainingRequest(quantize=None))
     reason = next(d.reason for d in plan_.decisions if d.setting.endswith("checkpointing_kwargs"))
     assert "the reentrant default" not in reason
     assert f"transformers {transformers} defaults to it" in reason
@@ -233,7 +234,8 @@ def test_sharded_qlora_ranks_each_load_on_their_own_gpu(strategy: str) -> None:
             zero_stage=3 if strategy == "deepspeed" else None,
         )
         plan_ = plan(
-            Machine.simulated("A100", count=world, packages=BNB, launch=launch), training=True, quantize="4bit"
+            Machine.simulated("A100", count=world, packages=BNB, launch=launch),
+            training=TrainingRequest(quantize="4bit"),
         )
         assert "device_map" not in plan_.kwargs
         current: list[int] = []
@@ -243,9 +245,13 @@ def test_sharded_qlora_ranks_each_load_on_their_own_gpu(strategy: str) -> None:
 
 def test_unquantized_sharding_and_ddp_set_no_device() -> None:
     fsdp = Launch("accelerate", rank=1, local_rank=1, world_size=2, strategy="fsdp")
-    unquantized = plan(Machine.simulated("A100", count=2, packages=BNB, launch=fsdp), training=True, quantize=None)
+    unquantized = plan(
+        Machine.simulated("A100", count=2, packages=BNB, launch=fsdp), training=TrainingRequest(quantize=None)
+    )
     ddp = Launch("torchrun", rank=1, local_rank=1, world_size=2, strategy="ddp")
-    quantized_ddp = plan(Machine.simulated("A100", count=2, packages=BNB, launch=ddp), training=True, quantize="4bit")
+    quantized_ddp = plan(
+        Machine.simulated("A100", count=2, packages=BNB, launch=ddp), training=TrainingRequest(quantize="4bit")
+    )
     for plan_ in (unquantized, quantized_ddp):
         assert set_rank_device(plan_, lambda index: pytest.fail(f"set_device({index})")) is None
     assert quantized_ddp.kwargs["device_map"] == {"": 1}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 # public name -> the private module that defines it
 _EXPORTS = {
@@ -37,7 +37,7 @@ _EXPORTS = {
     "HubKernel": "cudaload.facts.machine",
     "Launch": "cudaload.facts.machine",
     "ModelFacts": "cudaload.facts.model",
-    "read_model_facts": "cudaload.model_facts",
+    "read_model_facts": "cudaload.capability.model_config",
     "CudaloadError": "cudaload.errors",
     "AttentionUnavailableError": "cudaload.errors",
     "DtypeUnsupportedError": "cudaload.errors",
@@ -51,7 +51,7 @@ _EXPORTS = {
     "SettingError": "cudaload.errors",
     "UnknownGpuError": "cudaload.errors",
     "WorkloadError": "cudaload.errors",
-    "Workload": "cudaload.policy.request",
+    "Workload": "cudaload.request",
     "DtypeProbe": "cudaload.facts.machine",
     "TuningRecord": "cudaload.facts.machine",
 }
@@ -103,6 +103,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from .capability import detect
+    from .capability.model_config import read_model_facts
     from .errors import (
         AttentionUnavailableError,
         CudaloadError,
@@ -123,11 +124,10 @@ if TYPE_CHECKING:
     from .facts.model import ModelFacts
     from .finetune import load_for_finetune, training_arguments
     from .loaders import AppliedPlan, Fallback, from_pretrained_kwargs, load
-    from .model_facts import read_model_facts
     from .pipelines import pipeline
     from .planner import plan
     from .plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
-    from .policy.request import Workload
+    from .request import Workload
     from .tokenizer import tokenizer_for
 
 

@@ -22,9 +22,9 @@ __all__ = ["main"]
 
 
 def _gib(n: int | None) -> str:
-    from .policy.fit import gib
+    from .policy.fit import format_bytes
 
-    return "?" if n is None else gib(n)
+    return "?" if n is None else format_bytes(n)
 
 
 def _backends(machine: Machine) -> dict[str, Any]:
@@ -420,7 +420,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     kind = ""
     if args.finetune:
-        from .bench.finetune import format_finetune_report, run_finetune_bench
+        from .bench.finetune_bench import format_finetune_report, run_finetune_bench
         from .bench.models import resolve_model
 
         with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
 from .plans import Decision, Plan, Rejected
-from .policy.attention import attention_kind
-from .upstream import FLASH_OPTIONS
+from .upstream import FLASH_OPTIONS, attention_kind
 
 if TYPE_CHECKING:
     from .plans import GenerationPlan
@@ -167,7 +166,7 @@ _DISPATCH_FUNCTIONS: Mapping[str, frozenset[str]] = {
 }
 _DISPATCH_ERRORS = (ImportError, ValueError, KeyError)
 
-# Code that does nothing but run one kind of option (policy.attention.attention_kind): an error
+# Code that does nothing but run one kind of option (upstream.attention_kind): an error
 # raised inside it is that option's whatever its type, e.g. flash_attn's "no kernel image is
 # available" on a GPU it was not built for. Not the `kernels` package as a whole: it also loads
 # `use_kernels` layers and quantization kernels (hub_kernels.lazy_load_kernel); an attention Hub
@@ -348,6 +347,17 @@ def _offloaded(device_map: Mapping[str, Any] | None, has_gpu: bool) -> tuple[str
         return ()
     slow = {"disk", "cpu"} if has_gpu else {"disk"}
     return tuple(f"{name or '(whole model)'} -> {where}" for name, where in device_map.items() if str(where) in slow)
+
+
+def _offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
+    """What to say when from_pretrained's device_map put modules on the CPU or disk (known only after
+    loading, from the model's `hf_device_map`)."""
+    shown = ", ".join(offloaded[:4]) + (", ..." if len(offloaded) > 4 else "")
+    return (
+        f"{model}: device_map offloaded {len(offloaded)} module(s) ({shown}): every forward copies those weights "
+        "back (from disk or CPU), which is many times slower. Quantize (4-bit), add GPU memory, or pick a smaller "
+        "model."
+    )
 
 
 _warned: set[str] = set()
@@ -564,7 +574,7 @@ def apply_plan(
     any other failure raises at once, as does the last option's or one cudaload may not leave.
     Weights the checkpoint does not fill raise before any test forward (`_check_weights`).
     """
-    from .model_facts import resolve_auto_class
+    from .capability.model_config import resolve_auto_class
     from .upstream_imports import import_transformers
 
     import_transformers()
@@ -614,9 +624,7 @@ def apply_plan(
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
     notes = [*plan.warnings, *weight_notes]
     if offloaded:
-        from .policy.placement import offload_warning
-
-        notes.append(offload_warning(plan.model, offloaded))
+        notes.append(_offload_warning(plan.model, offloaded))
     for note in notes:
         _warn_once(note)
     applied = AppliedPlan(
@@ -718,7 +726,7 @@ def load(
             f"load() takes a local path, a Hub id or a Plan, not {type(model).__name__}. To plan from a "
             "config object use cudaload.plan(config); to load, save the model and pass its folder."
         )
-    from .model_facts import model_class_name
+    from .capability.model_config import model_class_name
     from .planner import check_flag
 
     for name, value in (("strict", strict), ("verify", verify), ("allow_missing_weights", allow_missing_weights)):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from .capability.model_config import model_class_name, read_model_facts
 from .errors import (
     AttentionUnavailableError,
     DtypeUnsupportedError,
@@ -19,10 +20,9 @@ from .errors import (
 from .facts.dtypes import BYTES
 from .facts.machine import Machine
 from .facts.model import ModelFacts
-from .model_facts import model_class_name, read_model_facts
 from .plans import GenerationPlan, Plan
-from .policy import Request, decide_plan, decide_plan_generation
-from .policy.request import GenerationRequest, Workload, check_padding_side, workload_from
+from .policy import decide_plan, decide_plan_generation
+from .request import GenerationRequest, Request, TrainingRequest, Workload, check_padding_side, workload_from
 from .upstream_imports import import_transformers
 
 __all__ = ["check_flag", "generation_as_applied", "plan", "split_overrides"]
@@ -150,7 +150,8 @@ def plan(
     Args:
         model: A local path (str or PathLike), a Hub id (read through the local cache; with
             HF_HUB_OFFLINE=1 only what is cached), a transformers `PretrainedConfig`, or
-            `ModelFacts` (not with `generate=True`).
+            `ModelFacts` (with `generate=True`, facts that carry their `generation` layout, as
+            `read_model_facts()` reads them).
         machine: The `Machine` to plan for. Default None: `detect()` this one, with its
             measurements (tuning records, the CPU dtype probe). A machine you pass, e.g.
             `Machine.simulated("T4")`, is planned as given.
@@ -197,7 +198,8 @@ def plan(
             `generate=True` or with `finetune=True`, or an impossible generation setting.
         WorkloadError: an unknown `workload`.
         ModelConfigError: `model` of another type, an empty name, a config that cannot be read,
-            or `generate=True` with ModelFacts.
+            or `generate=True` for a model without a KV-cache layout (not a causal or seq2seq LM,
+            or ModelFacts without `generation`).
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
         FinetuneConfigError: `lora` without `finetune=True`, or LoRA settings not valid for this model.
         QuantizationError: an unknown `quantize`, an already quantized checkpoint, or both
@@ -230,7 +232,7 @@ def plan(
     # Validated before anything is read: a bad flag must not reach the config loader.
     check_flag("hub_kernels", hub_kernels, allow_none=True)
     request = split_overrides(
-        overrides, workload=workload_from(workload), hub_kernels=hub_kernels, generation=generation, **training
+        overrides, workload=workload_from(workload), hub_kernels=hub_kernels, generation=generation, training=training
     )
     if machine is not None and not isinstance(machine, Machine):
         raise SettingError(
@@ -307,8 +309,8 @@ def _training_request(
     seq_len: int | None,
     batch_size: int | None,
     overrides: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Request fields of a fine-tuning plan ({} for inference, where giving any of them is an error)."""
+) -> TrainingRequest | None:
+    """The fine-tuning section of the request (None for inference, where giving any of it is an error)."""
     if not finetune:
         training_only = {
             "lora": lora,
@@ -327,20 +329,19 @@ def _training_request(
                     else "."
                 )
             )
-        return {}
+        return None
     if quantize is not None and "quantization_config" in overrides:
         raise QuantizationError(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
             "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
         )
-    return {
-        "training": True,
-        "quantize": quantize,
-        "lora": lora,
-        "gradient_checkpointing": True if gradient_checkpointing is None else gradient_checkpointing,
-        "seq_len": 2048 if seq_len is None else seq_len,
-        "batch_size": 1 if batch_size is None else batch_size,
-    }
+    return TrainingRequest(
+        quantize=quantize,
+        lora=lora,
+        gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
+        seq_len=2048 if seq_len is None else seq_len,
+        batch_size=1 if batch_size is None else batch_size,
+    )
 
 
 def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:

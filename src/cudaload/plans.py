@@ -18,7 +18,7 @@ from .facts.kv_cache import GenerationFacts
 if TYPE_CHECKING:
     from .facts.machine import Machine
     from .facts.model import ModelFacts
-    from .policy.request import Request
+    from .request import Request
 
 __all__ = [
     "Decision",

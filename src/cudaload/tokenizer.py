@@ -7,7 +7,7 @@ from typing import Any
 from .errors import ModelConfigError, SettingError
 from .facts.model import generates
 from .plans import Plan
-from .policy.request import check_padding_side
+from .request import check_padding_side
 from .upstream_imports import import_transformers
 
 __all__ = ["tokenizer_for"]

@@ -9,7 +9,9 @@ backend preference (FA3 on sm90, FA4 on sm100, FA2 elsewhere).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Literal
 
 from packaging.version import InvalidVersion, Version
 
@@ -25,7 +27,9 @@ __all__ = [
     "FP16_FRAGILE_FAMILIES",
     "KERNELS_RANGES",
     "TESTED_KERNELS_RANGE",
+    "AttentionKind",
     "FlashOption",
+    "attention_kind",
     "fa4_head_dims_ok",
     "flash_received_head_dims",
     "hub_kernel_version",
@@ -191,3 +195,23 @@ quantizers/quantizer_compressed_tensors.py, quantizer_finegrained_fp8.py, quanti
 quantizer_gguf.py, quantizer_nvfp4.py, quantizer_torchao.py); every other quantizer inherits False
 from quantizers/base.py (`HfQuantizer.is_compileable`), and generate() then never compiles
 (`_valid_auto_compile_criteria`)."""
+
+
+AttentionKind = Literal["flash", "hub_kernel", "sdpa", "flex", "eager", "other"]
+"""What an `attn_implementation` string is to transformers."""
+
+# transformers' own test for a Hub-kernel attn_implementation ("org/repo[@revision][:function]"):
+# integrations/hub_kernels.py, `is_kernel`.
+_HUB_KERNEL = re.compile(r"^[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
+
+
+def attention_kind(implementation: str) -> AttentionKind:
+    """Classify an `attn_implementation` as transformers does: a FlashAttention package name
+    ("flash_attention_2"...), a Hub kernel repository (its `is_kernel` pattern), "sdpa",
+    "flex_attention", "eager", or another registered name ("other")."""
+    if implementation in FLASH_OPTIONS:
+        return "flash"
+    if _HUB_KERNEL.match(implementation):
+        return "hub_kernel"
+    named: dict[str, AttentionKind] = {"sdpa": "sdpa", "flex_attention": "flex", "eager": "eager"}
+    return named.get(implementation, "other")

@@ -21,11 +21,11 @@ from typing import Any, Protocol
 from ..errors import SettingError, describe_error
 from ..loaders import input_device
 
-__all__ = ["Measurement", "Variant", "Workload", "measure", "workload_for"]
+__all__ = ["BenchRun", "Measurement", "Variant", "measure", "workload_for"]
 
 
 @dataclass(frozen=True)
-class Workload:
+class BenchRun:
     """What one benchmark run does: `batch` prompts of `prompt_tokens`, `new_tokens` generated."""
 
     prompt_tokens: int
@@ -36,7 +36,7 @@ class Workload:
     threads: int | None = None
     """torch CPU threads during the run; None: torch's default (one per usable core)."""
     generation_batch: int = 4
-    """Prompts of different lengths in the generation comparison (`bench.generation`)."""
+    """Prompts of different lengths in the generation comparison (`bench.generate_bench`)."""
 
 
 def workload_for(
@@ -48,14 +48,14 @@ def workload_for(
     repeats: int | None = None,
     threads: int | None = None,
     generation_batch: int | None = None,
-) -> Workload:
+) -> BenchRun:
     """The run's workload: the mode's defaults, then what the caller set (each checked)."""
     base = (
         # A smoke test: on small VMs, OpenMP threads spinning between a tiny model's many short ops
         # made 2-thread decode up to 50x slower and erratic (measured on a 2-vCPU KVM guest).
-        Workload(prompt_tokens=64, new_tokens=16, repeats=1, threads=1, generation_batch=2)
+        BenchRun(prompt_tokens=64, new_tokens=16, repeats=1, threads=1, generation_batch=2)
         if quick
-        else Workload(prompt_tokens=256, new_tokens=64)
+        else BenchRun(prompt_tokens=256, new_tokens=64)
     )
     chosen = {
         "prompt_tokens": prompt_tokens,
@@ -68,7 +68,7 @@ def workload_for(
     for name, value in chosen.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise SettingError(f"cudaload bench: {name}={value!r}; pass a whole number of at least 1.")
-    return Workload(**{**base.__dict__, **{k: v for k, v in chosen.items() if v is not None}})
+    return BenchRun(**{**base.__dict__, **{k: v for k, v in chosen.items() if v is not None}})
 
 
 @dataclass
@@ -196,7 +196,7 @@ def _progress(total: int, enabled: bool) -> Any:
 def measure(
     path: Path,
     variants: list[Variant],
-    work: Workload,
+    work: BenchRun,
     vocab_size: int,
     *,
     on_cuda: bool,

@@ -80,7 +80,7 @@ def run_bench(
       number is their median), `threads` (torch CPU threads, restored afterwards): the workload.
     - `generation`: also compare the plan's generation settings (`plan.generation`: cache, padding
       side) with default generate() and each cache it rejected, on `generation_batch` prompts of
-      different lengths (default 4; quick 2), one model loaded with the plan (`bench.generation`).
+      different lengths (default 4; quick 2), one model loaded with the plan (`bench.generate_bench`).
     - `model_dir`: where a built model is saved and reused (default: a temporary folder).
     - `save`: store the measured grid as a tuning record; later plans of this model shape on this
       machine (same CPU/GPUs, torch, threads) pick the measured winner.
@@ -135,7 +135,7 @@ def run_bench(
         compared = None
         interrupted = measured.interrupted  # Ctrl-C in any phase: keep what was measured, run nothing more
         if generation and not interrupted and the_plan.generation is not None:
-            from .generation import compare_generation
+            from .generate_bench import compare_generation
 
             try:
                 compared = compare_generation(
@@ -223,7 +223,7 @@ def write_result(result: dict[str, Any], out: str | os.PathLike[str]) -> Path:
 
 
 def _shape_key(path: Path) -> str:
-    from ..model_facts import read_model_facts
+    from ..capability.model_config import read_model_facts
 
     return read_model_facts(str(path)).shape_key
 
@@ -232,7 +232,7 @@ def _save_record(
     model_key: str, machine: Any, result: dict[str, Any], rows: list[VariantResult], threads: int
 ) -> Path | None:
     """Store the measured grid (every variant that ran, bare excluded) as a tuning record."""
-    from ..capability.tuning import write_tuning_record
+    from ..capability.tuning_records import write_tuning_record
     from ..facts.machine import TunedVariant, TuningRecord
 
     work = result["workload"]

@@ -81,7 +81,7 @@ def _cached_snapshot(repo: str) -> Path | None:
 
 
 def _describe(folder: Path, name: str, random_weights: bool) -> BenchModel:
-    from ..model_facts import read_model_facts
+    from ..capability.model_config import read_model_facts
 
     facts = read_model_facts(str(folder))
     return BenchModel(

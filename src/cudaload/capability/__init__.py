@@ -18,7 +18,7 @@ from .dtype_probe import cached_dtype_probe, probe_enabled, shape_bucket, torch_
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
 from .software import probe_hub, probe_software
-from .tuning import read_tuning_records
+from .tuning_records import read_tuning_records
 
 if TYPE_CHECKING:
     from ..facts.model import ModelFacts
@@ -99,8 +99,7 @@ def measure_for(
     env = os.environ if env is None else env
     machine = replace(machine, threads=torch_threads(env, machine.cpu.cores))
     records = read_tuning_records(model.shape_key, env)
-    here = machine.fingerprint()
-    matched = any(dict(r.fingerprint) == here for r in records)
+    matched = any(not machine.fingerprint_differences(r.fingerprint) for r in records)
     measured = None
     cpu_plan = not machine.gpus if on_cpu is None else on_cpu
     if probe and probe_enabled(env) and cpu_plan and not dtype_chosen and not matched:

@@ -51,7 +51,7 @@ PACKAGES = (
     "kernels",
     "nvidia-ml-py",
     *(dist for dist, _ in FLASH_DISTRIBUTIONS.values()),
-    # what a pre-quantized checkpoint's quantizer needs (policy/quantization.py, facts/quantization.py)
+    # what a pre-quantized checkpoint's quantizer needs (policy/quantization.py, facts/stored_weights.py)
     "triton",
     "optimum",
     "gptqmodel",

@@ -3,8 +3,11 @@
 - `machine`: Machine and its parts (Gpu, Cpu, Software, Hub, Launch, measurements), what
   `capability` probes fill in and `Machine.simulated()` builds by hand;
 - `catalog`: known GPUs by name, for simulated machines;
-- `model`: ModelFacts, what `read_model_facts()` reads from a config.
+- `model`: ModelFacts, what `read_model_facts()` reads from a config;
+- `kv_cache`: a model's KV-cache layout (ModelFacts.generation);
+- `stored_weights`: how a pre-quantized checkpoint stores its weights (ModelFacts.quantization);
+- `dtypes`, `spread`: dtype names and sizes; how much repeated timings agree.
 
-The layers: capability (probes) -> facts (data) <- policy (pure decisions) -> plan (the contract)
-<- loaders (apply); cli and bench sit at the edge.
+The layers: capability (probes) -> facts (data) <- policy (pure decisions) -> plans (the contract)
+<- planner <- loaders (apply); cli and bench sit at the edge (tests/test_layers.py).
 """

@@ -1,7 +1,8 @@
 """Known GPUs, for planning on a machine you don't have (`cudaload plan --gpu T4`).
 
 Values are the vendor's: compute capability, memory, SM count. Lookup is by a
-normalised alias; a plan never decides by name, only by the facts here.
+normalised alias; a plan never decides by name, only by the facts here. Plain data:
+`Machine.simulated()` turns an entry into a `Gpu`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UnknownGpuError
-from .machine import GiB, Gpu
 
 __all__ = ["KNOWN_GPUS", "CatalogGpu", "lookup_gpu"]
 
@@ -21,18 +21,6 @@ class CatalogGpu:
     memory_gib: int
     multiprocessors: int
     aliases: tuple[str, ...] = ()
-
-    def as_gpu(self, index: int = 0) -> Gpu:
-        memory = self.memory_gib * GiB
-        return Gpu(
-            index=index,
-            name=self.name,
-            capability=self.capability,
-            total_memory=memory,
-            free_memory=None,
-            physical_index=index,
-            multiprocessors=self.multiprocessors,
-        )
 
 
 KNOWN_GPUS: tuple[CatalogGpu, ...] = (

@@ -9,6 +9,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from .catalog import CatalogGpu, lookup_gpu
+
 __all__ = [
     "Cpu",
     "DtypeProbe",
@@ -485,6 +487,16 @@ class Machine:
             "gpus": ", ".join(f"{g.name} {g.sm}" for g in self.gpus) or "none",
         }
 
+    def fingerprint_differences(self, recorded: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+        """How a measurement's recorded `fingerprint` differs from this machine's, one
+        "key 'there' there, 'here' here" per field; empty when the measurement applies here."""
+        there = dict(recorded)
+        return tuple(
+            f"{key} {there.get(key, '?')!r} there, {value!r} here"
+            for key, value in self.fingerprint().items()
+            if there.get(key) != value
+        )
+
     @property
     def weakest_gpu(self) -> Gpu | None:
         """The GPU every plan must be valid for: the lowest compute capability, then memory."""
@@ -555,11 +567,10 @@ class Machine:
             (['sm_80', 'sm_75'], 'Tesla T4')
         """
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
-        from .catalog import lookup_gpu
 
         _check_simulated(gpu, count, packages)
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
-        gpus = tuple(lookup_gpu(name).as_gpu(i) for i, name in enumerate(names))
+        gpus = tuple(_catalog_gpu(lookup_gpu(name), i) for i, name in enumerate(names))
         versions = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0", **(packages or {})}
         software = Software(
             packages=tuple(sorted(versions.items())),
@@ -599,6 +610,19 @@ class Machine:
             tuning=tuple(tuning),
             threads=cpu.cores,
         )
+
+
+def _catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
+    """A catalog GPU as a simulated machine's GPU `index`: all of its memory free, as far as anyone knows."""
+    return Gpu(
+        index=index,
+        name=entry.name,
+        capability=entry.capability,
+        total_memory=entry.memory_gib * GiB,
+        free_memory=None,
+        physical_index=index,
+        multiprocessors=entry.multiprocessors,
+    )
 
 
 def _check_simulated(gpu: object, count: object, packages: object) -> None:

@@ -1,6 +1,6 @@
 """What the policy knows about a model: `ModelFacts`, plain data (no reading, no deciding).
 
-`read_model_facts()` (cudaload/model_facts.py) builds them from a config; the policy takes them as
+`read_model_facts()` (cudaload/capability/model_config.py) builds them from a config; the policy takes them as
 arguments, and tests build them by hand (`any_model()`, `reference_model()`).
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from ..upstream import FP16_FRAGILE_FAMILIES
 from .kv_cache import GenerationFacts
-from .quantization import CheckpointQuantization
+from .stored_weights import CheckpointQuantization
 
 __all__ = ["ModelFacts", "any_model", "generates", "reference_model"]
 
@@ -27,7 +27,7 @@ class ModelFacts:
     """What the policy knows about a model, read from its config and class alone (no weights).
 
     `read_model_facts()` builds it; `plan()` accepts it in place of a model (for planning a model
-    without its files, e.g. in tests), except with `generate=True`.
+    without its files, e.g. in tests); with `generate=True` only facts that carry `generation`.
 
     Attributes:
         source: Where the config came from: the path or Hub id (a config object's `_name_or_path`).
@@ -126,7 +126,7 @@ class ModelFacts:
     tp_plan: bool = False
     """The config has a `base_model_tp_plan`: `tp_plan="auto"` can shard it (transformers' `supports_tp_plan`)."""
     quantization: CheckpointQuantization | None = None
-    """How an already-quantized checkpoint stores its weights (facts/quantization.py); None when it is not."""
+    """How an already-quantized checkpoint stores its weights (facts/stored_weights.py); None when it is not."""
     final_softcap: float | None = None
     """`final_logit_softcapping` (Gemma 2): the logits pass through tanh, which keeps a copy of them for
     the backward (policy/memory.py counts it). None without it."""

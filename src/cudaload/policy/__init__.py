@@ -7,24 +7,24 @@ tests pass facts in. One module per decision; `decide_plan` composes them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
+from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention
 from .devices import check_max_memory, usable_machine
-from .finetune import decide_lora, decide_training_arguments
 from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import decide_placement, decide_rank_device, decide_tensor_parallel, placed_machine, plan_within
 from .precision import decide_dtype
-from .quantization import decide_checkpoint_quantization, decide_quantization
-from .request import Request, Workload
+from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
+from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu
 
 __all__ = ["Request", "Workload", "decide_plan", "decide_plan_generation"]
@@ -93,16 +93,18 @@ def decide_plan_generation(machine: Machine, model: ModelFacts, plan: Plan, requ
 def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Request, found: list[str]) -> Plan:
     """decide_plan's decisions; `judged` is `machine` restricted to the GPUs the model goes on."""
     warnings = list(found)
+    training = request.training
     # Fine-tuning runs forward and backward over whole sequences: a prefill-shaped workload.
     workload = (
-        Workload(prompt_tokens=request.seq_len * request.batch_size, new_tokens=0, include_load=False, training=True)
-        if request.training
+        Workload(training.seq_len * training.batch_size, new_tokens=0, include_load=False, training=True)
+        if training is not None
         else request.workload
     )
     dtype, dtype_warnings = decide_dtype(judged, model, request.dtype, workload)
     warnings += dtype_warnings
     hub_code = request.hub_kernels is True or request.use_kernels is True
-    attention, chain = decide_attention(judged, model, dtype.value, request.attn_implementation, hub_code)
+    attention, chain, cautions = decide_attention(judged, model, dtype.value, request.attn_implementation, hub_code)
+    warnings += cautions
     dtype, attention, chain = tune_on_gpu(judged, model, workload, dtype, attention, chain)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
     decisions = [dtype, attention]
@@ -110,74 +112,144 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     checkpoint = decide_checkpoint_quantization(
         judged, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)
     )
-    dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     if checkpoint is not None:
         decisions.append(checkpoint.decision)
         warnings += checkpoint.warnings
-    kwargs: dict[str, Any] = {
-        "dtype": dtype.value,
-        "attn_implementation": attention.value,
-    }
-    finetune: FinetunePlan | None = None
-    quantize: str | None = None
-    estimates: dict[str | None, TrainingMemory] = {}
-    if request.training:
-        lora, lora_config = decide_lora(model, request.lora)
-        estimates = {
-            q: estimate_training_memory(
-                model,
-                dtype=dtype.value,
-                quantize=q,
-                r=int(lora_config["r"]),
-                targets=tuple(lora_config["target_modules"]),
-                seq_len=request.seq_len,
-                batch=request.batch_size,
-                checkpointing=request.gradient_checkpointing,
-                on_gpu=bool(machine.gpus),
-                dequantized_to=dequantized_to,
-            )
-            # A quantized checkpoint is trained as stored ("checkpoint") or dequantized (None), never requantized.
-            for q in ((None, "4bit", "8bit") if checkpoint is None else (None if dequantized_to else "checkpoint",))
-        }
-        quant, quant_config, quant_warnings = decide_quantization(
-            machine, model, request.quantize, dtype.value, estimates, request.device_map, checkpoint
-        )
-        warnings += quant_warnings
-        quantize = quant.value
-        if quant_config is not None:
-            kwargs["quantization_config"] = quant_config
-        training, training_args = decide_training_arguments(
-            judged, dtype.value, quantize is not None, request.gradient_checkpointing
-        )
-        use_cache = _training_cache(request.gradient_checkpointing)
-        decisions += [quant, lora, _kbit_preparation(quantize), use_cache, *training]
-        finetune = FinetunePlan(
-            lora=lora_config,
-            training_arguments=training_args,
-            memory_estimate=_estimates_dict(estimates, request),
-            gradient_checkpointing=request.gradient_checkpointing,
-            checkpointing_kwargs=next((d.value for d in training if d.setting.endswith("checkpointing_kwargs")), {}),
-            use_cache=use_cache.value,
-        )
+    kwargs: dict[str, Any] = {"dtype": dtype.value, "attn_implementation": attention.value}
+    section = (
+        _finetune_section(machine, judged, model, training, request.device_map, dtype.value, checkpoint)
+        if training is not None
+        else None
+    )
+    quantize = section.quantize if section is not None else None
+    if section is not None:
+        decisions += section.decisions
+        warnings += section.warnings
+        if section.quantization_config is not None:
+            kwargs["quantization_config"] = section.quantization_config
+    dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     size = weight_bytes(model, dtype.value, quantize, dequantized_to=dequantized_to)
+    quantized = quantize is not None or (checkpoint is not None and dequantized_to is None)
+    where = _placement_section(
+        machine, model, request, size, quantized, section.training_bytes if section is not None else None
+    )
+    decisions += [*where.decisions, use_kernels]
+    warnings += where.warnings
+    kwargs |= where.kwargs
+    if use_kernels.value:
+        kwargs["use_kernels"] = True
+    for key, value in request.passthrough.items():
+        kwargs[key] = value
+        decisions.append(Decision(key, value, "passed to from_pretrained as given", source="user"))
+    return Plan(
+        model=model.source,
+        machine=machine.describe(),
+        kwargs=kwargs,
+        attention_chain=chain,
+        decisions=tuple(decisions),
+        warnings=tuple(warnings),
+        explicit=frozenset(d.setting for d in decisions if d.source == "user"),
+        model_class=model.model_class,
+        auto_class=model.auto_class,
+        parameters=model.parameters,
+        weight_bytes=size,
+        finetune=section.plan if section is not None else None,
+    )
+
+
+@dataclass(frozen=True)
+class _FinetuneSection:
+    plan: FinetunePlan
+    decisions: tuple[Decision, ...]
+    quantize: str | None
+    quantization_config: dict[str, Any] | None
+    training_bytes: int
+    warnings: tuple[str, ...]
+
+
+def _finetune_section(
+    machine: Machine,
+    judged: Machine,
+    model: ModelFacts,
+    training: TrainingRequest,
+    device_map: Any,
+    dtype: str,
+    checkpoint: CheckpointPlan | None,
+) -> _FinetuneSection:
+    """LoRA, quantization (from the training-memory estimate of each option), k-bit preparation, the
+    model's cache and the TrainingArguments flags."""
+    dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
+    lora, lora_config = decide_lora(model, training.lora)
+    # A quantized checkpoint is trained as stored ("checkpoint") or dequantized (None), never requantized.
+    options = (None, "4bit", "8bit") if checkpoint is None else (None if dequantized_to else "checkpoint",)
+    estimates = {
+        q: estimate_training_memory(
+            model,
+            dtype=dtype,
+            quantize=q,
+            r=int(lora_config["r"]),
+            targets=tuple(lora_config["target_modules"]),
+            seq_len=training.seq_len,
+            batch=training.batch_size,
+            checkpointing=training.gradient_checkpointing,
+            on_gpu=bool(machine.gpus),
+            dequantized_to=dequantized_to,
+        )
+        for q in options
+    }
+    quant, quant_config, warnings = decide_quantization(
+        machine, model, training.quantize, dtype, estimates, device_map, checkpoint
+    )
+    arguments, training_args = decide_training_arguments(
+        judged, dtype, quant.value is not None, training.gradient_checkpointing
+    )
+    use_cache = _training_cache(training.gradient_checkpointing)
+    plan = FinetunePlan(
+        lora=lora_config,
+        training_arguments=training_args,
+        memory_estimate=_estimates_dict(estimates, training),
+        gradient_checkpointing=training.gradient_checkpointing,
+        checkpointing_kwargs=next((d.value for d in arguments if d.setting.endswith("checkpointing_kwargs")), {}),
+        use_cache=use_cache.value,
+    )
+    return _FinetuneSection(
+        plan=plan,
+        decisions=(quant, lora, _kbit_preparation(quant.value), use_cache, *arguments),
+        quantize=quant.value,
+        quantization_config=quant_config,
+        training_bytes=estimates[quant.value].total,
+        warnings=warnings,
+    )
+
+
+@dataclass(frozen=True)
+class _Placement:
+    decisions: tuple[Decision, ...]
+    kwargs: dict[str, Any]
+    warnings: tuple[str, ...]
+
+
+def _placement_section(
+    machine: Machine, model: ModelFacts, request: Request, size: int, quantized: bool, training_bytes: int | None
+) -> _Placement:
+    """Where the weights go: tensor parallelism, device_map, max_memory and, for a quantized model under
+    FSDP / ZeRO-3, the rank's own GPU."""
     tp_requested = bool({"tp_plan", "tp_size", "distributed_config"} & set(request.passthrough))
     tensor_parallel = decide_tensor_parallel(
-        machine, model, size, request.training, tp_requested or request.device_map is not None
+        machine, model, size, request.training is not None, tp_requested or request.device_map is not None
     )
-    placement, max_memory, placement_warnings = decide_placement(
+    placement, max_memory, warnings = decide_placement(
         machine,
         size,
         request.device_map,
-        quantized=quantize is not None or (checkpoint is not None and dequantized_to is None),
-        training_bytes=estimates[quantize].total if request.training else None,
+        quantized=quantized,
+        training_bytes=training_bytes,
         tensor_parallel=tensor_parallel,
         tp_requested=tp_requested,
     )
-    warnings += placement_warnings
-    decisions += [placement, *([tensor_parallel] if tensor_parallel is not None else []), use_kernels]
-    rank_device = decide_rank_device(
-        machine, quantize is not None or (checkpoint is not None and dequantized_to is None), placement.value
-    )
+    decisions = [placement, *([tensor_parallel] if tensor_parallel is not None else [])]
+    kwargs: dict[str, Any] = {}
+    rank_device = decide_rank_device(machine, quantized, placement.value)
     if rank_device is not None:
         decisions.append(rank_device)  # applied by loaders.set_rank_device before from_pretrained
     if placement.value is not None:
@@ -189,34 +261,9 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
         decisions.append(Decision("max_memory", kwargs["max_memory"], "your choice", source="user"))
     elif max_memory is not None:
         kwargs["max_memory"] = max_memory
-        decisions.append(
-            Decision(
-                "max_memory",
-                max_memory,
-                f"{percent(HEADROOM)} of each device's free memory (total memory when free is unknown)",
-            )
-        )
-    if use_kernels.value:
-        kwargs["use_kernels"] = True
-    for key, value in request.passthrough.items():
-        kwargs[key] = value
-        decisions.append(Decision(key, value, "passed to from_pretrained as given", source="user"))
-
-    explicit = frozenset(d.setting for d in decisions if d.source == "user")
-    return Plan(
-        model=model.source,
-        machine=machine.describe(),
-        kwargs=kwargs,
-        attention_chain=chain,
-        decisions=tuple(decisions),
-        warnings=tuple(warnings),
-        explicit=explicit,
-        model_class=model.model_class,
-        auto_class=model.auto_class,
-        parameters=model.parameters,
-        weight_bytes=size,
-        finetune=finetune,
-    )
+        reason = f"{percent(HEADROOM)} of each device's free memory (total memory when free is unknown)"
+        decisions.append(Decision("max_memory", max_memory, reason))
+    return _Placement(tuple(decisions), kwargs, tuple(warnings))
 
 
 def _asks_dequantize(passthrough: Mapping[str, Any]) -> bool:
@@ -252,12 +299,12 @@ def _training_cache(checkpointing: bool) -> Decision:
     return Decision("use_cache", False, reason, (Rejected(True, "a cache is only read when generating"),))
 
 
-def _estimates_dict(estimates: dict[str | None, TrainingMemory], request: Request) -> dict[str, Any]:
+def _estimates_dict(estimates: dict[str | None, TrainingMemory], training: TrainingRequest) -> dict[str, Any]:
     return {
         "assumes": {
-            "seq_len": request.seq_len,
-            "batch_size": request.batch_size,
-            "gradient_checkpointing": request.gradient_checkpointing,
+            "seq_len": training.seq_len,
+            "batch_size": training.batch_size,
+            "gradient_checkpointing": training.gradient_checkpointing,
         },
         **{("16bit" if q is None else q): e.as_dict() for q, e in estimates.items()},
     }

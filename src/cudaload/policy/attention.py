@@ -1,18 +1,35 @@
-"""attn_implementation: an ordered fallback chain for this machine and model.
+"""attn_implementation: one check per attention option, and the fallback chain built from them.
 
 FlashAttention by GPU generation (FA3 on sm90, FA4 on sm100, FA2 elsewhere, as vLLM),
 from the installed package or else the `kernels-community` Hub kernel, then SDPA, then
 eager. Never FlashAttention in fp32, for a model without support, or on a generation
 upstream does not build for. Several GPUs: the weakest decides.
+
+How it is built:
+
+- **One check per option** (as vLLM's attention backends each answer `validate_configuration`
+  with every reason they cannot be used): `check_attention(option, machine, model, dtype)` returns
+  an `OptionCheck` listing *every* reason the option cannot serve, in two kinds. `blockers`: it
+  cannot run (wrong GPU generation, fp32 with FlashAttention, head dim too large, package or Hub
+  kernel missing, a class without support). `costs`: it runs but loses something (SDPA and
+  softcapping). The checks behind it: `_flash_package` / `_flash_hub` (`_flash_blockers` holds the
+  FlashAttention rules of docs/decisions.md, in their order), `_compatible_entry` (models whose
+  FlashAttention transformers redirects), `_hub_repository`, `_sdpa`, `_flex`.
+- **Both paths call it**, so they cannot disagree. An explicit choice (`_explicit`) with a blocker
+  raises AttentionUnavailableError naming every reason; with costs only it is honoured with a
+  warning. The automatic chain keeps an option only when nothing is against it.
+- **The automatic chain is a trace** (as huggingface/kernels resolves build variants): one
+  `Accepted` or `Rejected` entry per option tried, in order (`_flash_trace`, `_with_consent`,
+  `_portable_trace`); `_decision` turns it into the Decision (the first accepted is the choice,
+  each rejection shown with its first reason, as explain() has one line per option) and the chain.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Literal
+from dataclasses import dataclass
 
 from ..errors import AttentionUnavailableError
-from ..facts.machine import Machine
+from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..upstream import (
@@ -23,32 +40,21 @@ from ..upstream import (
     FLASH_ATTN_2_SOFTCAP_MIN_VERSION,
     FLASH_MAX_HEAD_DIM,
     FLASH_OPTIONS,
+    attention_kind,
     fa4_head_dims_ok,
     flash_received_head_dims,
     version_at_least,
 )
 from .kernels import kernels_status
 
-__all__ = ["AttentionKind", "attention_kind", "decide_attention", "is_flash_attention"]
-
-AttentionKind = Literal["flash", "hub_kernel", "sdpa", "flex", "eager", "other"]
-"""What an `attn_implementation` string is to transformers."""
-
-# transformers' own test for a Hub-kernel attn_implementation ("org/repo[@revision][:function]"):
-# integrations/hub_kernels.py, `is_kernel`.
-_HUB_KERNEL = re.compile(r"^[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
-
-
-def attention_kind(implementation: str) -> AttentionKind:
-    """Classify an `attn_implementation` as transformers does: a FlashAttention package name
-    ("flash_attention_2"...), a Hub kernel repository (its `is_kernel` pattern), "sdpa",
-    "flex_attention", "eager", or another registered name ("other")."""
-    if implementation in FLASH_OPTIONS:
-        return "flash"
-    if _HUB_KERNEL.match(implementation):
-        return "hub_kernel"
-    named: dict[str, AttentionKind] = {"sdpa": "sdpa", "flex_attention": "flex", "eager": "eager"}
-    return named.get(implementation, "other")
+__all__ = [
+    "Accepted",
+    "OptionCheck",
+    "TraceEntry",
+    "check_attention",
+    "decide_attention",
+    "is_flash_attention",
+]
 
 
 def is_flash_attention(implementation: str) -> bool:
@@ -70,7 +76,160 @@ def flash_preference(major: int) -> tuple[str, ...]:
     return tuple(f"flash_attention_{v}" for v in order)
 
 
+# --- the checks: every reason against one option --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OptionCheck:
+    """What `check_attention` found for one attention option on this machine, model and dtype.
+
+    Attributes:
+        implementation: The string transformers is given for it: the option itself, or the Hub
+            repository that serves a FlashAttention option whose package is not installed.
+        detail: What serves it (e.g. "flash-attn 2.8.3 installed"); the reason when it is used.
+        blockers: Every reason it cannot run here. An explicit choice with one is refused.
+        costs: Every reason it runs but loses something (e.g. softcapping not applied). An explicit
+            choice with only these is honoured with a warning; the automatic chain passes it over.
+    """
+
+    implementation: str
+    detail: str
+    blockers: tuple[str, ...] = ()
+    costs: tuple[str, ...] = ()
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """Every reason against the option, blockers first."""
+        return self.blockers + self.costs
+
+
+_EAGER = "the reference implementation: works everywhere, slowest"
+_AS_IS = "passed to transformers as is"
+
+
+def check_attention(option: str, machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+    """Every reason `option` (an `attn_implementation` string) cannot serve `model` in `dtype` on
+    `machine`: the one validation both an explicit choice and the automatic chain use."""
+    kind = attention_kind(option)
+    listed = model.compatible_flash
+    if listed is not None and option in listed:
+        return _compatible_entry(machine, model, dtype, option)
+    if listed is not None and kind in ("flash", "hub_kernel"):
+        # transformers would silently replace it with a listed one: the option asked is never what runs.
+        return OptionCheck(option, "", (_redirected(model, option),))
+    if kind == "flash":
+        return _flash_package(machine, model, dtype, option)
+    if kind == "hub_kernel":
+        return _hub_repository(machine, model, dtype, option)
+    if kind == "sdpa":
+        return _sdpa(model)
+    if kind == "flex":
+        return _flex(machine, model)
+    # eager runs everywhere; another registered name is the caller's own code, which cudaload cannot judge.
+    return OptionCheck(option, _EAGER if kind == "eager" else _AS_IS)
+
+
+def _flash_package(machine: Machine, model: ModelFacts, dtype: str, name: str) -> OptionCheck:
+    """FlashAttention `name` from its installed package, else from its `kernels-community` Hub
+    kernel (what transformers itself falls back to, `FLASH_ATTN_KERNEL_FALLBACK`)."""
+    option = FLASH_OPTIONS[name]
+    installed = machine.software.version(option.distribution)
+    if installed is None:
+        return _flash_hub(machine, model, dtype, name, f"{option.distribution} not installed; ")
+    blockers = _flash_blockers(machine, model, dtype, name, installed)
+    return OptionCheck(name, f"{option.distribution} {installed} installed", blockers)
+
+
+def _flash_hub(machine: Machine, model: ModelFacts, dtype: str, name: str, prefix: str = "") -> OptionCheck:
+    """The Hub kernel of FlashAttention `name`: it must run this model here and be fetchable."""
+    repo = FLASH_OPTIONS[name].hub_repo
+    blockers = _flash_blockers(machine, model, dtype, name, None)
+    usable, detail = _hub_kernel(machine, repo)
+    if not usable:
+        blockers += (f"{prefix}its Hub kernel is unusable: {detail}",)
+    return OptionCheck(repo, f"{prefix}{detail}", blockers)
+
+
+def _flash_blockers(
+    machine: Machine, model: ModelFacts, dtype: str, name: str, installed: str | None
+) -> tuple[str, ...]:
+    """Every reason FlashAttention `name` cannot run this model here, in the order of the rules in
+    docs/decisions.md. `installed` is the package version, or None for the Hub kernel."""
+    gpu = machine.weakest_gpu
+    found = (
+        _generation_blocker(gpu, name, installed) if gpu is not None else "needs a CUDA GPU",
+        "FlashAttention runs only in fp16/bf16; the dtype is float32" if dtype == "float32" else None,
+        None if model.supports_flash else f"{model.model_class} does not support FlashAttention",
+        *_version_blockers(model, name, installed),
+        _head_dim_blocker(gpu, model, name, installed),
+    )
+    return tuple(reason for reason in found if reason)
+
+
+def _generation_blocker(gpu: Gpu, name: str, installed: str | None) -> str | None:
+    """Why FlashAttention `name` has no kernels for this GPU generation; None when it has."""
+    option = FLASH_OPTIONS[name]
+    major = gpu.capability[0]
+    fa4_wide = name == "flash_attention_4" and installed is not None and version_at_least(installed, FA4_WIDE_VERSION)
+    majors = option.hub_majors if installed is None else FA4_MAJORS_WIDE if fa4_wide else option.majors
+    if major in majors:
+        return None
+    hub_fa4 = name == "flash_attention_4" and installed is None
+    if (fa4_wide or hub_fa4) and major == 8:
+        # transformers would not stop it: the major >= 9 check is only in its error path (upstream.py).
+        which = f"flash-attn-4 {installed}" if installed else f"{option.hub_repo} (4.0.0.beta8)"
+        return (
+            f"{which} runs only its forward on {gpu.sm} ({gpu.name}; backward needs sm90+), "
+            "and FlashAttention-2 is the Ampere kernel (vLLM's choice below sm90)"
+        )
+    note = ""
+    if name == "flash_attention_4" and installed is not None and major in FA4_MAJORS_WIDE:
+        note = f" before flash-attn-4 {FA4_WIDE_VERSION} (installed: {installed})"
+    elif installed is None and major in option.majors:
+        note = f" in the Hub build {option.hub_repo}"  # the package would have them
+    return f"no {name} kernels for {gpu.sm} ({gpu.name}){note}"
+
+
+def _version_blockers(model: ModelFacts, name: str, installed: str | None) -> tuple[str, ...]:
+    """An installed flash-attn (FA2) too old for transformers, or for this model's softcapping."""
+    if name != "flash_attention_2" or installed is None:
+        return ()
+    found = []
+    if not version_at_least(installed, FLASH_ATTN_2_MIN_VERSION):
+        found.append(
+            f"flash-attn {installed} is older than {FLASH_ATTN_2_MIN_VERSION}, the oldest transformers accepts"
+        )
+    if model.softcap and not version_at_least(installed, FLASH_ATTN_2_SOFTCAP_MIN_VERSION):
+        found.append(
+            f"attn_logit_softcapping={model.softcap} needs flash-attn >= {FLASH_ATTN_2_SOFTCAP_MIN_VERSION} "
+            f"(installed: {installed})"
+        )
+    return tuple(found)
+
+
+def _head_dim_blocker(gpu: Gpu | None, model: ModelFacts, name: str, installed: str | None) -> str | None:
+    """A head dim the kernel lacks: over 256 for any FlashAttention, else FA4's narrower set on
+    sm100/sm110 (checked only within the general limit, so one head dim gives one reason)."""
+    too_big = [d for d in model.head_dims if d > FLASH_MAX_HEAD_DIM]
+    if too_big:
+        return f"head_dim {max(too_big)}: FlashAttention supports head dims up to {FLASH_MAX_HEAD_DIM}"
+    if name != "flash_attention_4" or gpu is None or gpu.capability[0] not in (10, 11):
+        return None
+    if fa4_head_dims_ok(model.head_dims, model.qk_v_head_dims, installed):
+        return None
+    received = list(flash_received_head_dims(model.head_dims, model.qk_v_head_dims))
+    padded = ""
+    if model.qk_v_head_dims is not None and model.qk_v_head_dims[0] != model.qk_v_head_dims[1]:
+        qk, v = model.qk_v_head_dims
+        padded = f" (transformers pads V {v} up to the query-key dim {qk}, so the kernel gets {qk}/{qk})"
+    return (
+        f"head dims {received}{padded}: FlashAttention-4 on {gpu.sm} takes 8-128, and 256 only from "
+        f"flash-attn-4 {FA4_HD256_VERSION} (installed: {installed or 'none; the Hub kernel'})"
+    )
+
+
 def _hub_kernel(machine: Machine, repo: str) -> tuple[bool, str]:
+    """(usable, why) for fetching Hub kernel `repo` through `kernels` here."""
     usable, why = kernels_status(machine)
     if not usable:
         return False, why
@@ -90,106 +249,34 @@ def _hub_kernel(machine: Machine, repo: str) -> tuple[bool, str]:
     return True, f"Hub kernel {repo} (not cached: downloaded on first use)"
 
 
-def _cannot_run(machine: Machine, model: ModelFacts, dtype: str, name: str, installed: str | None) -> str | None:
-    """Why FlashAttention `name` cannot run this model here (None when it can). `installed` is the
-    package version, or None for the Hub kernel."""
-    option = FLASH_OPTIONS[name]
-    gpu = machine.weakest_gpu
-    if gpu is None:
-        return "needs a CUDA GPU"
-    fa4_wide = name == "flash_attention_4" and installed is not None and version_at_least(installed, FA4_WIDE_VERSION)
-    majors = option.hub_majors if installed is None else FA4_MAJORS_WIDE if fa4_wide else option.majors
-    if gpu.capability[0] not in majors:
-        note = ""
-        if name == "flash_attention_4" and installed is not None and gpu.capability[0] in FA4_MAJORS_WIDE:
-            note = f" before flash-attn-4 {FA4_WIDE_VERSION} (installed: {installed})"
-        elif installed is None and gpu.capability[0] in option.majors:
-            note = f" in the Hub build {option.hub_repo}"  # the package would have them
-        hub_fa4 = name == "flash_attention_4" and installed is None
-        if (fa4_wide or hub_fa4) and gpu.capability[0] == 8:
-            # transformers would not stop it: the major >= 9 check is only in its error path (upstream.py).
-            which = f"flash-attn-4 {installed}" if installed else f"{option.hub_repo} (4.0.0.beta8)"
-            return (
-                f"{which} runs only its forward on {gpu.sm} ({gpu.name}; backward needs sm90+), "
-                "and FlashAttention-2 is the Ampere kernel (vLLM's choice below sm90)"
-            )
-        return f"no {name} kernels for {gpu.sm} ({gpu.name}){note}"
-    if dtype == "float32":
-        return "FlashAttention runs only in fp16/bf16; the dtype is float32"
-    if not model.supports_flash:
-        return f"{model.model_class} does not support FlashAttention"
-    if (
-        name == "flash_attention_2"
-        and installed is not None
-        and not version_at_least(installed, FLASH_ATTN_2_MIN_VERSION)
-    ):
-        return f"flash-attn {installed} is older than {FLASH_ATTN_2_MIN_VERSION}, the oldest transformers accepts"
-    softcap_too_old = installed is not None and not version_at_least(installed, FLASH_ATTN_2_SOFTCAP_MIN_VERSION)
-    if model.softcap and name == "flash_attention_2" and softcap_too_old:
-        return (
-            f"attn_logit_softcapping={model.softcap} needs flash-attn >= {FLASH_ATTN_2_SOFTCAP_MIN_VERSION} "
-            f"(installed: {installed})"
-        )
-    too_big = [d for d in model.head_dims if d > FLASH_MAX_HEAD_DIM]
-    if too_big:
-        return f"head_dim {max(too_big)}: FlashAttention supports head dims up to {FLASH_MAX_HEAD_DIM}"
-    if (
-        name == "flash_attention_4"
-        and gpu.capability[0] in (10, 11)
-        and not fa4_head_dims_ok(model.head_dims, model.qk_v_head_dims, installed)
-    ):
-        received = list(flash_received_head_dims(model.head_dims, model.qk_v_head_dims))
-        padded = ""
-        if model.qk_v_head_dims is not None and model.qk_v_head_dims[0] != model.qk_v_head_dims[1]:
-            qk, v = model.qk_v_head_dims
-            padded = f" (transformers pads V {v} up to the query-key dim {qk}, so the kernel gets {qk}/{qk})"
-        return (
-            f"head dims {received}{padded}: FlashAttention-4 on {gpu.sm} takes 8-128, and 256 only from "
-            f"flash-attn-4 {FA4_HD256_VERSION} (installed: {installed or 'none; the Hub kernel'})"
-        )
-    return None
+def _flash_of(repo: str) -> str | None:
+    """The FlashAttention option whose `kernels-community` build `repo` is; None for another repo."""
+    return next((name for name, option in FLASH_OPTIONS.items() if option.hub_repo == repo), None)
 
 
-def _flash(machine: Machine, model: ModelFacts, dtype: str, name: str) -> tuple[str | None, str]:
-    """(implementation to pass or None, reason) for one FlashAttention version: the installed
-    package, else its `kernels-community` Hub kernel."""
-    option = FLASH_OPTIONS[name]
-    installed = machine.software.version(option.distribution)
-    if installed is not None:
-        why = _cannot_run(machine, model, dtype, name, installed)
-        return (None, why) if why else (name, f"{option.distribution} {installed} installed")
-    return _flash_hub(machine, model, dtype, name, f"{option.distribution} not installed; ")
+def _hub_repository(machine: Machine, model: ModelFacts, dtype: str, repo: str) -> OptionCheck:
+    """A Hub kernel named as `attn_implementation`. The `kernels-community` build of a FlashAttention
+    gets that FlashAttention's checks (it is the same kernel the automatic chain would judge)."""
+    name = _flash_of(repo)
+    if name is not None:
+        return _flash_hub(machine, model, dtype, name)
+    usable, detail = _hub_kernel(machine, repo)
+    blockers: tuple[str, ...] = () if usable else (detail,)
+    if not machine.gpus and is_flash_attention(repo):
+        blockers += ("FlashAttention Hub kernels are built for CUDA and there is no GPU here",)
+    return OptionCheck(repo, detail, blockers)
 
 
-def _flash_hub(machine: Machine, model: ModelFacts, dtype: str, name: str, prefix: str = "") -> tuple[str | None, str]:
-    """The Hub kernel of FlashAttention `name`, when it can run here and can be fetched."""
-    repo = FLASH_OPTIONS[name].hub_repo
-    why = _cannot_run(machine, model, dtype, name, None)
-    if why:
-        return None, why
-    ok, detail = _hub_kernel(machine, repo)
-    if ok:
-        return repo, f"{prefix}{detail}"
-    return None, f"{prefix}its Hub kernel is unusable: {detail}"
-
-
-def _compatible_entry(machine: Machine, model: ModelFacts, dtype: str, entry: str) -> tuple[str | None, str]:
+def _compatible_entry(machine: Machine, model: ModelFacts, dtype: str, entry: str) -> OptionCheck:
     """One entry of the model's `_compatible_flash_implementations`: a FlashAttention name or a
     Hub kernel repository."""
     if entry in FLASH_OPTIONS:
-        return _flash(machine, model, dtype, entry)
-    for name, option in FLASH_OPTIONS.items():
-        if option.hub_repo == entry:
-            return _flash_hub(machine, model, dtype, name, f"{model.model_class} asks for this Hub kernel; ")
-    return None, "a Hub kernel cudaload cannot check for this GPU (not a CUDA FlashAttention build it knows)"
-
-
-def _sdpa(model: ModelFacts) -> tuple[bool, str]:
-    if not model.supports_sdpa:
-        return False, f"{model.model_class} does not support SDPA"
-    if model.softcap:
-        return False, f"SDPA ignores attn_logit_softcapping={model.softcap}; eager applies it"
-    return True, "torch SDPA: fused attention on every device"
+        return _flash_package(machine, model, dtype, entry)
+    name = _flash_of(entry)
+    if name is not None:
+        return _flash_hub(machine, model, dtype, name, f"{model.model_class} asks for this Hub kernel; ")
+    cannot = "a Hub kernel cudaload cannot check for this GPU (not a CUDA FlashAttention build it knows)"
+    return OptionCheck(entry, "", (cannot,))
 
 
 def _redirected(model: ModelFacts, option: str) -> str:
@@ -200,39 +287,86 @@ def _redirected(model: ModelFacts, option: str) -> str:
     )
 
 
-def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -> Decision:
-    def refuse(why: str) -> AttentionUnavailableError:
-        return AttentionUnavailableError(
-            f"attn_implementation={requested!r} was asked, but {why}. Use another implementation "
-            "(e.g. 'sdpa') or leave attn_implementation unset to let cudaload choose."
-        )
+def _sdpa(model: ModelFacts) -> OptionCheck:
+    blockers = () if model.supports_sdpa else (f"{model.model_class} does not support SDPA",)
+    # A cost, not a blocker: with SDPA the model runs uncapped. Every transformers (5.22) class that passes
+    # `softcap` to its attention function declares `_supports_sdpa = False`, so the blocker above comes first
+    # for them (their `sdpa_attention_forward` would raise on it).
+    costs = (f"SDPA ignores attn_logit_softcapping={model.softcap}; eager applies it",) if model.softcap else ()
+    return OptionCheck("sdpa", "torch SDPA: fused attention on every device", blockers, costs)
 
-    compatible = model.compatible_flash
-    if compatible is not None and requested not in compatible and attention_kind(requested) in ("flash", "hub_kernel"):
-        raise refuse(_redirected(model, requested))
-    if requested in FLASH_OPTIONS:
-        impl, why = _flash(machine, model, dtype, requested)
-        if impl is None:
-            raise refuse(why)
-        return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
-    if compatible is not None and requested in compatible:
-        impl, why = _compatible_entry(machine, model, dtype, requested)
-        if impl is None:
-            raise refuse(why)
-        return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
-    if attention_kind(requested) == "hub_kernel":
-        ok, why = _hub_kernel(machine, requested)
-        if not ok:
-            raise refuse(why)
-        if not machine.gpus and is_flash_attention(requested):
-            raise refuse("FlashAttention Hub kernels are built for CUDA and there is no GPU here")
-        return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
-    if requested == "sdpa":
-        ok, why = _sdpa(model)
-        if not model.supports_sdpa:
-            raise refuse(why)
-        return Decision("attn_implementation", requested, f"your choice ({why})", source="user")
-    return Decision("attn_implementation", requested, "your choice (passed to transformers as is)", source="user")
+
+def _flex(machine: Machine, model: ModelFacts) -> OptionCheck:
+    # transformers raises for a class without `_supports_flex_attn` (`_flex_attn_can_dispatch`).
+    blockers = () if model.supports_flex else (f"{model.model_class} does not support flex_attention",)
+    # On a CPU flex_attention goes through torch.compile, which cudaload has not verified there: it may
+    # run, so your choice is kept, but the automatic chain does not plan it.
+    costs = (
+        () if machine.weakest_gpu is not None else ("not planned on a CPU: it needs torch.compile there (unverified)",)
+    )
+    return OptionCheck("flex_attention", "torch flex_attention: fused, applies what SDPA cannot", blockers, costs)
+
+
+# --- an explicit choice: the check decides, never replaced ----------------------------------------
+
+
+def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -> tuple[Decision, tuple[str, ...]]:
+    """Your `attn_implementation`: refused when anything blocks it (with every reason), else kept,
+    with a warning for what it costs."""
+    check = check_attention(requested, machine, model, dtype)
+    if check.blockers:
+        raise AttentionUnavailableError(
+            f"attn_implementation={requested!r} was asked, but {'; '.join(check.reasons)}. Use another "
+            "implementation (e.g. 'sdpa') or leave attn_implementation unset to let cudaload choose."
+        )
+    costs = "; ".join(check.costs)
+    warnings = (
+        (f"attn_implementation={requested!r} is used as you asked, but cudaload would not choose it here: {costs}",)
+        if costs
+        else ()
+    )
+    # eager and names cudaload does not know have nothing checked: say that they are passed on as they are.
+    detail = _AS_IS if attention_kind(requested) in ("eager", "other") else costs or check.detail
+    return Decision("attn_implementation", requested, f"your choice ({detail})", source="user"), warnings
+
+
+# --- the automatic chain: a trace of what was tried -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A link the automatic chain keeps (the counterpart of `Rejected` in its trace).
+
+    Attributes:
+        value: The `attn_implementation` string to pass (e.g. "flash_attention_2", a Hub repo).
+        reason: What serves it here.
+    """
+
+    value: str
+    reason: str
+
+
+TraceEntry = Accepted | Rejected
+"""One option tried by the automatic chain, in the order tried."""
+
+
+def _judge(option: str, check: OptionCheck) -> TraceEntry:
+    # explain() shows one line per rejected option: the first reason, the decisive one in the order of
+    # the rules (docs/decisions.md); an explicit choice's error lists them all.
+    if check.reasons:
+        return Rejected(option, check.reasons[0])
+    return Accepted(check.implementation, check.detail)
+
+
+def _flash_trace(machine: Machine, model: ModelFacts, dtype: str) -> list[TraceEntry]:
+    gpu = machine.weakest_gpu
+    options = flash_preference(gpu.capability[0] if gpu is not None else 0)
+    if model.compatible_flash is not None:
+        # transformers replaces any other FlashAttention request with one of these: the others are
+        # rejected as redirected, and the listed ones tried in the model author's order
+        # (modeling_utils.py, `_compatible_flash_implementations`).
+        options = (*(o for o in options if o not in model.compatible_flash), *model.compatible_flash)
+    return [_judge(option, check_attention(option, machine, model, dtype)) for option in options]
 
 
 def _consent_needed(machine: Machine, link: str) -> bool:
@@ -249,69 +383,52 @@ NO_CONSENT = (
 )
 
 
+def _with_consent(trace: list[TraceEntry], machine: Machine, hub_code: bool) -> list[TraceEntry]:
+    """The trace with every Hub kernel that would be fetched rejected, unless Hub code is allowed.
+    Consent is not a property of the option (naming a kernel yourself is consent), so it is not a check."""
+    if hub_code:
+        return trace
+    fetched = [e for e in trace if isinstance(e, Accepted) and _consent_needed(machine, e.value)]
+    return [e for e in trace if e not in fetched] + [Rejected(e.value, NO_CONSENT) for e in fetched]
+
+
+def _portable_trace(machine: Machine, model: ModelFacts, dtype: str) -> list[TraceEntry]:
+    """SDPA, flex_attention when SDPA is out, and eager, which is always there."""
+    sdpa = check_attention("sdpa", machine, model, dtype)
+    trace = [_judge("sdpa", sdpa)]
+    if sdpa.reasons:
+        # transformers' own advice when a kernel cannot softcap: "Try using `eager` or `flex_attention`".
+        trace.append(_judge("flex_attention", check_attention("flex_attention", machine, model, dtype)))
+    trace.append(_judge("eager", check_attention("eager", machine, model, dtype)))
+    return trace
+
+
+def _decision(trace: list[TraceEntry], gpu: Gpu | None) -> tuple[Decision, tuple[str, ...]]:
+    """The Decision (the first accepted link is the choice) and the chain (every accepted link).
+    Links kept but not chosen are fallbacks, not rejections."""
+    accepted = [e for e in trace if isinstance(e, Accepted)]
+    rejected = tuple(e for e in trace if isinstance(e, Rejected))
+    choice = accepted[0]  # eager is never rejected
+    reason = choice.reason
+    if attention_kind(choice.value) in ("flash", "hub_kernel"):
+        where = f"{gpu.name} ({gpu.sm})" if gpu else ""
+        reason = f"fastest supported on {where}: {choice.reason}"
+    return Decision("attn_implementation", choice.value, reason, rejected), tuple(e.value for e in accepted)
+
+
 def decide_attention(
     machine: Machine, model: ModelFacts, dtype: str, requested: str | None, hub_code: bool = False
-) -> tuple[Decision, tuple[str, ...]]:
-    """The attention decision and its fallback chain (the first link is the choice).
+) -> tuple[Decision, tuple[str, ...], tuple[str, ...]]:
+    """The attention decision, its fallback chain (the first link is the choice) and warnings
+    (what an explicit choice costs; the automatic chain passes such options over instead).
 
     Hub code runs only with consent: a Hub kernel is planned when it is already cached (it was
     fetched before) or `hub_code` is True (hub_kernels=True or use_kernels=True), as `use_kernels`
     itself is opt-in. Naming a Hub kernel as `attn_implementation` is consent for that kernel.
     """
     if requested is not None:
-        decision = _explicit(machine, model, dtype, requested)
-        return decision, (requested,)
-
-    gpu = machine.weakest_gpu
-    order = flash_preference(gpu.capability[0]) if gpu else flash_preference(0)
-    chain: list[str] = []
-    reasons: dict[str, str] = {}
-    rejected: list[Rejected] = []
-
-    def consider(option: str, impl: str | None, why: str) -> None:
-        if impl is None:
-            rejected.append(Rejected(option, why))
-        else:
-            chain.append(impl)
-            reasons[impl] = why
-
-    if model.compatible_flash is None:
-        for name in order:
-            consider(name, *_flash(machine, model, dtype, name))
-    else:
-        # transformers replaces any other FlashAttention request with one of these: plan only them,
-        # in the model author's order (modeling_utils.py, `_compatible_flash_implementations`).
-        for name in order:
-            if name not in model.compatible_flash:
-                rejected.append(Rejected(name, _redirected(model, name)))
-        for entry in model.compatible_flash:
-            consider(entry, *_compatible_entry(machine, model, dtype, entry))
-    if not hub_code:
-        for link in [link for link in chain if _consent_needed(machine, link)]:
-            chain.remove(link)
-            rejected.append(Rejected(link, NO_CONSENT))
-    ok, why = _sdpa(model)
-    if ok:
-        chain.append("sdpa")
-        reasons["sdpa"] = why
-    else:
-        rejected.append(Rejected("sdpa", why))
-        # transformers' own advice when a kernel cannot softcap: "Try using `eager` or `flex_attention`".
-        if model.supports_flex:
-            if gpu is not None:
-                consider("flex_attention", "flex_attention", "torch flex_attention: fused, applies what SDPA cannot")
-            else:
-                rejected.append(
-                    Rejected("flex_attention", "not planned on a CPU: it needs torch.compile there (unverified)")
-                )
-    chain.append("eager")
-    reasons["eager"] = "the reference implementation: works everywhere, slowest"
-
-    choice = chain[0]
-    if attention_kind(choice) in ("flash", "hub_kernel"):
-        where = f"{gpu.name} ({gpu.sm})" if gpu else ""
-        reason = f"fastest supported on {where}: {reasons[choice]}"
-    else:
-        reason = reasons[choice]
-    # Options that are in the chain but not chosen are listed as fallbacks, not rejections.
-    return Decision("attn_implementation", choice, reason, tuple(rejected)), tuple(chain)
+        decision, warnings = _explicit(machine, model, dtype, requested)
+        return decision, (requested,), warnings
+    trace = _with_consent(_flash_trace(machine, model, dtype), machine, hub_code)
+    decision, chain = _decision(trace + _portable_trace(machine, model, dtype), machine.weakest_gpu)
+    return decision, chain, ()

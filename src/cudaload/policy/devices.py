@@ -15,7 +15,7 @@ from packaging.version import InvalidVersion, Version
 from ..errors import PlacementError
 from ..facts.machine import Machine
 
-__all__ = ["check_device_map", "check_max_memory", "cuda_index", "usable_machine"]
+__all__ = ["check_device_map", "check_max_memory", "cuda_index", "gpu_indices", "usable_machine"]
 
 # The oldest Linux driver each CUDA major runs on with minor-version compatibility (NVIDIA's
 # "CUDA Compatibility" guide, table "CUDA Toolkit and Minimum Required Driver Version").
@@ -92,18 +92,39 @@ def check_device_map(machine: Machine, device_map: Any) -> None:
     if isinstance(device_map, str) and device_map in STRATEGIES:
         return
     if isinstance(device_map, dict):
-        items = [(f"[{key!r}]", value) for key, value in device_map.items()]
-        if not items:
+        if not device_map:
             raise PlacementError("device_map={} places nothing: leave it unset, or map modules to devices.")
-    elif isinstance(device_map, (str, int)) or type(device_map).__name__ == "device":
-        items = [("", device_map)]
-    else:
+    elif not (isinstance(device_map, (str, int)) or type(device_map).__name__ == "device"):
         raise PlacementError(
             f"device_map={device_map!r} ({type(device_map).__name__}) is not a device map: pass 'auto', a device "
             "('cpu', 'cuda:0', 0) or a dict of module name -> device."
         )
-    for where, value in items:
-        _cuda_index_checked(machine, value, f"device_map{where}")
+    for where, value in _devices(device_map):
+        _cuda_index_checked(machine, value, where)
+
+
+def gpu_indices(device_map: Any) -> set[int]:
+    """The CUDA indices a device_map puts weights on: {1} for "cuda:1", 1 or {"": 1}; {0, 1} for
+    {"model": 0, "lm_head": "cuda:1"}; {0} for "cuda"; the CPU, disk and meta add none.
+
+    Empty for None or a strategy ("auto", "balanced", ...): which GPUs those use is known only after
+    loading. A value that is not a device raises `PlacementError`, as `check_device_map` would; this
+    does not check that the GPUs exist.
+
+    Examples:
+        >>> sorted(gpu_indices({"model": 0, "lm_head": "cuda:1", "rest": "cpu"})), gpu_indices("auto")
+        ([0, 1], set())
+    """
+    if device_map is None or (isinstance(device_map, str) and device_map in STRATEGIES):
+        return set()
+    return {index for where, value in _devices(device_map) if (index := cuda_index(value, where)) is not None}
+
+
+def _devices(device_map: Any) -> list[tuple[str, Any]]:
+    """(where, device) for each device a map names, `where` as an error quotes it ("device_map['lm_head']")."""
+    if isinstance(device_map, Mapping):
+        return [(f"device_map[{key!r}]", value) for key, value in device_map.items()]
+    return [("device_map", device_map)]
 
 
 _SIZE = r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$"
@@ -122,8 +143,7 @@ def check_max_memory(machine: Machine, max_memory: Any) -> dict[int | str, Any]:
     normalized: dict[int | str, Any] = {}
     for device, size in max_memory.items():
         key = int(device) if isinstance(device, str) and device.isascii() and device.isdigit() else device
-        _cuda_index_checked(machine, key, "max_memory key")
-        index = cuda_index(key, "max_memory key")
+        index = _cuda_index_checked(machine, key, "max_memory key")
         key = str(key) if index is None else index
         if key in normalized:
             raise PlacementError(f"max_memory names {key!r} twice (once as {device!r}): give each device once.")
@@ -138,7 +158,8 @@ def check_max_memory(machine: Machine, max_memory: Any) -> dict[int | str, Any]:
     return normalized
 
 
-def _cuda_index_checked(machine: Machine, value: Any, where: str) -> None:
+def _cuda_index_checked(machine: Machine, value: Any, where: str) -> int | None:
+    """`cuda_index`, refusing a GPU this process does not see."""
     index = cuda_index(value, where)
     seen = len(machine.gpus)
     if index is not None and index >= seen:
@@ -148,3 +169,4 @@ def _cuda_index_checked(machine: Machine, value: Any, where: str) -> None:
             "or leave "
             "it unset (check CUDA_VISIBLE_DEVICES)."
         )
+    return index

@@ -23,7 +23,7 @@ from ..errors import PlacementError
 from ..facts.machine import GiB, Gpu, Machine
 from .devices import cuda_index
 
-__all__ = ["HEADROOM", "TRAINING_SHARE", "Fit", "gib", "judge_fit", "max_memory_size", "percent", "pinned_gpu"]
+__all__ = ["HEADROOM", "TRAINING_SHARE", "Fit", "format_bytes", "judge_fit", "max_memory_size", "percent", "pinned_gpu"]
 
 HEADROOM = 0.8
 """Weights may use at most this share of a device's free memory: the rest holds activations, the
@@ -33,14 +33,20 @@ TRAINING_SHARE = 0.9
 it may use more of the device."""
 
 
-def gib(n: float) -> str:
-    """The policy's one byte formatter for reasons: "12.3 GiB", or "512.0 MiB" below a tenth of a GiB.
+def format_bytes(n: float) -> str:
+    """cudaload's one byte formatter (reasons, warnings, doctor): GiB from a tenth of one, then MiB,
+    KiB, bytes.
 
     Examples:
-        >>> gib(12.34 * 2**30), gib(2**29), gib(0)
-        ('12.3 GiB', '0.5 GiB', '0.0 MiB')
+        >>> [format_bytes(n) for n in (12.34 * 2**30, 2**29, 3 * 2**20, 256 * 1024, 256)]
+        ['12.3 GiB', '0.5 GiB', '3.0 MiB', '256.0 KiB', '256 B']
     """
-    return f"{n / GiB:.1f} GiB" if abs(n) >= GiB / 10 else f"{n / 2**20:.1f} MiB"
+    size = abs(n)
+    if size >= GiB / 10:
+        return f"{n / GiB:.1f} GiB"
+    if size >= 2**20:
+        return f"{n / 2**20:.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if size >= 1024 else f"{int(n)} B"
 
 
 def max_memory_size(n: float) -> str:
@@ -123,11 +129,11 @@ class Fit:
     def reason(self) -> str:
         """ "~<need> fit in / do not fit in <budget> usable on <where> (<share> of <free> free)"."""
         if self.gpu is None:
-            return f"~{gib(self.need)}: no GPU"
+            return f"~{format_bytes(self.need)}: no GPU"
         verb = "fit in" if self.fits else "do not fit in"
         return (
-            f"~{gib(self.need)} {verb} {gib(self.budget)} usable on {self.where} "
-            f"({percent(self.share)} of {gib(self.gpu.usable_memory)} free)"
+            f"~{format_bytes(self.need)} {verb} {format_bytes(self.budget)} usable on {self.where} "
+            f"({percent(self.share)} of {format_bytes(self.gpu.usable_memory)} free)"
         )
 
 

@@ -33,10 +33,11 @@ from ..facts.dtypes import BYTES
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision, GenerationPlan, Rejected
+from ..request import Workload, check_padding_side
 from ..upstream import COMPILEABLE_QUANT_METHODS
 from .attention import is_flash_attention
-from .fit import gib
-from .request import Workload, check_padding_side
+from .devices import gpu_indices
+from .fit import format_bytes
 
 __all__ = [
     "CPU_SHARE",
@@ -57,10 +58,6 @@ DECODE_HEAVY_TOKENS = 256
 workload generates at least this many tokens and at least as many as it reads."""
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} B"
-
-
 def kv_budget(machine: Machine, device_map: Any, weight_bytes: int) -> tuple[int | None, str]:
     """(bytes the KV cache may use beside the weights, where), from the machine's free memory.
 
@@ -71,20 +68,16 @@ def kv_budget(machine: Machine, device_map: Any, weight_bytes: int) -> tuple[int
         if available is None:
             return None, "RAM (size unknown)"
         return int((available - weight_bytes) * CPU_SHARE), (
-            f"{int(CPU_SHARE * 100)}% of the RAM left beside the weights ({gib(available)} available - "
-            f"{gib(weight_bytes)} of weights)"
+            f"{int(CPU_SHARE * 100)}% of the RAM left beside the weights ({format_bytes(available)} available - "
+            f"{format_bytes(weight_bytes)} of weights)"
         )
-    indices: set[int] = set()
-    if isinstance(device_map, str) and device_map.startswith("cuda:"):
-        indices = {int(device_map.split(":", 1)[1])}
-    elif isinstance(device_map, dict):
-        indices = {v for v in device_map.values() if isinstance(v, int)}
+    indices = gpu_indices(device_map)
     gpus = [g for g in machine.gpus if not indices or g.index in indices] or list(machine.gpus)
     free = sum(g.usable_memory for g in gpus)
     where = gpus[0].name if len(gpus) == 1 else f"{len(gpus)} GPUs"
     return int((free - weight_bytes) * GPU_SHARE), (
-        f"{int(GPU_SHARE * 100)}% of the memory left beside the weights on {where} ({gib(free)} free - "
-        f"{gib(weight_bytes)} of weights)"
+        f"{int(GPU_SHARE * 100)}% of the memory left beside the weights on {where} ({format_bytes(free)} free - "
+        f"{format_bytes(weight_bytes)} of weights)"
     )
 
 
@@ -112,10 +105,10 @@ def _kv_decision(facts: GenerationFacts, dtype: str, per_token: int) -> Decision
         window = f", last {g.window} tokens" if g.window is not None else ""
         parts.append(f"{g.count} {g.layer_type} x {g.elements_per_token} numbers{window}")
     detail = " + ".join(parts) if parts else "no layer caches per token"
-    reason = f"{_size(per_token)} per token per sequence in {dtype} ({d} bytes): {detail} (K and V per layer)"
+    reason = f"{format_bytes(per_token)} per token per sequence in {dtype} ({d} bytes): {detail} (K and V per layer)"
     beyond = facts.bytes_per_token(d, beyond_windows=True)
     if beyond != per_token:
-        reason += f"; {_size(beyond)} per token past the windows"
+        reason += f"; {format_bytes(beyond)} per token past the windows"
     if facts.state_layers:
         reason += (
             f"; {facts.state_layers} layer(s) keep a fixed-size state per sequence instead "
@@ -365,29 +358,28 @@ def _fit(facts: GenerationFacts, d: int, context: int, budget: int | None, where
     """The "generation.max_batch" decision: how many `context`-token sequences fit in the KV budget."""
     per_sequence = facts.kv_bytes(1, context, d)
     if budget is None:
-        reason = (
-            f"the free memory is unknown ({where}): {_size(per_sequence)} of KV cache per sequence of {context} tokens"
-        )
+        per = format_bytes(per_sequence)
+        reason = f"the free memory is unknown ({where}): {per} of KV cache per sequence of {context} tokens"
         return _Fit(Decision("generation.max_batch", None, reason), None, None)
     cap = facts.max_positions or 1 << 24
     max_batch = max(budget, 0) // per_sequence if per_sequence else None
     max_context = _max_context(facts, d, max(budget, 0), cap) if facts.bytes_per_token(d) else cap
     fit = (
-        f"batch {max_batch} x {context} tokens ({_size(per_sequence)} each)"
+        f"batch {max_batch} x {context} tokens ({format_bytes(per_sequence)} each)"
         if max_batch is not None
         else "any batch (no per-token cache)"
     )
     decision = Decision(
         "generation.max_batch",
         {"batch": max_batch, "context": context},
-        f"{fit} fit in {gib(max(budget, 0))}: {where}, the share transformers' continuous batching "
+        f"{fit} fit in {format_bytes(max(budget, 0))}: {where}, the share transformers' continuous batching "
         f"gives its cache (`resolve_max_memory_percent`); one sequence fits up to {max_context} tokens",
     )
     warnings: tuple[str, ...] = ()
     if max_batch == 0:
         warnings = (
-            f"one sequence of {context} tokens needs {_size(per_sequence)} of KV cache, more than the "
-            f"{gib(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
+            f"one sequence of {context} tokens needs {format_bytes(per_sequence)} of KV cache, more than the "
+            f"{format_bytes(max(budget, 0))} left beside the weights: shorten the context (up to {max_context} tokens "
             "fit), quantize the weights, or use a GPU with more memory.",
         )
     return _Fit(decision, max_batch, max_context, warnings)

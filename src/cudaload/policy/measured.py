@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ..facts.machine import DtypeProbe, Machine, TunedVariant, TuningRecord
 from ..facts.model import ModelFacts
 from ..facts.spread import Spread, spread
-from .request import Workload
+from ..request import Workload
 
 __all__ = ["Estimate", "compare_rounds", "matching_record", "probe_estimate", "record_estimate"]
 
@@ -78,18 +78,12 @@ def record_estimate(variant: TunedVariant, record: TuningRecord, workload: Workl
 def matching_record(machine: Machine, model: ModelFacts) -> tuple[TuningRecord | None, tuple[str, ...]]:
     """The newest tuning record for this model's shape measured on this very machine, and why each
     other record was ignored (another torch, CPU, GPU, thread count, or model shape)."""
-    here = machine.fingerprint()
     ignored: list[str] = []
     for record in machine.tuning:
         if record.model_key != model.shape_key:
             ignored.append(f"the tuning record of {record.measured_at} is for another model shape")
             continue
-        there = dict(record.fingerprint)
-        differs = [
-            f"{key} {there.get(key, '?')!r} there, {value!r} here"
-            for key, value in here.items()
-            if there.get(key) != value
-        ]
+        differs = machine.fingerprint_differences(record.fingerprint)
         if differs:
             ignored.append(f"the tuning record of {record.measured_at} is stale: {'; '.join(differs)}")
             continue

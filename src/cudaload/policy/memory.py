@@ -4,7 +4,7 @@ activations (checkpointed layer inputs, one layer's saved tensors, the loss's lo
 Rough by design: the question is "does 16-bit LoRA fit, or is 4-bit needed?", not a byte-exact
 forecast. Every term is derived from the code that allocates it (the versions tested here:
 transformers 5.22.2, peft 0.21.2, bitsandbytes 0.50.2, torch 2.13; paths relative to
-site-packages) and was checked on CPU by measuring peak RSS (cudaload.bench.finetune).
+site-packages) and was checked on CPU by measuring peak RSS (cudaload.bench.finetune_bench).
 Notation: s·b = tokens per step, h = hidden size, V = vocabulary, d = bytes per element of the
 plan's dtype (2 in bf16/fp16, 4 in fp32).
 

@@ -7,19 +7,18 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import PlacementError
-from ..facts.machine import Machine
+from ..facts.machine import Gpu, Launch, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Plan, Rejected
+from ..request import Request
 from .devices import check_device_map
-from .fit import HEADROOM, TRAINING_SHARE, gib, judge_fit, max_memory_size, percent, pinned_gpu
+from .fit import HEADROOM, TRAINING_SHARE, Fit, format_bytes, judge_fit, max_memory_size, percent, pinned_gpu
 from .memory import weight_bytes
-from .request import Request
 
 __all__ = [
     "decide_placement",
     "decide_rank_device",
     "decide_tensor_parallel",
-    "offload_warning",
     "placed_machine",
     "plan_within",
 ]
@@ -74,7 +73,7 @@ def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> De
     if not (quantized and launch.distributed and launch.shards_parameters and machine.gpus) or device_map is not None:
         return None
     index = _rank_gpu(machine)
-    what = "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
+    what = _sharder(launch)
     return Decision(
         "cuda_device",
         index,
@@ -89,17 +88,6 @@ def plan_within(plan: Plan, judged: Machine) -> bool:
     """Whether the plan's device_map keeps the model on `judged`'s GPUs."""
     pinned = pinned_gpu(plan.kwargs.get("device_map"))
     return pinned is not None and pinned in {g.index for g in judged.gpus}
-
-
-def offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
-    """What to say when from_pretrained's device_map put modules on the CPU or disk (known only
-    after loading: the loader reports `hf_device_map`, the policy words it)."""
-    shown = ", ".join(offloaded[:4]) + (", ..." if len(offloaded) > 4 else "")
-    return (
-        f"{model}: device_map offloaded {len(offloaded)} module(s) ({shown}): every forward copies those weights "
-        "back (from disk or CPU), which is many times slower. Quantize (4-bit), add GPU memory, or pick a smaller "
-        "model."
-    )
 
 
 def decide_tensor_parallel(
@@ -118,8 +106,7 @@ def decide_tensor_parallel(
     world = launch.world_size
     # Judged per rank (fit.py): every rank holds a copy or a shard on its own GPU, the smallest counts.
     budget = judge_fit(machine, weight_bytes, HEADROOM).budget
-    size = f"~{gib(weight_bytes)} of weights"
-    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({gib(budget)} usable)")
+    size = _weights(weight_bytes)
     if weight_bytes <= budget:
         return Decision(
             "tp_plan",
@@ -127,34 +114,15 @@ def decide_tensor_parallel(
             f"{size} fit one GPU: each rank holds a whole copy (data parallel), no per-layer all-reduce",
             (Rejected("auto", "TP pays two all-reduces per layer; only worth it when a model does not fit one GPU"),),
         )
-    heads, kv = model.attention_heads, model.kv_heads
-    why_not: str | None = None
-    if not model.tp_plan:
-        why_not = f"{model.model_class} has no base_model_tp_plan in its config: transformers cannot shard it"
-    elif heads is None or kv is None or heads % world or kv % world:
-        why_not = (
-            f"{heads} attention heads and {kv} key/value heads do not both divide WORLD_SIZE={world}: TP splits "
-            "whole heads across ranks"
-        )
-    elif launch.local_world_size != world:
-        why_not = (
-            f"the {world} ranks span {world // max(launch.local_world_size, 1)} nodes: TP all-reduces every layer, "
-            "which the network between nodes makes slow"
-        )
-    elif len(machine.gpus) < launch.local_world_size:
-        why_not = (
-            f"this process sees {len(machine.gpus)} GPUs for {launch.local_world_size} local ranks: TP puts rank r "
-            "on cuda:LOCAL_RANK"
-        )
-    elif weight_bytes / world > budget:
-        why_not = f"a 1/{world} shard (~{gib(weight_bytes / world)}) still exceeds one GPU ({gib(budget)} usable)"
+    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({format_bytes(budget)} usable)")
+    why_not = _why_not_tensor_parallel(machine, model, weight_bytes, budget)
     if why_not is None:
         return Decision(
             "tp_plan",
             "auto",
-            f"{size} exceed one GPU ({gib(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
-            f"base_model_tp_plan splits its {heads} heads ({kv} key/value) across the {world} ranks, each on its "
-            "GPU (cuda:LOCAL_RANK)",
+            f"{size} exceed one GPU ({format_bytes(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
+            f"base_model_tp_plan splits its {model.attention_heads} heads ({model.kv_heads} key/value) across the "
+            f"{world} ranks, each on its GPU (cuda:LOCAL_RANK)",
             (data_parallel, Rejected("auto (device_map)", "one rank at a time computes: the other GPUs wait")),
         )
     return Decision(
@@ -165,21 +133,36 @@ def decide_tensor_parallel(
     )
 
 
-def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decision:
+def _why_not_tensor_parallel(machine: Machine, model: ModelFacts, weight_bytes: int, budget: int) -> str | None:
+    """What rules out sharding a model too big for one GPU across this launch's ranks (None: nothing)."""
     launch = machine.launch
-    if launch.distributed and device_map == "auto":
-        if quantized:
-            raise PlacementError(
-                f"device_map='auto' was asked for a quantized model under {launch.launcher or 'a launcher'} with "
-                f"WORLD_SIZE={launch.world_size}: 'auto' splits the model across this node's GPUs and breaks data "
-                f"parallelism. Leave device_map unset (cudaload gives each rank {{'': LOCAL_RANK}})."
-            )
-        raise PlacementError(
-            f"device_map='auto' was asked under WORLD_SIZE={launch.world_size}: transformers refuses to train a "
-            "model loaded with device_map='auto' in any distributed mode. Leave device_map unset."
+    world = launch.world_size
+    heads, kv = model.attention_heads, model.kv_heads
+    if not model.tp_plan:
+        return f"{model.model_class} has no base_model_tp_plan in its config: transformers cannot shard it"
+    if heads is None or kv is None or heads % world or kv % world:
+        return (
+            f"{heads} attention heads and {kv} key/value heads do not both divide WORLD_SIZE={world}: TP splits "
+            "whole heads across ranks"
         )
-    check_device_map(machine, device_map)
-    return Decision("device_map", device_map, "your choice", source="user")
+    if launch.local_world_size != world:
+        return (
+            f"the {world} ranks span {world // max(launch.local_world_size, 1)} nodes: TP all-reduces every layer, "
+            "which the network between nodes makes slow"
+        )
+    if len(machine.gpus) < launch.local_world_size:
+        return (
+            f"this process sees {len(machine.gpus)} GPUs for {launch.local_world_size} local ranks: TP puts rank r "
+            "on cuda:LOCAL_RANK"
+        )
+    if weight_bytes / world > budget:
+        shard = format_bytes(weight_bytes / world)
+        return f"a 1/{world} shard (~{shard}) still exceeds one GPU ({format_bytes(budget)} usable)"
+    return None
+
+
+# decide_placement's answer: (device_map decision, max_memory or None, warnings).
+_Placement = tuple[Decision, dict[Any, str] | None, tuple[str, ...]]
 
 
 def decide_placement(
@@ -200,158 +183,207 @@ def decide_placement(
     """
     if requested is not None:
         return _user_placement(machine, requested, quantized), None, ()
-    launch = machine.launch
-    size = f"~{gib(weight_bytes)} of weights"
     if tp_requested or (tensor_parallel is not None and tensor_parallel.value == "auto"):
-        who = "your tp_plan" if tp_requested else "tp_plan='auto'"
-        return (
-            Decision(
-                "device_map",
-                None,
-                f"{who} places each rank's shard on its own device (cuda:LOCAL_RANK, or the CPU): no device_map",
-                (Rejected("auto", "transformers refuses tp_plan together with a device_map"),),
-            ),
-            None,
-            (),
-        )
+        return _tensor_parallel_placement(tp_requested), None, ()
+    launch = machine.launch
     if launch.distributed and launch.shards_parameters:
-        what = "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
-        cpu_notes: tuple[str, ...] = ()
-        if not machine.gpus:
-            # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
-            # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
-            cpu_notes = (
-                f"{what} on a CPU-only machine: accelerate (and so Trainer) applies its {what} plugin only on GPUs "
-                "and runs plain DDP here without a word. To shard on CPU, wrap the model with "
-                "torch.distributed.fsdp.fully_shard yourself (see cudaload's distributed docs).",
-            )
-        return (
-            Decision(
-                "device_map",
-                None,
-                f"{what} shards and places parameters itself: no device_map",
-                (Rejected("auto", f"conflicts with {what} sharding"),),
-            ),
-            None,
-            cpu_notes,
-        )
+        return _sharded_placement(machine)
     weights = judge_fit(machine, weight_bytes, HEADROOM)
     if launch.distributed and tensor_parallel is not None and not weights.fits:
-        # Not tensor parallel (tensor_parallel says why) and too big for one GPU: every rank of this
-        # node holds a whole copy spread over the node's GPUs, so each gets 1/local_world_size of each.
-        ranks = max(launch.local_world_size, 1)
-        why_not_tp = tensor_parallel.reason.removeprefix("not tensor parallel: ")
-        budgets = weights.spread
-        spread: dict[Any, str] = {i: max_memory_size(b) for i, b in budgets.items()}
-        notes: tuple[str, ...] = ()
-        if not weights.fits_spread:
-            ram = machine.cpu.memory_available or 0
-            spread["cpu"] = max_memory_size(ram * HEADROOM / ranks)
-            notes = (
-                f"{size} per rank exceed this rank's share of the GPUs ({ranks} ranks per node each hold a copy): "
-                "the rest is offloaded to CPU. Run one process (python, not torchrun) or a model TP can shard.",
-            )
-        return (
-            Decision(
-                "device_map",
-                "auto",
-                f"{size} exceed one GPU and tensor parallelism is out ({why_not_tp}): "
-                f"this rank's copy spreads over the {len(budgets)} GPUs with max_memory = 1/{ranks} of each "
-                f"({percent(HEADROOM)} of free memory, shared by the node's {ranks} ranks)",
-                (Rejected({"": launch.local_rank}, f"{size} exceed {gib(weights.budget)} usable on {weights.where}"),),
-            ),
-            spread,
-            notes,
-        )
+        return _rank_spread_placement(machine, weights, tensor_parallel)
     if launch.distributed:
-        if not machine.gpus:
-            return Decision("device_map", "cpu", f"rank {launch.rank}/{launch.world_size} on CPU (gloo)"), None, ()
-        index = _rank_gpu(machine)
-        return (
-            Decision(
-                "device_map",
-                {"": index},
-                f"{launch.strategy or 'data'}-parallel rank {launch.rank}/{launch.world_size}: the whole model on this "
-                f"rank's GPU (LOCAL_RANK={launch.local_rank}, not the global rank)",
-                (Rejected("auto", "splits the model across GPUs and breaks data parallelism"),),
-            ),
-            None,
-            (),
-        )
+        return _rank_placement(machine), None, ()
     if not machine.gpus:
-        warnings: tuple[str, ...] = ()
-        available = machine.cpu.memory_available
-        if available is not None and weight_bytes > available * HEADROOM:
-            warnings = (f"{size} but only {gib(available)} of RAM available: expect swapping or an OOM kill.",)
-        return Decision("device_map", "cpu", f"no CUDA GPU: {size} in RAM"), None, warnings
+        return _cpu_placement(machine, weight_bytes)
+    return _gpu_placement(machine, weights, training_bytes, quantized)
+
+
+def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decision:
+    launch = machine.launch
+    if launch.distributed and device_map == "auto":
+        if quantized:
+            raise PlacementError(
+                f"device_map='auto' was asked for a quantized model under {launch.launcher or 'a launcher'} with "
+                f"WORLD_SIZE={launch.world_size}: 'auto' splits the model across this node's GPUs and breaks data "
+                f"parallelism. Leave device_map unset (cudaload gives each rank {{'': LOCAL_RANK}})."
+            )
+        raise PlacementError(
+            f"device_map='auto' was asked under WORLD_SIZE={launch.world_size}: transformers refuses to train a "
+            "model loaded with device_map='auto' in any distributed mode. Leave device_map unset."
+        )
+    check_device_map(machine, device_map)
+    return Decision("device_map", device_map, "your choice", source="user")
+
+
+def _tensor_parallel_placement(tp_requested: bool) -> Decision:
+    who = "your tp_plan" if tp_requested else "tp_plan='auto'"
+    return Decision(
+        "device_map",
+        None,
+        f"{who} places each rank's shard on its own device (cuda:LOCAL_RANK, or the CPU): no device_map",
+        (Rejected("auto", "transformers refuses tp_plan together with a device_map"),),
+    )
+
+
+def _sharded_placement(machine: Machine) -> _Placement:
+    """FSDP / DeepSpeed ZeRO-3: the framework places the shards, so no device_map."""
+    what = _sharder(machine.launch)
+    cpu_notes: tuple[str, ...] = ()
+    if not machine.gpus:
+        # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
+        # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
+        cpu_notes = (
+            f"{what} on a CPU-only machine: accelerate (and so Trainer) applies its {what} plugin only on GPUs "
+            "and runs plain DDP here without a word. To shard on CPU, wrap the model with "
+            "torch.distributed.fsdp.fully_shard yourself (see cudaload's distributed docs).",
+        )
+    decision = Decision(
+        "device_map",
+        None,
+        f"{what} shards and places parameters itself: no device_map",
+        (Rejected("auto", f"conflicts with {what} sharding"),),
+    )
+    return decision, None, cpu_notes
+
+
+def _rank_spread_placement(machine: Machine, weights: Fit, tensor_parallel: Decision) -> _Placement:
+    """A distributed rank whose copy fits no single GPU and that tensor parallelism cannot shard."""
+    launch = machine.launch
+    # Every rank of this node holds a whole copy spread over the node's GPUs, so each gets
+    # 1/local_world_size of each GPU (fit.py divides the spread) and of the RAM.
+    ranks = max(launch.local_world_size, 1)
+    size = _weights(weights.need)
+    why_not_tp = tensor_parallel.reason.removeprefix("not tensor parallel: ")
+    spread = _gpu_max_memory(weights)
+    notes: tuple[str, ...] = ()
+    if not weights.fits_spread:
+        ram = machine.cpu.memory_available or 0
+        spread["cpu"] = max_memory_size(ram * HEADROOM / ranks)
+        notes = (
+            f"{size} per rank exceed this rank's share of the GPUs ({ranks} ranks per node each hold a copy): "
+            "the rest is offloaded to CPU. Run one process (python, not torchrun) or a model TP can shard.",
+        )
+    decision = Decision(
+        "device_map",
+        "auto",
+        f"{size} exceed one GPU and tensor parallelism is out ({why_not_tp}): "
+        f"this rank's copy spreads over the {len(weights.spread)} GPUs with max_memory = 1/{ranks} of each "
+        f"({percent(HEADROOM)} of free memory, shared by the node's {ranks} ranks)",
+        (Rejected({"": launch.local_rank}, f"{size} exceed {format_bytes(weights.budget)} usable on {weights.where}"),),
+    )
+    return decision, spread, notes
+
+
+def _rank_placement(machine: Machine) -> Decision:
+    """A data-parallel rank: the whole copy on this rank's own device."""
+    launch = machine.launch
+    if not machine.gpus:
+        return Decision("device_map", "cpu", f"rank {launch.rank}/{launch.world_size} on CPU (gloo)")
+    index = _rank_gpu(machine)
+    return Decision(
+        "device_map",
+        {"": index},
+        f"{launch.strategy or 'data'}-parallel rank {launch.rank}/{launch.world_size}: the whole model on this "
+        f"rank's GPU (LOCAL_RANK={launch.local_rank}, not the global rank)",
+        (Rejected("auto", "splits the model across GPUs and breaks data parallelism"),),
+    )
+
+
+def _cpu_placement(machine: Machine, weight_bytes: int) -> _Placement:
+    size = _weights(weight_bytes)
+    warnings: tuple[str, ...] = ()
+    available = machine.cpu.memory_available
+    if available is not None and weight_bytes > available * HEADROOM:
+        warnings = (f"{size} but only {format_bytes(available)} of RAM available: expect swapping or an OOM kill.",)
+    return Decision("device_map", "cpu", f"no CUDA GPU: {size} in RAM"), None, warnings
+
+
+def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, quantized: bool) -> _Placement:
+    """One process with GPUs: one GPU when the copy (or the training run) fits it, else a spread."""
     if training_bytes is None:
-        fit, what = weights, size
+        fit, what = weights, _weights(weights.need)
     else:
         # The same judgement quantize="auto" made (quantization.py), on the same GPU.
         fit = judge_fit(machine, training_bytes, TRAINING_SHARE)
-        what = f"~{gib(training_bytes)} to train (weights, LoRA + AdamW, activations)"
+        what = f"~{format_bytes(training_bytes)} to train (weights, LoRA + AdamW, activations)"
     if fit.fits and fit.gpu is not None:
-        gpu = fit.gpu
-        return (
-            Decision(
-                "device_map",
-                f"cuda:{gpu.index}",
-                f"{what} fit on {gpu.name} (cuda:{gpu.index}, {gib(gpu.usable_memory)} free) with headroom",
-                (Rejected("auto", "splitting a model that fits on one GPU only adds transfers"),),
-            ),
-            None,
-            (),
-        )
+        return _one_gpu_placement(fit.gpu, what), None, ()
     if (
         training_bytes is not None
         and weights.fits
         and weights.gpu is not None
         and training_bytes > sum(fit.spread.values())
     ):
-        # The weights fit one GPU; what does not fit even all GPUs together is the rest of training
-        # (mostly activations at seq_len x batch_size). Keep the weights on one GPU and say what to change.
-        gpu, rest = weights.gpu, training_bytes - weight_bytes
-        excess = (
-            f"~{gib(training_bytes)} to train exceeds {gpu.name} (cuda:{gpu.index}, {gib(fit.budget)} usable for "
-            f"training): the weights (~{gib(weight_bytes)}) fit, the other ~{gib(rest)} (activations at this "
-            "seq_len x batch_size, LoRA and AdamW state) do not"
-        )
-        return (
-            Decision(
-                "device_map",
-                f"cuda:{gpu.index}",
-                f"{excess}, on one GPU or spread over all",
-                (
-                    Rejected(
-                        "auto", "spreads the weights, which fit; the training state does not fit the GPUs together"
-                    ),
-                ),
-            ),
-            None,
-            (
-                f"{excess}: expect an out-of-memory error. Lower seq_len or batch_size, turn gradient_checkpointing "
-                "on, or use a GPU with more memory.",
-            ),
-        )
-    max_memory: dict[Any, str] = {i: max_memory_size(b) for i, b in weights.spread.items()}
-    total = sum(weights.spread.values())
+        return _training_overflow_placement(weights.gpu, weights.need, fit)
     if weights.fits_spread:
-        return (
-            Decision(
-                "device_map",
-                "auto",
-                f"{size if training_bytes is None else what} exceed one GPU: spread over {len(weights.spread)} GPUs "
-                f"with an explicit max_memory ({percent(HEADROOM)} of each one's free memory)",
-            ),
-            max_memory,
-            (),
-        )
+        return _spread_placement(weights, what), _gpu_max_memory(weights), ()
+    return _offload_placement(machine, weights, quantized)
+
+
+def _one_gpu_placement(gpu: Gpu, what: str) -> Decision:
+    return Decision(
+        "device_map",
+        f"cuda:{gpu.index}",
+        f"{what} fit on {gpu.name} (cuda:{gpu.index}, {format_bytes(gpu.usable_memory)} free) with headroom",
+        (Rejected("auto", "splitting a model that fits on one GPU only adds transfers"),),
+    )
+
+
+def _training_overflow_placement(gpu: Gpu, weight_bytes: int, training: Fit) -> _Placement:
+    """The weights fit `gpu`, but the training run does not fit even all GPUs together."""
+    # What does not fit is the rest of training (mostly activations at seq_len x batch_size):
+    # spreading the weights would not help, so keep them on one GPU and say what to change.
+    rest = training.need - weight_bytes
+    excess = (
+        f"~{format_bytes(training.need)} to train exceeds {gpu.name} (cuda:{gpu.index}, "
+        f"{format_bytes(training.budget)} usable for training): the weights (~{format_bytes(weight_bytes)}) fit, "
+        f"the other ~{format_bytes(rest)} (activations at this seq_len x batch_size, LoRA and AdamW state) do not"
+    )
+    decision = Decision(
+        "device_map",
+        f"cuda:{gpu.index}",
+        f"{excess}, on one GPU or spread over all",
+        (Rejected("auto", "spreads the weights, which fit; the training state does not fit the GPUs together"),),
+    )
+    warning = (
+        f"{excess}: expect an out-of-memory error. Lower seq_len or batch_size, turn gradient_checkpointing "
+        "on, or use a GPU with more memory."
+    )
+    return decision, None, (warning,)
+
+
+def _spread_placement(weights: Fit, what: str) -> Decision:
+    return Decision(
+        "device_map",
+        "auto",
+        f"{what} exceed one GPU: spread over {len(weights.spread)} GPUs "
+        f"with an explicit max_memory ({percent(HEADROOM)} of each one's free memory)",
+    )
+
+
+def _offload_placement(machine: Machine, weights: Fit, quantized: bool) -> _Placement:
+    """The copy exceeds all GPUs together: accelerate offloads the rest to CPU, then disk."""
+    size = _weights(weights.need)
+    max_memory = _gpu_max_memory(weights)
     available = machine.cpu.memory_available or 0
     max_memory["cpu"] = max_memory_size(available * HEADROOM)
-    spill = weight_bytes - total
+    spill = weights.need - sum(weights.spread.values())
     warning = (
-        f"{size} exceed all GPU memory: ~{gib(spill)} will be offloaded to CPU"
+        f"{size} exceed all GPU memory: ~{format_bytes(spill)} will be offloaded to CPU"
         f"{' and disk' if spill > available * HEADROOM else ''}, and every forward copies them back (very slow). "
         + ("Use more GPUs or a smaller model." if quantized else "Quantize (4-bit), use more GPUs, or a smaller model.")
     )
     return Decision("device_map", "auto", f"{size} exceed GPU memory: offloading to CPU"), max_memory, (warning,)
+
+
+def _weights(weight_bytes: float) -> str:
+    return f"~{format_bytes(weight_bytes)} of weights"
+
+
+def _sharder(launch: Launch) -> str:
+    return "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
+
+
+def _gpu_max_memory(fit: Fit) -> dict[Any, str]:
+    """`fit.spread` as accelerate's max_memory (GPU index -> "12.0GiB"); callers may add "cpu"."""
+    return {i: max_memory_size(b) for i, b in fit.spread.items()}

@@ -9,8 +9,8 @@ from ..facts.machine import DtypeProbe, Machine
 from ..facts.model import ModelFacts
 from ..facts.spread import TIE_MARGIN, Spread
 from ..plans import Decision, Rejected
+from ..request import Workload
 from .measured import Estimate, compare_rounds, matching_record, probe_estimate, record_estimate
-from .request import Workload
 
 __all__ = ["decide_dtype", "normalise_dtype"]
 

@@ -11,10 +11,10 @@ from ..errors import MissingPackageError, QuantizationError
 from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..facts.quantization import CheckpointQuantization
+from ..facts.stored_weights import CheckpointQuantization
 from ..plans import Decision, Rejected
 from ..upstream import version_at_least
-from .fit import TRAINING_SHARE, gib, judge_fit, pinned_gpu
+from .fit import TRAINING_SHARE, format_bytes, judge_fit, pinned_gpu
 from .kernels import kernels_status
 from .memory import TrainingMemory
 
@@ -101,8 +101,18 @@ def decide_quantization(
         )
     if requested is None:
         return Decision("quantize", None, "your choice: full-precision base weights", source="user"), None, ()
+    return _auto_quantize(machine, dtype, estimates, device_map, usable, why)
 
-    # "auto": quantize only when 16-bit LoRA does not fit the GPU.
+
+def _auto_quantize(
+    machine: Machine,
+    dtype: str,
+    estimates: dict[str | None, TrainingMemory],
+    device_map: Any,
+    usable: bool,
+    why: str,
+) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
+    """quantize="auto": 4-bit only when 16-bit LoRA does not fit the GPU (`usable`, `why`: bitsandbytes)."""
     plain, four = estimates[None], estimates["4bit"]
     if not machine.gpus:
         return (
@@ -121,8 +131,9 @@ def decide_quantization(
     fit = judge_fit(machine, plain.total, TRAINING_SHARE, pinned)
     budget = fit.budget
     how = (
-        f"estimated {gib(plain.total)} for {dtype} LoRA (weights {gib(plain.weights)}, LoRA+Adam "
-        f"{gib(plain.lora)}, activations {gib(plain.activations)}) vs {gib(budget)} usable on {fit.where}"
+        f"estimated {format_bytes(plain.total)} for {dtype} LoRA (weights {format_bytes(plain.weights)}, LoRA+Adam "
+        f"{format_bytes(plain.lora)}, activations {format_bytes(plain.activations)}) vs {format_bytes(budget)} "
+        f"usable on {fit.where}"
     )
     if fit.fits:
         return (
@@ -145,14 +156,14 @@ def decide_quantization(
     warnings: tuple[str, ...] = ()
     if not judge_fit(machine, four.total, TRAINING_SHARE, pinned).fits:
         warnings = (
-            f"Even 4-bit needs ~{gib(four.total)} and {fit.where} has {gib(budget)} usable: "
+            f"Even 4-bit needs ~{format_bytes(four.total)} and {fit.where} has {format_bytes(budget)} usable: "
             "shorten sequences, lower the batch, or use a bigger GPU.",
         )
     return (
         Decision(
             "quantize",
             "4bit",
-            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{gib(four.total)}",
+            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{format_bytes(four.total)}",
             (Rejected(None, "does not fit"),),
         ),
         _config("4bit", dtype, machine),
@@ -301,10 +312,10 @@ def decide_checkpoint_quantization(
     rest = model.parameters - checkpoint.quantized_parameters
     if why is None:
         stored = checkpoint.stored_bytes()
-        unquantized = f"~{gib(checkpoint.quantized_parameters * BYTES[dtype])} in {dtype} instead"
+        unquantized = f"~{format_bytes(checkpoint.quantized_parameters * BYTES[dtype])} in {dtype} instead"
         reason = (
             f"the checkpoint is {checkpoint.label}: {checkpoint.quantized_parameters:,} weights stay quantized at "
-            f"{checkpoint.bits:.3g} bits (~{gib(stored)}), the other {rest:,} parameters in {dtype}; "
+            f"{checkpoint.bits:.3g} bits (~{format_bytes(stored)}), the other {rest:,} parameters in {dtype}; "
             "cudaload never quantizes it again"
         )
         trainable = checkpoint.method != "mxfp4"  # quantizer_mxfp4.py:208-213: is_trainable is False
@@ -327,13 +338,13 @@ def decide_checkpoint_quantization(
         "checkpoint_quantization",
         "dequantized",
         f"the checkpoint is {checkpoint.label}, but {why}: its quantized weights are sized in {target} "
-        f"(~{gib(checkpoint.quantized_parameters * BYTES[target])})",
+        f"(~{format_bytes(checkpoint.quantized_parameters * BYTES[target])})",
         (Rejected(checkpoint.method, why),),
     )
     if checkpoint.bits is not None and not dequantize:
         warnings += (
             f"{model.source}: {checkpoint.label} weights will be dequantized to {target} here ({why}), "
-            f"~{gib(checkpoint.quantized_parameters * (BYTES[target] - checkpoint.bits / 8))} more memory.",
+            f"~{format_bytes(checkpoint.quantized_parameters * (BYTES[target] - checkpoint.bits / 8))} more memory.",
         )
     return CheckpointPlan(decision, target, missing, True, warnings)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from ..request import Workload
 from .measured import matching_record, record_estimate
-from .request import Workload
 
 __all__ = ["tune_on_gpu"]
 

@@ -6,13 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SettingError, WorkloadError
+from .errors import SettingError, WorkloadError
 
 __all__ = [
     "PADDING_SIDES",
     "WORKLOADS",
     "GenerationRequest",
     "Request",
+    "TrainingRequest",
     "Workload",
     "check_padding_side",
     "workload_from",
@@ -114,7 +115,25 @@ class GenerationRequest:
 
 
 @dataclass(frozen=True)
+class TrainingRequest:
+    """What a fine-tuning plan was asked (`plan(..., finetune=True)`). Only a fine-tuning Request has
+    one, so an inference plan cannot be given settings it would ignore."""
+
+    quantize: str | None = "auto"
+    """None (no quantization), "4bit", "8bit" or "auto" (4-bit only when 16-bit LoRA does not fit)."""
+    lora: Mapping[str, Any] | None = None
+    """LoraConfig keyword overrides."""
+    gradient_checkpointing: bool = True
+    seq_len: int = 2048
+    """Sequence length and batch the training-memory estimate assumes."""
+    batch_size: int = 1
+
+
+@dataclass(frozen=True)
 class Request:
+    """What the caller asked of a plan, validated: from_pretrained settings (None: decide for me), the
+    fine-tuning and generation sections when asked for, and what is passed through untouched."""
+
     attn_implementation: str | None = None
     dtype: str | None = None
     device_map: Any = None
@@ -122,15 +141,8 @@ class Request:
     use_kernels: bool | None = None
     hub_kernels: bool | None = None
     """Consent to download Hub attention kernels (code) that are not cached; None/False: cached only."""
-    quantize: str | None = None
-    """None (no quantization), "4bit", "8bit" or "auto" (fine-tuning only)."""
-    training: bool = False
-    lora: Mapping[str, Any] | None = None
-    """LoraConfig keyword overrides (fine-tuning only)."""
-    gradient_checkpointing: bool = True
-    seq_len: int = 2048
-    """Sequence length and batch the training-memory estimate assumes."""
-    batch_size: int = 1
+    training: TrainingRequest | None = None
+    """The fine-tuning settings of a fine-tuning plan; None: an inference plan (it has no such settings)."""
     workload: Workload = field(default_factory=Workload)
     """What a measured dtype choice optimises (fine-tuning uses seq_len x batch_size of prefill)."""
     passthrough: Mapping[str, Any] = field(default_factory=dict)

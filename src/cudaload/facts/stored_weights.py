@@ -1,4 +1,4 @@
-"""What a checkpoint's `quantization_config` says: `CheckpointQuantization`, plain data.
+"""What a checkpoint's `quantization_config` says about its stored weights: `CheckpointQuantization`, plain data.
 
 `read_quantization_config()` parses the dict config.json carries (no transformers import) and
 `count_quantized()` counts, on the parameter list of a meta model, the weights the method stores

@@ -224,7 +224,7 @@ def _optimizer(torch: Any, name: str, params: list[Any], on_cuda: bool) -> tuple
 
 def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
     """A variant's plan as recorded: dtype, quantization, LoRA, optimizer, checkpointing, estimate."""
-    from ..model_facts import read_model_facts
+    from ..capability.model_config import read_model_facts
     from ..policy.memory import lora_parameters
 
     finetune = plan.finetune
@@ -417,7 +417,7 @@ class _Child:
     """A variant's process: started at once (its imports overlap the other's), measured only when
     released, one at a time, so no measured step shares the CPU with the other variant."""
 
-    CODE = "from cudaload.bench.finetune import _child_main; _child_main()"
+    CODE = "from cudaload.bench.finetune_bench import _child_main; _child_main()"
 
     def __init__(self, spec: dict[str, Any], env: dict[str, str], timeout: float, tmp: Path) -> None:
         self.out = tmp / f"{spec['name']}.json"
@@ -519,7 +519,7 @@ def _model_info(path: Path) -> dict[str, Any]:
         "shape": {k: config[k] for k in keys if k in config},
     }
     try:
-        from ..model_facts import read_model_facts
+        from ..capability.model_config import read_model_facts
 
         info["parameters"] = read_model_facts(str(path)).parameters
     except Exception as exc:  # the variants will say what is wrong with the checkpoint

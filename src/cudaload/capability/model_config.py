@@ -18,13 +18,13 @@ import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from .capability.kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
-from .errors import ModelConfigError, RemoteCodeError, SettingError
-from .facts.dtypes import canonical_dtype
-from .facts.kv_cache import GenerationFacts
-from .facts.model import ModelFacts, generates
-from .facts.quantization import count_quantized, read_quantization_config
-from .upstream_imports import import_transformers
+from ..errors import ModelConfigError, RemoteCodeError, SettingError
+from ..facts.dtypes import canonical_dtype
+from ..facts.kv_cache import GenerationFacts
+from ..facts.model import ModelFacts, generates
+from ..facts.stored_weights import CheckpointQuantization, count_quantized, read_quantization_config
+from ..upstream_imports import import_transformers
+from .kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -88,7 +88,7 @@ def _check_config_file(name: str) -> None:
     it: a FIFO would block the read forever and a symlink to /dev/zero would fill memory."""
     import stat
 
-    from .capability.cache import MAX_READ_BYTES
+    from .cache import MAX_READ_BYTES
 
     path = os.path.join(name, "config.json")
     if not os.path.isdir(name) or not os.path.lexists(path):
@@ -363,7 +363,7 @@ def read_model_facts(
     import_transformers()  # a cached model is planned without transformers; this one is read with it
     facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision)
     if cache is not None:
-        from .capability.cache import write_json
+        from .cache import write_json
 
         write_json(cache, {"schema": _FACTS_SCHEMA, "dtype_from_weights": dtype_from_weights, "facts": asdict(facts)})
     return facts
@@ -395,22 +395,7 @@ def _read_model_facts(
             "num_attention_heads, "
             "head_dim, ...) against each other."
         ) from exc
-    import torch
-
-    # GPT-2 style models use transformers' Conv1D (weight stored transposed) for their
-    # projections; peft's LoRA wraps both.
-    shapes: dict[tuple[str, int, int], int] = {}
-    for name, module in meta.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if leaf in {"lm_head", "score", "classifier"}:
-            continue
-        if isinstance(module, torch.nn.Linear):
-            key = (leaf, module.in_features, module.out_features)
-        elif type(module).__name__ == "Conv1D":
-            key = (leaf, int(module.weight.shape[0]), int(module.weight.shape[1]))
-        else:
-            continue
-        shapes[key] = shapes.get(key, 0) + 1
+    shapes = _linear_shapes(meta)
     linear = sorted({leaf for leaf, _, _ in shapes})
     experts = sorted(
         {
@@ -419,28 +404,7 @@ def _read_model_facts(
             if param.ndim == 3 and ".experts." in f".{name}"
         }
     )
-    quantization = read_quantization_config(getattr(config, "quantization_config", None))
-    if quantization is not None:
-        # Count the weights the method stores quantized, as its quantizer picks them (facts/quantization.py).
-        output = meta.get_output_embeddings() if hasattr(meta, "get_output_embeddings") else None
-        modules = dict(meta.named_modules())
-        quantization = count_quantized(
-            quantization,
-            (
-                (
-                    name,
-                    "output"
-                    if output is not None and modules.get(name.rpartition(".")[0]) is output
-                    else "linear"
-                    if name.endswith(".weight") and isinstance(modules.get(name.rpartition(".")[0]), torch.nn.Linear)
-                    else "expert"
-                    if param.ndim == 3 and ".experts." in f".{name}"
-                    else "other",
-                    param.numel(),
-                )
-                for name, param in meta.named_parameters()
-            ),
-        )
+    quantization = _stored_quantization(config, meta)
     hidden = getattr(text_config, "hidden_size", None)
     heads = getattr(text_config, "num_attention_heads", None)
     size = head_dim(text_config)
@@ -490,6 +454,50 @@ def _generation_facts(config: Any, cls: type, model: Any, revision: str | None) 
     except (AttributeError, TypeError, ValueError, KeyError, IndexError):
         # get_layer_types_and_kwargs on a config it does not describe (e.g. an encoder without layer sizes)
         return None
+
+
+def _linear_shapes(meta: Any) -> dict[tuple[str, int, int], int]:
+    """(leaf name, in, out) -> how many, for the decoder's projections (heads excluded). GPT-2 style
+    models use transformers' Conv1D (weight stored transposed) for them; peft's LoRA wraps both."""
+    import torch
+
+    shapes: dict[tuple[str, int, int], int] = {}
+    for name, module in meta.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in {"lm_head", "score", "classifier"}:
+            continue
+        if isinstance(module, torch.nn.Linear):
+            key = (leaf, module.in_features, module.out_features)
+        elif type(module).__name__ == "Conv1D":
+            key = (leaf, int(module.weight.shape[0]), int(module.weight.shape[1]))
+        else:
+            continue
+        shapes[key] = shapes.get(key, 0) + 1
+    return shapes
+
+
+def _stored_quantization(config: Any, meta: Any) -> CheckpointQuantization | None:
+    """How a pre-quantized checkpoint stores its weights: the weights its method keeps quantized, counted
+    on the meta model as its quantizer picks them (facts/stored_weights.py); None when it is not quantized."""
+    quantization = read_quantization_config(getattr(config, "quantization_config", None))
+    if quantization is None:
+        return None
+    import torch
+
+    output = meta.get_output_embeddings() if hasattr(meta, "get_output_embeddings") else None
+    modules = dict(meta.named_modules())
+
+    def kind(name: str, param: Any) -> str:
+        owner = modules.get(name.rpartition(".")[0])
+        if output is not None and owner is output:
+            return "output"
+        if name.endswith(".weight") and isinstance(owner, torch.nn.Linear):
+            return "linear"
+        return "expert" if param.ndim == 3 and ".experts." in f".{name}" else "other"
+
+    return count_quantized(
+        quantization, ((name, kind(name, param), param.numel()) for name, param in meta.named_parameters())
+    )
 
 
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -590,7 +598,7 @@ def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
     """The cache file for a local folder's facts, or None (a Hub id, a config object, no config.json)."""
     if not isinstance(model, str) or not os.path.isdir(model):
         return None
-    from .capability.cache import read_regular_file
+    from .cache import read_regular_file
 
     # Only a regular file of at most 16 MiB is hashed: a FIFO would block, /dev/zero never end.
     config = read_regular_file(os.path.join(model, "config.json"))
@@ -599,9 +607,9 @@ def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
     config_hash = hashlib.sha256(config).hexdigest()
     # The checkpoint's generation_config.json (its cache_implementation) is a fact too, and changes alone.
     generation_config = read_regular_file(os.path.join(model, "generation_config.json"))
-    from . import __version__
-    from .capability.cache import cache_dir, cache_key
-    from .capability.software import installed_versions
+    from ..version import __version__
+    from .cache import cache_dir, cache_key
+    from .software import installed_versions
 
     transformers_version = installed_versions().get("transformers")
     if transformers_version is None:
@@ -624,7 +632,7 @@ def _cached_facts(path: Path, source: str) -> ModelFacts | None:
     wrong type or a negative or non-finite number (then the facts are read again and rewritten)."""
     from dataclasses import replace
 
-    from .capability.cache import decode, read_json
+    from .cache import decode, read_json
 
     data = read_json(path, {"schema": int, "dtype_from_weights": bool, "facts": ModelFacts})
     if data is None or data["schema"] != _FACTS_SCHEMA:

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import describe_error
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS
-from .harness import Workload, _Memory, _StepClock
+from .harness import BenchRun, _Memory, _StepClock
 from .results import _median, _ratio
 
 __all__ = ["GenerationVariant", "compare_generation", "generation_variants", "prompt_lengths"]
@@ -153,7 +153,7 @@ def _cache_bytes(cache: Any) -> int | None:
 def compare_generation(
     path: Path,
     the_plan: Any,
-    work: Workload,
+    work: BenchRun,
     batch: int,
     vocab_size: int,
     *,
