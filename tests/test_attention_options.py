@@ -16,11 +16,12 @@ from cudaload.policy import Request, decide_plan
 from cudaload.policy.attention import NO_CONSENT, check_attention, decide_attention
 
 MODEL = replace(any_model(), model_class="DemoForCausalLM", head_dim=128)
-SOFTCAPPED = replace(MODEL, model_type="gemma2", softcap=50.0)
+# Gemma 2's class passes `softcap` to its attention and so declares `_supports_sdpa = False`.
+SOFTCAPPED = replace(MODEL, model_type="gemma2", softcap=50.0, supports_sdpa=False)
 FA2 = {"flash-attn": "2.8.3"}
 KERNELS = {"kernels": "0.17.2"}
 NO_KERNELS = "the `kernels` package is not installed (pip install 'cudaload[kernels]')"
-SDPA_SOFTCAP = "SDPA ignores attn_logit_softcapping=50.0; eager applies it"
+SDPA_SOFTCAP = "DemoForCausalLM does not support SDPA"
 
 
 def plan_for(machine: Machine, model: ModelFacts, **request):
@@ -31,25 +32,28 @@ def rejected(plan) -> dict[str, str]:
     return {r.value: r.reason for r in plan.decision("attn_implementation").rejected}
 
 
-# --- SDPA on a softcapping model: a cost, the same text on both paths ----------------------------
+# --- SDPA on a softcapping model: refused on both paths, with the same text -----------------------
 
 
-def test_explicit_sdpa_on_a_softcapping_model_is_honoured_with_a_warning() -> None:
-    plan = plan_for(Machine.simulated("A100"), SOFTCAPPED, attn_implementation="sdpa")
-    assert plan.attention_chain == ("sdpa",) and plan.attn_implementation == "sdpa"
-    assert plan.decision("attn_implementation").source == "user"
-    assert plan.warnings == (
-        f"attn_implementation='sdpa' is used as you asked, but cudaload would not choose it here: {SDPA_SOFTCAP}",
-    )
-    assert "WARNING: attn_implementation='sdpa' is used as you asked" in plan.explain()
+def test_explicit_sdpa_on_a_softcapping_model_is_refused_as_the_chain_refuses_it() -> None:
+    # It used to be accepted without a word while the chain rejected it ("SDPA ignores softcapping",
+    # which was not even true: transformers' sdpa_attention_forward raises on `softcap`).
+    with pytest.raises(AttentionUnavailableError) as raised:
+        plan_for(Machine.simulated("A100"), SOFTCAPPED, attn_implementation="sdpa")
+    assert str(raised.value).startswith(f"attn_implementation='sdpa' was asked, but {SDPA_SOFTCAP}.")
+
+
+def test_softcapping_in_the_config_of_a_class_that_supports_sdpa_does_not_refuse_it() -> None:
+    # Gemma 3 has attn_logit_softcapping in its config and never passes it: SDPA is what it runs.
+    gemma3 = replace(MODEL, model_type="gemma3", softcap=50.0)
+    assert check_attention("sdpa", Machine.simulated("A100"), gemma3, "bfloat16").reasons == ()
+    assert plan_for(Machine.simulated("A100"), gemma3).attention_chain[0] == "sdpa"
 
 
 def test_the_automatic_chain_rejects_sdpa_there_with_the_same_reason() -> None:
     plan = plan_for(Machine.simulated("A100"), SOFTCAPPED)
     assert plan.attention_chain == ("flex_attention", "eager")
     assert rejected(plan)["sdpa"] == SDPA_SOFTCAP
-    explicit = plan_for(Machine.simulated("A100"), SOFTCAPPED, attn_implementation="sdpa")
-    assert rejected(plan)["sdpa"] in explicit.warnings[0]
     assert not any("attn_implementation" in w for w in plan.warnings)  # the automatic path warns of nothing
 
 
@@ -164,11 +168,11 @@ def test_a_choice_without_costs_gives_no_warning() -> None:
             "A100",
             {},
             False,
-            replace(SOFTCAPPED, supports_sdpa=False),
+            SOFTCAPPED,
             "bfloat16",
             ("DemoForCausalLM does not support SDPA",),
-            (SDPA_SOFTCAP,),
-            id="sdpa-unsupported-and-softcap",
+            (),
+            id="sdpa-unsupported",
         ),
         pytest.param(
             "flex_attention",
@@ -203,11 +207,11 @@ def test_an_explicit_choice_with_a_blocker_names_every_reason() -> None:
 
 
 def test_an_explicit_choice_with_blockers_and_costs_names_both() -> None:
-    model = replace(SOFTCAPPED, supports_sdpa=False)
+    no_flex = replace(MODEL, supports_flex=False)
     with pytest.raises(AttentionUnavailableError) as raised:
-        plan_for(Machine.simulated("A100"), model, attn_implementation="sdpa")
-    assert "DemoForCausalLM does not support SDPA" in str(raised.value)
-    assert SDPA_SOFTCAP in str(raised.value)
+        plan_for(Machine.simulated(None), no_flex, attn_implementation="flex_attention")
+    assert "DemoForCausalLM does not support flex_attention" in str(raised.value)
+    assert "not planned on a CPU: it needs torch.compile there (unverified)" in str(raised.value)
 
 
 # --- the two paths cannot disagree ---------------------------------------------------------------

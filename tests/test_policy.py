@@ -141,9 +141,10 @@ def test_model_without_flash_support_never_gets_it() -> None:
 
 
 def test_softcapping_models_skip_sdpa_and_get_every_kernel_that_softcaps() -> None:
-    # FA2 >= 2.6, FA3 (hopper/ applies softcap forward and backward) and FA4 take `softcap`;
-    # SDPA cannot; flex_attention can (transformers: "Try using `eager` or `flex_attention`").
-    gemma2 = replace(LLAMA_8B, model_type="gemma2", softcap=50.0)
+    # FA2 >= 2.6, FA3 (hopper/ applies softcap forward and backward) and FA4 take `softcap`; SDPA
+    # cannot, and Gemma 2's class says so (`_supports_sdpa = False`); flex_attention can
+    # (transformers: "Try using `eager` or `flex_attention`").
+    gemma2 = replace(LLAMA_8B, model_type="gemma2", softcap=50.0, supports_sdpa=False)
     assert plan_for(Machine.simulated("T4"), gemma2).attention_chain == ("flex_attention", "eager")
     assert plan_for(Machine.simulated("A100", packages=FA2), gemma2).attention_chain == (
         "flash_attention_2",

@@ -44,8 +44,9 @@ class ModelFacts:
         num_layers: Decoder layers; None when unknown.
         hidden_size: Hidden size; None when unknown.
         sliding_window: The sliding attention window in tokens; None without one.
-        softcap: `attn_logit_softcapping` (Gemma 2): SDPA cannot apply it; of the FlashAttention
-            kernels only FA2 is known to. None without it.
+        softcap: `attn_logit_softcapping` (Gemma 2): a FlashAttention kernel must take `softcap`
+            (FA2 from 2.6.0, FA3, FA4); SDPA never does, and the classes that pass it declare no
+            SDPA support. None without it.
         quantized: The checkpoint's `quantization_config.quant_method` (e.g. "bitsandbytes",
             "gptq"), if already quantized; else None.
         remote_code: The config has an `auto_map` (the repository ships its own code).

@@ -11,8 +11,8 @@ How it is built:
   with every reason they cannot be used): `check_attention(option, machine, model, dtype)` returns
   an `OptionCheck` listing *every* reason the option cannot serve, in two kinds. `blockers`: it
   cannot run (wrong GPU generation, fp32 with FlashAttention, head dim too large, package or Hub
-  kernel missing, a class without support). `costs`: it runs but loses something (SDPA and
-  softcapping). The checks behind it: `_flash_package` / `_flash_hub` (`_flash_blockers` holds the
+  kernel missing, a class without support). `costs`: it runs but cudaload would not plan it (flex
+  attention on a CPU, through an unverified torch.compile). The checks behind it: `_flash_package` / `_flash_hub` (`_flash_blockers` holds the
   FlashAttention rules of docs/decisions.md, in their order), `_compatible_entry` (models whose
   FlashAttention transformers redirects), `_hub_repository`, `_sdpa`, `_flex`.
 - **Both paths call it**, so they cannot disagree. An explicit choice (`_explicit`) with a blocker
@@ -88,7 +88,7 @@ class OptionCheck:
             repository that serves a FlashAttention option whose package is not installed.
         detail: What serves it (e.g. "flash-attn 2.8.3 installed"); the reason when it is used.
         blockers: Every reason it cannot run here. An explicit choice with one is refused.
-        costs: Every reason it runs but loses something (e.g. softcapping not applied). An explicit
+        costs: Every reason it runs but cudaload would not plan it (e.g. flex attention on a CPU). An explicit
             choice with only these is honoured with a warning; the automatic chain passes it over.
     """
 
@@ -288,12 +288,12 @@ def _redirected(model: ModelFacts, option: str) -> str:
 
 
 def _sdpa(model: ModelFacts) -> OptionCheck:
+    # The class's own flag is the whole check, softcapping included: transformers' sdpa_attention_forward
+    # raises on `softcap` (integrations/sdpa_attention.py, 5.22-5.25), and every class that passes it declares
+    # `_supports_sdpa = False` ("sdpa does not support softcapping": gemma2, t5gemma, vaultgemma). A class that
+    # supports SDPA with attn_logit_softcapping in its config (Gemma 3) never passes it: eager would not cap either.
     blockers = () if model.supports_sdpa else (f"{model.model_class} does not support SDPA",)
-    # A cost, not a blocker: with SDPA the model runs uncapped. Every transformers (5.22) class that passes
-    # `softcap` to its attention function declares `_supports_sdpa = False`, so the blocker above comes first
-    # for them (their `sdpa_attention_forward` would raise on it).
-    costs = (f"SDPA ignores attn_logit_softcapping={model.softcap}; eager applies it",) if model.softcap else ()
-    return OptionCheck("sdpa", "torch SDPA: fused attention on every device", blockers, costs)
+    return OptionCheck("sdpa", "torch SDPA: fused attention on every device", blockers)
 
 
 def _flex(machine: Machine, model: ModelFacts) -> OptionCheck:
