@@ -12,9 +12,10 @@ How it is built:
   an `OptionCheck` listing *every* reason the option cannot serve, in two kinds. `blockers`: it
   cannot run (wrong GPU generation, fp32 with FlashAttention, head dim too large, package or Hub
   kernel missing, a class without support). `costs`: it runs but cudaload would not plan it (flex
-  attention on a CPU, through an unverified torch.compile). The checks behind it: `_flash_package` / `_flash_hub` (`_flash_blockers` holds the
-  FlashAttention rules of docs/decisions.md, in their order), `_compatible_entry` (models whose
-  FlashAttention transformers redirects), `_hub_repository`, `_sdpa`, `_flex`.
+  attention on a CPU, through an unverified torch.compile). The checks behind it: `_flash_package`
+  / `_flash_hub` (`_flash_blockers` holds the FlashAttention rules of docs/decisions.md, in their
+  order), `_compatible_entry` (models whose FlashAttention transformers redirects),
+  `_hub_repository`, `_sdpa`, `_flex`.
 - **Both paths call it**, so they cannot disagree. An explicit choice (`_explicit`) with a blocker
   raises AttentionUnavailableError naming every reason; with costs only it is honoured with a
   warning. The automatic chain keeps an option only when nothing is against it.
