@@ -272,3 +272,13 @@ def test_a_device_map_pinning_the_small_gpu_is_what_quantize_auto_judges() -> No
     assert plan.decision("quantize").value == "4bit"
     assert "T4" in plan.decision("quantize").reason
     assert plan.kwargs["device_map"] == f"cuda:{t4}"
+
+
+def test_a_plan_that_lands_on_one_gpu_of_a_mixed_machine_is_judged_on_that_gpu() -> None:
+    # Llama-3-70B fits neither GPU of a T4 + A100 in 16 bits, so placement first judged both (the T4 decided
+    # float16); the 4-bit copy then landed on the A100 alone, which runs bf16: that GPU decides.
+    machine = Machine.simulated(["T4", "A100"], packages={"bitsandbytes": "0.50.2", "peft": "0.21.2"})
+    plan = decide_plan(machine, llama(70), Request(training=TrainingRequest(quantize="auto")))
+    assert plan.kwargs["device_map"] == "cuda:1" and plan.decision("quantize").value == "4bit"
+    assert plan.dtype == "bfloat16" and "A100" in plan.decision("dtype").reason
+    assert plan.kwargs["quantization_config"]["bnb_4bit_compute_dtype"] == "bfloat16"

@@ -295,22 +295,24 @@ def test_padding_side() -> None:
 
 
 def test_max_batch_follows_memory_and_context() -> None:
+    # By hand: the H100's 80 GiB (free unknown: all of it) minus 16 GiB of weights, 80% of that for the cache:
+    # 51.2 GiB. FULL caches 32 layers x 2048 numbers x 2 bytes = 128 KiB per token, so a 4096-token sequence
+    # takes 512 MiB (102 fit: 51.2 GiB / 0.5 GiB = 102.4) and an 8192-token one 1 GiB (51 fit).
     short = _decide(H100, context=4096)
     long = _decide(H100, context=8192)
-    assert short.max_batch is not None and long.max_batch is not None
-    assert long.max_batch in (short.max_batch // 2, short.max_batch // 2 - 1)
-    assert short.kv_cache_bytes(short.max_batch, 4096) <= short.budget_bytes
-    assert short.kv_cache_bytes(short.max_batch + 1, 4096) > short.budget_bytes
-    bigger = _decide(Machine.simulated("H200"), context=4096)
-    assert bigger.max_batch > short.max_batch
-    l4 = _decide(Machine.simulated("L4"), context=4096)
-    one = l4.max_context
-    assert one is not None and l4.kv_cache_bytes(1, one) <= l4.budget_bytes < l4.kv_cache_bytes(1, one + 1)
-    # A windowed model's cache stops growing: the same GPU holds a longer context.
+    assert short.budget_bytes == int(51.2 * GiB) and short.kv_bytes_per_token == 128 * 1024
+    assert (short.max_batch, long.max_batch) == (102, 51)
+    # The H200's 141 GiB: (141 - 16) x 0.8 = 100 GiB, 200 sequences of 512 MiB.
+    assert _decide(Machine.simulated("H200"), context=4096).max_batch == 200
+    # The L4's 22 GiB: (22 - 16) x 0.8 = 4.8 GiB, one sequence of up to 4.8 GiB / 128 KiB = 39321.6 tokens.
+    assert _decide(Machine.simulated("L4"), context=4096).max_context == 39321
+    # A windowed model's cache stops growing: the same GPU holds a longer context. Its 16 sliding layers hold
+    # 4096 tokens x 16 x 4 KiB = 256 MiB at most; the 4.55 GiB left go to 16 full layers at 64 KiB a token:
+    # 4.55 GiB / 64 KiB = 74547.2 tokens.
     sliding = replace(
         FULL, layers=(KvLayers("sliding_attention", 16, 8 * 256, 4096), KvLayers("full_attention", 16, 8 * 256))
     )
-    assert _decide(Machine.simulated("L4"), sliding, context=4096).max_context > one
+    assert _decide(Machine.simulated("L4"), sliding, context=4096).max_context == 74547
 
 
 def test_a_cache_that_cannot_fit_is_offloaded_and_said() -> None:

@@ -21,7 +21,14 @@ from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .placement import decide_placement, decide_rank_device, decide_tensor_parallel, placed_machine, plan_within
+from .placement import (
+    decide_placement,
+    decide_rank_device,
+    decide_tensor_parallel,
+    landed_machine,
+    placed_machine,
+    plan_within,
+)
 from .precision import decide_dtype
 from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
 from .training import decide_lora, decide_training_arguments
@@ -49,7 +56,13 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     plan = _compose(machine, judged, model, request, warnings)
     if judged is not machine and not plan_within(plan, judged):
         # The copy reached beyond the GPU judged on: every GPU it touches must run the dtype and attention.
-        plan = _compose(machine, machine, model, request, warnings)
+        judged, plan = machine, _compose(machine, machine, model, request, warnings)
+    landed = landed_machine(machine, plan) if judged is machine else machine
+    if landed is not machine:
+        # Judged on every GPU, the plan still landed on one (a 4-bit copy fits the A100 where a 16-bit one fit
+        # neither GPU of a T4 + A100): that GPU decides, as long as the plan stays on it.
+        again = _compose(machine, landed, model, request, warnings)
+        plan = again if plan_within(again, landed) else plan
     return replace(
         plan,
         generation=decide_plan_generation(machine, model, plan, request),

@@ -19,6 +19,7 @@ __all__ = [
     "decide_placement",
     "decide_rank_device",
     "decide_tensor_parallel",
+    "landed_machine",
     "placed_machine",
     "plan_within",
 ]
@@ -34,7 +35,7 @@ def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Mac
     a spread (device_map "auto", or a copy too big for one GPU) keeps every GPU it may touch.
     `plan_within` checks the finished plan stayed on that GPU.
     """
-    if len({g.capability for g in machine.gpus}) < 2 or machine.launch.distributed:
+    if not _mixed_single_process(machine):
         return machine
     pinned = pinned_gpu(request.device_map)
     if pinned is None:
@@ -46,8 +47,7 @@ def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Mac
         if not fit.fits or fit.gpu is None:
             return machine
         pinned = fit.gpu.index
-    chosen = tuple(g for g in machine.gpus if g.index == pinned)
-    return replace(machine, gpus=chosen) if chosen else machine
+    return _only(machine, pinned)
 
 
 def _rank_gpu(machine: Machine) -> int:
@@ -82,6 +82,26 @@ def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> De
         "rank unless set",
         (Rejected(0, "every rank's quantized copy on GPU 0") if index else Rejected(None, "left to chance"),),
     )
+
+
+def landed_machine(machine: Machine, plan: Plan) -> Machine:
+    """`machine` restricted to the one GPU the plan's device_map pins, when its GPUs differ in compute
+    capability and a single process loads; else `machine` itself."""
+    if not _mixed_single_process(machine):
+        return machine
+    return _only(machine, pinned_gpu(plan.kwargs.get("device_map")))
+
+
+def _mixed_single_process(machine: Machine) -> bool:
+    """GPUs of different compute capability, loaded by one process (a launch keeps every GPU: all ranks
+    must agree on the dtype)."""
+    return len({g.capability for g in machine.gpus}) >= 2 and not machine.launch.distributed
+
+
+def _only(machine: Machine, index: int | None) -> Machine:
+    """`machine` with GPU `index` alone (itself when no GPU has that index)."""
+    chosen = tuple(g for g in machine.gpus if g.index == index)
+    return replace(machine, gpus=chosen) if chosen else machine
 
 
 def plan_within(plan: Plan, judged: Machine) -> bool:
