@@ -68,16 +68,21 @@ def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
                     # `from cudaload import capability` imports a module; `from .plans import Plan` a name.
                     found.update(f"{base}.{a.name}" for a in child.names)
             elif isinstance(child, ast.Import):
-                found.update(a.name for a in child.names if a.name.startswith("cudaload."))
+                found.update(a.name for a in child.names if a.name == "cudaload" or a.name.startswith("cudaload."))
             visit(child)
 
     visit(ast.parse(source))
-    return {m.removeprefix("cudaload.") for m in found}
+    # A bare `import cudaload` (or a public name of it) reaches the facade, which reaches everything.
+    return {"__init__" if m == "cudaload" else m.removeprefix("cudaload.") for m in found}
 
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return ".".join(("cudaload", *parts)).removesuffix(".__init__")
+    return (
+        ".".join(("cudaload", *parts))
+        if parts == ("__init__",)
+        else ".".join(("cudaload", *parts)).removesuffix(".__init__")
+    )
 
 
 def _imports(path: Path) -> set[str]:
@@ -85,14 +90,15 @@ def _imports(path: Path) -> set[str]:
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
-NAMES = {_module_name(p).removeprefix("cudaload.").removeprefix("cudaload"): p for p in MODULES}
+NAMES = {_module_name(p).removeprefix("cudaload."): p for p in MODULES}  # "__init__" is the facade
 
 
-def _resolve(name: str) -> str | None:
-    """The module an imported dotted name is, or lives in ("plans.Plan" -> "plans"); None: cudaload itself."""
+def _resolve(name: str) -> str:
+    """The module an imported dotted name is, or lives in ("plans.Plan" -> "plans"); a public name of
+    the package ("plan", from `from cudaload import plan`) is the facade's, "__init__"."""
     while name and name not in NAMES:
         name = name.rpartition(".")[0]
-    return name or None
+    return name or "__init__"
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -100,7 +106,7 @@ def test_each_module_imports_only_the_layers_below(path: Path) -> None:
     relative = path.relative_to(PACKAGE)
     unit = relative.parts[0].removesuffix(".py")
     allowed = ALLOWED.get(unit, set()) | ANYONE | {unit}
-    upward = sorted(m for m in _imports(path) if _unit(m) not in allowed)
+    upward = sorted(m for m in _imports(path) if _unit(_resolve(m)) not in allowed)
     assert not upward, f"{relative} ({unit}) imports {upward}; it may import only {sorted(allowed)}"
 
 
@@ -114,6 +120,8 @@ def test_every_module_is_under_a_rule() -> None:
 def test_the_checker_sees_every_form_of_import() -> None:
     # The rules above would pass vacuously if an import form were missed.
     assert imports_in("from cudaload import capability", "cudaload.policy.fit") == {"capability"}
+    assert imports_in("import cudaload", "cudaload.policy.fit") == {"__init__"}
+    assert _unit(_resolve("plan")) == "__init__"  # `from cudaload import plan`: the facade
     assert imports_in("def f():\n    from .. import capability\n", "cudaload.policy.fit") == {"capability"}
     assert imports_in("import cudaload.capability.gpus", "cudaload.policy.fit") == {"capability.gpus"}
     assert imports_in("from ..capability.cache import x", "cudaload.policy.fit") == {"capability.cache.x"}
@@ -125,11 +133,8 @@ def test_the_checker_sees_every_form_of_import() -> None:
 
 
 def test_no_module_imports_itself_back() -> None:
-    graph = {
-        name: {target for m in _imports(path) if (target := _resolve(m)) is not None and target != name}
-        for name, path in NAMES.items()
-        if name  # the facade's lazy table imports everything by name only
-    }
+    # The facade's own imports are TYPE_CHECKING only (its names resolve lazily): it has no edges.
+    graph = {name: {target for m in _imports(path) if (target := _resolve(m)) != name} for name, path in NAMES.items()}
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
