@@ -77,12 +77,11 @@ def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
 
 
 def _module_name(path: Path) -> str:
+    """ "cudaload.policy" for policy/__init__.py; the package's own __init__.py stays "cudaload.__init__"."""
     parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return (
-        ".".join(("cudaload", *parts))
-        if parts == ("__init__",)
-        else ".".join(("cudaload", *parts)).removesuffix(".__init__")
-    )
+    if len(parts) > 1 and parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("cudaload", *parts))
 
 
 def _imports(path: Path) -> set[str]:
