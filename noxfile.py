@@ -46,6 +46,8 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     session.install("-c", "constraints/tested.txt", "mkdocs", "mkdocs-material", "mkdocstrings[python]")
+    # Mermaid is served by the site itself (tools/docs-assets/hooks.py), from this pinned npm install.
+    session.run("npm", "ci", "--prefix", "tools/docs-assets", "--no-audit", "--no-fund", "--silent", external=True)
     session.run("mkdocs", "build", "--strict", "-d", "site")
 
 

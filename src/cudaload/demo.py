@@ -93,7 +93,7 @@ def run_demo(directory: str | Path) -> str:
     from .tokenizer import tokenizer_for
 
     path = build_tiny_model(directory)
-    model = load(str(path))
+    model: Any = load(str(path))  # a transformers model with cudaload_plan set
     tokenizer = tokenizer_for(model)
     batch = tokenizer(["w5 w6 w7", "w8"], return_tensors="pt", padding=True).to(model.device)
     with torch.inference_mode():

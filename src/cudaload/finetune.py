@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CudaloadWarning, FinetuneConfigError, MissingPackageError
 from .loaders import apply_plan
 from .plans import FinetunePlan, Plan
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+    from .facts.machine import Machine
 
 __all__ = ["load_for_finetune", "training_arguments"]
 
@@ -39,7 +46,7 @@ def _prepare(model: Any, finetune: FinetunePlan) -> None:
 
 
 def load_for_finetune(
-    model: Any,
+    model: str | os.PathLike[str],
     *,
     quantize: str | None = "auto",
     lora: Mapping[str, Any] | None = None,
@@ -47,11 +54,11 @@ def load_for_finetune(
     seq_len: int = 2048,
     batch_size: int = 1,
     strict: bool = False,
-    machine: Any = None,
+    machine: Machine | None = None,
     model_class: str | type | None = None,
     allow_missing_weights: bool = False,
     **overrides: Any,
-) -> Any:
+) -> PeftModel:
     """A PEFT model ready to train, with every setting planned and explained like `load()`.
 
     quantize: "4bit" (QLoRA: nf4, double quant, compute in the plan's dtype), "8bit", None,
@@ -159,7 +166,9 @@ def load_for_finetune(
     return peft_model
 
 
-def training_arguments(model_or_plan: Any = None, **overrides: Any) -> dict[str, Any]:
+def training_arguments(
+    model_or_plan: PreTrainedModel | PeftModel | Plan | None = None, **overrides: Any
+) -> dict[str, Any]:
     """TrainingArguments keyword arguments for a model from `load_for_finetune` (or its Plan).
 
     Yours win: `TrainingArguments(**training_arguments(model, output_dir="out", max_steps=10))`.

@@ -9,13 +9,16 @@ import traceback
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
 from .plans import Decision, Plan, Rejected
 from .upstream import FLASH_OPTIONS, attention_kind
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from .facts.machine import Machine
     from .plans import GenerationPlan
 
 __all__ = ["AppliedPlan", "Fallback", "from_pretrained_kwargs", "load", "set_rank_device"]
@@ -646,15 +649,15 @@ def apply_plan(
 
 
 def load(
-    model: Any,
+    model: str | os.PathLike[str] | Plan,
     *,
     strict: bool = False,
     verify: bool = True,
-    machine: Any = None,
+    machine: Machine | None = None,
     model_class: str | type | None = None,
     allow_missing_weights: bool = False,
     **overrides: Any,
-) -> Any:
+) -> PreTrainedModel:
     """Load `model` (a local path, a hub id, or a ready `Plan`) with the plan for this machine.
 
     - `overrides` are from_pretrained kwargs: yours always win; an impossible one raises.
@@ -763,4 +766,4 @@ def load(
     loaded = apply_plan(the_plan, strict=strict, verify=verify, allow_missing_weights=allow_missing_weights)
     applied: AppliedPlan = loaded.cudaload_plan
     loaded.cudaload_plan = replace(applied, timings={"plan": planned, **applied.timings})
-    return loaded
+    return cast("PreTrainedModel", loaded)

@@ -6,10 +6,16 @@ shadow `cudaload.pipeline` once imported.)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import SettingError
+
+if TYPE_CHECKING:
+    from transformers import Pipeline
+
+    from .facts.machine import Machine
 
 __all__ = ["TASK_MODEL_CLASSES", "pipeline"]
 
@@ -32,15 +38,15 @@ _GENERATING = frozenset({"text-generation", "text2text-generation", "summarizati
 
 def pipeline(
     task: str,
-    model: Any,
+    model: str | os.PathLike[str],
     *,
-    machine: Any = None,
+    machine: Machine | None = None,
     strict: bool = False,
     verify: bool = True,
     tokenizer_kwargs: Mapping[str, Any] | None = None,
     pipeline_kwargs: Mapping[str, Any] | None = None,
     **overrides: Any,
-) -> Any:
+) -> Pipeline:
     """A transformers `pipeline(task)` on the model as cudaload loads it for this machine.
 
     The model is loaded with `load()` (device, dtype, attention from the plan, with fallbacks), the
@@ -109,7 +115,7 @@ def pipeline(
     # A generating task's padding side is a plan decision (tokenizer_for follows it); an encoder's
     # goes to the tokenizer alone.
     padding_side = None if generating else overrides.pop("padding_side", None)
-    loaded = load(
+    loaded: Any = load(
         model,
         machine=machine,
         strict=strict,
@@ -138,4 +144,4 @@ def pipeline(
     # padding side into left without a word: right only gets here when you asked for it, so keep it.
     pipe.tokenizer.padding_side = chosen_side
     pipe.cudaload_plan = applied
-    return pipe
+    return cast("Pipeline", pipe)

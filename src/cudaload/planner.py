@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .capability.model_config import model_class_name, read_model_facts
 from .errors import (
@@ -24,6 +24,9 @@ from .plans import GenerationPlan, Plan
 from .policy import decide_plan, decide_plan_generation
 from .request import GenerationRequest, Request, TrainingRequest, Workload, check_padding_side, workload_from
 from .upstream_imports import import_transformers
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["check_flag", "generation_as_applied", "plan", "split_overrides"]
 
@@ -102,7 +105,7 @@ def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
 
 
 def plan(
-    model: Any,
+    model: str | os.PathLike[str] | PretrainedConfig | ModelFacts,
     *,
     machine: Machine | None = None,
     model_class: str | type | None = None,

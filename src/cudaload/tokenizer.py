@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelConfigError, SettingError
 from .facts.model import generates
@@ -10,10 +10,20 @@ from .plans import Plan
 from .request import check_padding_side
 from .upstream_imports import import_transformers
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 __all__ = ["tokenizer_for"]
 
 
-def tokenizer_for(model_or_plan: Any, *, training: bool = False, padding_side: str | None = None, **kwargs: Any) -> Any:
+def tokenizer_for(
+    model_or_plan: PreTrainedModel | PeftModel | Plan,
+    *,
+    training: bool = False,
+    padding_side: str | None = None,
+    **kwargs: Any,
+) -> PreTrainedTokenizerBase:
     """The model's tokenizer, set up for its plan.
 
     - Padding side: yours when you pass `padding_side`; right for training, where labels line up

@@ -29,6 +29,8 @@ from .kv_layout import checkpoint_generation_config, head_dim, read_generation_f
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from transformers import PretrainedConfig
+
 __all__ = ["default_auto_class", "model_class_name", "read_model_facts", "resolve_auto_class"]
 
 
@@ -312,7 +314,7 @@ def _meta_model(cls: type, config: Any) -> Any:
 
 
 def read_model_facts(
-    model: Any,
+    model: str | os.PathLike[str] | PretrainedConfig,
     *,
     auto_class: str | None = None,
     trust_remote_code: bool = False,

@@ -1,0 +1,136 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): a site that renders offline, and outputs you can read.
+
+1. Mermaid ships with the site. mkdocs-material draws ```mermaid blocks with the Mermaid script, which
+   it loads from unpkg.com unless `window.mermaid` is already defined (`typeof mermaid ==
+   "undefined"` in its bundle). The script installed from npm (tools/docs-assets/package.json,
+   pinned by its package-lock.json: `npm ci --prefix tools/docs-assets`) is copied into the site,
+   and a page with a diagram loads it before material's bundle, so the CDN is never asked. Without
+   the npm install the build warns (and `mkdocs build --strict` fails) instead of publishing a site
+   that fetches it.
+2. Program outputs wrap. An output (a ```text block, or one without a language) keeps its lines,
+   but a line wider than the page wraps instead of scrolling sideways, its continuation lines
+   hanging past its indentation. An `explain()` line (`setting  value  reason`) too long for the
+   page shows its reason in full on the lines under its setting and value. Only the display
+   changes: the characters are the program's, in order. A fence marked
+   `{.no-wrap}` (an ASCII diagram) keeps scrolling. docs/assets/stylesheets/cudaload.css styles it.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from mkdocs.structure.files import File, Files
+from mkdocs.utils import get_relative_url
+
+log = logging.getLogger("mkdocs.hooks.cudaload")
+
+HERE = Path(__file__).resolve().parent
+MERMAID_SOURCE = HERE / "node_modules" / "@mermaid-js" / "tiny" / "dist" / "mermaid.tiny.js"
+MERMAID_URL = "assets/javascripts/mermaid.tiny.js"
+
+# A code block as pymdownx.highlight writes it; an output (```text, a bare fence) has no token spans.
+OUTPUT_BLOCK = re.compile(r'<div class="highlight"><pre><span></span><code>(.*?)</code></pre></div>', re.DOTALL)
+BUNDLE_SCRIPT = re.compile(r'<script src="[^"]*assets/javascripts/bundle\.[0-9a-f]+\.min\.js"></script>')
+# explain()'s columns are separated by two or more spaces; the value column starts after the first gap,
+# and the reason 2 after the value's VALUE_WIDTH (cudaload.plans.VALUE_WIDTH, held equal by tests/test_docs_site.py).
+COLUMN_GAP = re.compile(r"\S( {2,})(?=\S)")
+VALUE_WIDTH = 36
+# An explain() line longer than this (about what an output block shows on a 1280-px screen) shows its
+# reason on the lines under its setting and value instead of after them.
+FITS = 80
+
+
+def on_files(files: Files, config: Any) -> Files:
+    if MERMAID_SOURCE.is_file():
+        files.append(File.generated(config, MERMAID_URL, abs_src_path=str(MERMAID_SOURCE)))
+    else:
+        log.warning(
+            "%s is missing, so pages with a diagram would load Mermaid from unpkg.com: run "
+            "`npm ci --prefix tools/docs-assets` first",
+            MERMAID_SOURCE.relative_to(HERE.parents[1]),
+        )
+    return files
+
+
+def columns(line: str) -> tuple[int, int] | None:
+    """The value and reason columns of an explain() line (`setting  value  reason` or
+    `x value  reason`), or None for any other line."""
+    indent = len(line) - len(line.lstrip(" "))
+    if line.startswith("x ", indent):  # a rejected option: its `x` is in the value column
+        value = indent
+    else:
+        gap = COLUMN_GAP.search(line, indent)
+        if gap is None:
+            return None
+        value = gap.end(1)
+    reason = value + VALUE_WIDTH + 2
+    if len(line) > reason and line[reason - 2 : reason] == "  " and line[reason] != " ":
+        return value, reason
+    return None
+
+
+def hang(line: str) -> int:
+    """Where a wrapped `line`'s continuation lines start (in characters).
+
+    An explain() line: 4 past its value column, so a reason reads right of the values and the `x`
+    marks, under its own setting. Another columned line: 4 past the end of its first gap. Any other
+    line: 4 past its indentation. (The stylesheet caps it, lower on a phone.)
+    """
+    indent = len(line) - len(line.lstrip(" "))
+    found = columns(line)
+    if found is not None:
+        return found[0] + 4
+    if line.startswith("x ", indent):
+        return indent + 4
+    gap = COLUMN_GAP.search(line, indent)
+    if gap is not None and gap.end(1) <= 60:
+        return gap.end(1) + 4
+    return indent + 4
+
+
+def _line(line: str, newline: str) -> str:
+    """One output line as a span; a long explain() line has its reason in a block under the value."""
+    plain = html.unescape(line)
+    found = columns(plain)
+    if found is not None and len(plain) > FITS:
+        head, reason = html.escape(plain[: found[1]], quote=False), html.escape(plain[found[1] :], quote=False)
+        body = f'{head}<span class="reason">{reason}{newline}</span>'
+    else:
+        body = line + newline
+    return f'<span class="output-line" style="--hang:{hang(plain)}">{body}</span>'
+
+
+def wrap_outputs(content: str) -> str:
+    """Each line of each output block in its own span, with its hanging indent (`--hang`)."""
+
+    def one(block: re.Match[str]) -> str:
+        if "<span" in block.group(1):  # highlighted code (Python, bash): not an output
+            return block.group(0)
+        lines = block.group(1).split("\n")
+        ends_with_newline = lines[-1] == ""
+        if ends_with_newline:
+            lines.pop()
+        spans = [_line(line, "\n" if i < len(lines) - 1 or ends_with_newline else "") for i, line in enumerate(lines)]
+        return f'<div class="highlight output"><pre><span></span><code>{"".join(spans)}</code></pre></div>'
+
+    return OUTPUT_BLOCK.sub(one, content)
+
+
+def on_page_content(content: str, page: Any, config: Any, files: Files) -> str:
+    return wrap_outputs(content)
+
+
+def on_post_page(output: str, page: Any, config: Any) -> str:
+    if 'class="mermaid"' not in output or not MERMAID_SOURCE.is_file():
+        return output
+    script = f'<script src="{get_relative_url(MERMAID_URL, page.url)}"></script>'
+    bundle = BUNDLE_SCRIPT.search(output)
+    if bundle is None:
+        log.warning("%s: material's bundle script was not found; Mermaid is not loaded first", page.file.src_uri)
+        return output
+    # Before the bundle: defined by the time material looks for `mermaid`, so it never fetches one.
+    return output[: bundle.start()] + script + output[bundle.start() :]
