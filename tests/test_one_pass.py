@@ -120,3 +120,17 @@ def test_the_kv_budget_reads_a_device_map_with_the_one_device_parser() -> None:
     assert "Tesla T4" in where and budget == int(15 * 2**30 * 0.8)  # the catalog's 15 GiB, GPU_SHARE 0.8
     assert kv_budget(mixed, {"model.layers.0": "cuda:1", "lm_head": 1}, 0) == (budget, where)
     assert "2 GPUs" in kv_budget(mixed, "auto", 0)[1]
+
+
+def test_an_inference_request_cannot_carry_settings_its_plan_would_ignore() -> None:
+    from cudaload.policy import decide_plan
+    from cudaload.request import Request, TrainingRequest
+    from model_shapes import llama
+
+    # The fine-tuning settings live in TrainingRequest, which only a fine-tuning Request has (they used to be
+    # fields of every Request, where an inference plan silently ignored them).
+    with pytest.raises(TypeError):
+        Request(quantize="4bit")  # type: ignore[call-arg]
+    assert decide_plan(H100, llama(8), Request()).finetune is None
+    planned = decide_plan(H100, llama(8), Request(training=TrainingRequest(quantize=None, seq_len=512)))
+    assert planned.finetune is not None and planned.finetune.memory_estimate["assumes"]["seq_len"] == 512
