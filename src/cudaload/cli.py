@@ -249,6 +249,15 @@ def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_doctor(sub, common)
+    _add_plan(sub, common)
+    _add_bench(sub, common)
+    _add_demo(sub, common)
+    return parser
+
+
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload doctor`: report this machine, optionally checking the Hub's kernels."""
     doctor = sub.add_parser("doctor", parents=[common], help="what this machine has, and what loading gets here")
     doctor.add_argument("--json", action="store_true")
     doctor.add_argument(
@@ -257,10 +266,38 @@ def _parser() -> argparse.ArgumentParser:
         help="also ask the Hub whether each attention kernel can be fetched now (network)",
     )
 
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload plan`: the machine it plans for (here or simulated), then what it plans."""
     plan = sub.add_parser(
         "plan", parents=[common], help="the from_pretrained plan for a model, here or on a simulated machine"
     )
     plan.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
+    _add_simulated_machine(plan)
+    plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
+    plan.add_argument(
+        "--quantize",
+        choices=["4bit", "8bit", "none", "auto"],
+        help="with --finetune: 4bit, 8bit, none or auto (default)",
+    )
+    plan.add_argument(
+        "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
+    )
+    plan.add_argument("--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)")
+    plan.add_argument("--dtype")
+    plan.add_argument("--attn", dest="attn_implementation")
+    plan.add_argument(
+        "--generate",
+        action="store_true",
+        help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
+    )
+    plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
+    plan.add_argument("--json", action="store_true")
+
+
+def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
+    """`cudaload plan`'s options that describe a machine other than this one (GPUs, packages,
+    Hub access, CPU flags, a distributed launch)."""
     plan.add_argument("--gpu", help="simulate this GPU (e.g. T4, A100, H100, B200; comma list for mixed)")
     plan.add_argument("--count", type=int, default=1, help="number of simulated GPUs")
     plan.add_argument(
@@ -288,26 +325,10 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--world-size", type=_positive, default=1, help="simulate a torchrun launch")
     plan.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"])
     plan.add_argument("--zero-stage", type=int, choices=[1, 2, 3], help="with --strategy deepspeed")
-    plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
-    plan.add_argument(
-        "--quantize",
-        choices=["4bit", "8bit", "none", "auto"],
-        help="with --finetune: 4bit, 8bit, none or auto (default)",
-    )
-    plan.add_argument(
-        "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
-    )
-    plan.add_argument("--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)")
-    plan.add_argument("--dtype")
-    plan.add_argument("--attn", dest="attn_implementation")
-    plan.add_argument(
-        "--generate",
-        action="store_true",
-        help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
-    )
-    plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
-    plan.add_argument("--json", action="store_true")
 
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload bench`: what is measured (the workload), then where the results go."""
     bench = sub.add_parser(
         "bench",
         parents=[common],
@@ -319,6 +340,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a local folder or Hub id (default: a built-in ~160M Qwen3 shape); random weights from its config "
         "when its weights are not on this machine",
     )
+    _add_bench_workload(bench)
+    _add_bench_output(bench)
+
+
+def _add_bench_workload(bench: argparse.ArgumentParser) -> None:
+    """`cudaload bench`'s options for what is run and measured, inference and fine-tuning."""
     bench.add_argument("--quick", action="store_true", help="a tiny model, short prompt, one round: seconds")
     bench.add_argument("--random-weights", action="store_true", help="build random weights from MODEL's config")
     bench.add_argument("--prompt-tokens", type=_positive, help="prompt length (default 256; quick 64)")
@@ -347,6 +374,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--finetune", action="store_true", help="16-bit LoRA against QLoRA: step time, peak memory")
     bench.add_argument("--steps", type=_positive, default=3, help="with --finetune: measured training steps")
     bench.add_argument("--seq-len", type=_positive, default=256, help="with --finetune: tokens per sequence")
+
+
+def _add_bench_output(bench: argparse.ArgumentParser) -> None:
+    """`cudaload bench`'s options for where the result is written, drawn and filed."""
     bench.add_argument("--out", help="write the result JSON here")
     bench.add_argument("--chart", help="draw the result as a PNG here (needs cudaload[bench])")
     bench.add_argument(
@@ -359,9 +390,11 @@ def _parser() -> argparse.ArgumentParser:
         help="store the measurements as a tuning record: later plans of this model shape here use them",
     )
 
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload demo`: where the tiny model is saved."""
     demo = sub.add_parser("demo", parents=[common], help="build a tiny model, plan and load it here, print the plan")
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
-    return parser
 
 
 class _OutputClosed(Exception):

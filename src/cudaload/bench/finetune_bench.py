@@ -250,13 +250,80 @@ def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
     }
 
 
+class _Trainer:
+    """One training step as Trainer runs it under the plan's arguments (optimizer, autocast, loss
+    scaling), on one fixed batch of random tokens."""
+
+    def __init__(self, torch: Any, model: Any, args: dict[str, Any], batch: int, seq: int) -> None:
+        from ..loaders import input_device
+
+        self.torch, self.model = torch, model
+        self.device = torch.device(input_device(model))
+        self.on_cuda = self.device.type == "cuda"
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer, self.optimizer_used = _optimizer(torch, str(args.get("optim")), self.trainable, self.on_cuda)
+        self.mixed = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else None
+        self.autocast = torch.autocast(
+            self.device.type, dtype=self.mixed or torch.float32, enabled=self.mixed is not None
+        )
+        self.scaler = torch.amp.GradScaler("cuda") if self.mixed is torch.float16 and self.on_cuda else None
+        vocab = model.config.vocab_size
+        generator = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (batch, seq), generator=generator).to(self.device)
+
+    def sync(self) -> None:
+        if self.on_cuda:
+            self.torch.cuda.synchronize(self.device)
+
+    def step(self) -> float:
+        """One step's loss (before its update)."""
+        ids, optimizer, scaler = self.ids, self.optimizer, self.scaler
+        with self.autocast:  # as Trainer's compute_loss under bf16/fp16; the backward runs outside it
+            loss = self.model(input_ids=ids, labels=ids).loss  # the outputs (and the logits) are dropped here
+        value = loss.detach()
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        del loss
+        self.sync()
+        return float(value)
+
+
+def _memory_baseline(trainer: _Trainer) -> tuple[int, str]:
+    """Start the peak-memory measurement now: (the baseline bytes, how the peak is measured)."""
+    torch, device = trainer.torch, trainer.device
+    if trainer.on_cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        return torch.cuda.memory_allocated(device), "torch.cuda.max_memory_allocated"
+    baseline = _status("VmRSS")
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        method = "VmHWM reset by clear_refs"
+    except OSError:
+        method = "VmHWM not reset (no clear_refs): the process's peak, the load's included"
+    return baseline, method
+
+
+def _memory_peak(trainer: _Trainer, baseline: int, before_load: int) -> tuple[int, int]:
+    """(total, growth over the baseline) of the peak since `_memory_baseline` (see the module docstring)."""
+    if trainer.on_cuda:
+        peak = trainer.torch.cuda.max_memory_allocated(trainer.device)
+        return peak, peak - baseline
+    peak = _status("VmHWM")
+    return peak - before_load, peak - baseline
+
+
 def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     import gc
 
     import torch
 
     from ..finetune import load_for_finetune
-    from ..loaders import input_device
     from ..plans import jsonable
 
     if spec["threads"]:
@@ -269,78 +336,34 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     load_s = time.perf_counter() - started
     plan = model.cudaload_plan.plan
     facts = _plan_facts(plan, path)
-    device = torch.device(input_device(model))
-    on_cuda = device.type == "cuda"
-    args = facts["training_arguments"]
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer, optimizer_used = _optimizer(torch, str(args.get("optim")), trainable, on_cuda)
-    mixed = torch.bfloat16 if args.get("bf16") else torch.float16 if args.get("fp16") else None
-    autocast = torch.autocast(device.type, dtype=mixed or torch.float32, enabled=mixed is not None)
-    scaler = torch.amp.GradScaler("cuda") if mixed is torch.float16 and on_cuda else None
-    vocab = model.config.vocab_size
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
-
-    def sync() -> None:
-        if on_cuda:
-            torch.cuda.synchronize(device)
-
-    def step() -> float:
-        with autocast:  # as Trainer's compute_loss under bf16/fp16; the backward runs outside it
-            loss = model(input_ids=ids, labels=ids).loss  # the outputs (and the logits) are dropped here
-        value = loss.detach()
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        del loss
-        sync()
-        return float(value)
+    trainer = _Trainer(torch, model, facts["training_arguments"], batch, seq)
 
     model.train()
-    warmup_loss = step()  # lazy initialisation (kernels, thread pools, optimizer state) out of the timing
+    warmup_loss = trainer.step()  # lazy initialisation (kernels, thread pools, optimizer state) out of the timing
     gc.collect()
-    sync()
-    if on_cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-        baseline = torch.cuda.memory_allocated(device)
-        method = "torch.cuda.max_memory_allocated"
-    else:
-        baseline = _status("VmRSS")
-        try:
-            Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-            method = "VmHWM reset by clear_refs"
-        except OSError:
-            method = "VmHWM not reset (no clear_refs): the process's peak, the load's included"
+    trainer.sync()
+    baseline, method = _memory_baseline(trainer)
     times, losses = [], []
     for _ in range(spec["steps"]):
         started = time.perf_counter()
-        losses.append(step())
+        losses.append(trainer.step())
         times.append(time.perf_counter() - started)
-    if on_cuda:
-        peak = torch.cuda.max_memory_allocated(device)
-        total, growth = peak, peak - baseline
-    else:
-        peak = _status("VmHWM")
-        total, growth = peak - before_load, peak - baseline
+    total, growth = _memory_peak(trainer, baseline, before_load)
     compared = facts["estimate_compared"]
+    mixed = trainer.mixed
     return {
         "plan": jsonable(facts),
-        "device": str(device),
-        "optimizer": optimizer_used,
+        "device": str(trainer.device),
+        "optimizer": trainer.optimizer_used,
         "autocast": None if mixed is None else str(mixed).removeprefix("torch."),
         "load_s": load_s,
         "step_times_s": times,
         "loss": {"warmup": warmup_loss, "steps": losses},
-        "trainable_parameters": sum(p.numel() for p in trainable),
+        "trainable_parameters": sum(p.numel() for p in trainer.trainable),
         "memory": {
             "method": method,
             "baseline_bytes": baseline,
-            "before_load_bytes": None if on_cuda else before_load,
+            "before_load_bytes": None if trainer.on_cuda else before_load,
             "step": {"bytes": growth, "estimate_bytes": compared["step"]},
             "total": {"bytes": total, "estimate_bytes": compared["total"]},
         },
@@ -556,6 +579,98 @@ def run_finetune_bench(
     says so (before the first variant starts, KeyboardInterrupt is raised: there is nothing to show).
     """
     path = Path(model_path)
+    _check_inputs(path, steps, seq_len, batch_size, threads)
+    if quick:
+        steps, seq_len = min(steps, QUICK_STEPS), min(seq_len, QUICK_SEQ_LEN)
+        # On small VMs OpenMP threads spinning between a tiny model's short ops make steps erratic.
+        threads = threads or 1
+    timeout = timeout_s if timeout_s is not None else QUICK_TIMEOUT_S if quick else CHILD_TIMEOUT_S
+    began = time.perf_counter()
+    say = _phase_logger(log, began)
+
+    from ..capability import detect
+
+    machine = detect()
+    kind = "cuda" if machine.gpus else "cpu"
+    specs = _specs(path, steps, seq_len, batch_size, threads)
+    ran = _run_variants(path, machine, specs, _child_env(on_cpu=kind == "cpu"), timeout, say)
+    variants, interrupted, model, facts, software = ran
+    if interrupted:
+        if model is None:  # stopped while starting: nothing to show
+            raise KeyboardInterrupt
+        variants += _unmeasured(variants)
+    return {
+        "benchmark": "cudaload.bench.finetune",
+        "schema": SCHEMA,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": facts,
+        "versions": software,
+        "model": model,
+        "workload": _workload(quick, steps, seq_len, batch_size, threads, kind, timeout),
+        "interrupted": interrupted,
+        "variants": variants,
+        "summary": summarise(variants),
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
+
+
+def _phase_logger(log: Callable[[str], None] | None, began: float) -> Callable[[str], None]:
+    """`log`, each line prefixed with the seconds since `began`; a no-op without `log`."""
+
+    def say(line: str) -> None:
+        if log is not None:
+            log(f"{time.perf_counter() - began:6.1f}s  {line}")
+
+    return say
+
+
+def _specs(path: Path, steps: int, seq_len: int, batch_size: int, threads: int | None) -> list[dict[str, Any]]:
+    """What each variant's process is told to load and measure (one per entry of `VARIANTS`)."""
+    return [
+        {
+            "name": f"variant{index}",
+            "model": str(path.resolve()),
+            "quantize": quantize,
+            "steps": steps,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "threads": threads,
+        }
+        for index, (_, quantize) in enumerate(VARIANTS)
+    ]
+
+
+def _unmeasured(variants: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """After a Ctrl-C: a row for each variant that did not run, saying so."""
+    measured = {row["name"] for row in variants}
+    return [
+        {"name": name, "quantize": quantize, "plan": None, "error": "interrupted (Ctrl-C)", "interrupted": True}
+        for name, quantize in VARIANTS
+        if name not in measured
+    ]
+
+
+def _workload(
+    quick: bool, steps: int, seq_len: int, batch_size: int, threads: int | None, kind: str, timeout: float
+) -> dict[str, Any]:
+    """The result's `workload` section: what each variant ran, and how its peak memory is read."""
+    return {
+        "quick": quick,
+        "steps": steps,
+        "warmup_steps": 1,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "threads": threads,
+        "learning_rate": LEARNING_RATE,
+        "statistic": f"median of {steps} timed steps after 1 warm-up step",
+        "peak_memory": PEAK_MEASURES[kind],
+        "child_env": MALLOC_ENV if kind == "cpu" else {},
+        "timeout_s": timeout,
+    }
+
+
+def _check_inputs(path: Path, steps: int, seq_len: int, batch_size: int, threads: int | None) -> None:
+    """Refuse a folder without a checkpoint and nonsensical sizes before any process starts."""
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"{str(path)!r} has no config.json: run_finetune_bench takes a local checkpoint folder "
@@ -566,46 +681,39 @@ def run_finetune_bench(
             raise ValueError(f"{name} must be a positive integer, not {value!r}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be at least 1, not {threads}")
-    if quick:
-        steps, seq_len = min(steps, QUICK_STEPS), min(seq_len, QUICK_SEQ_LEN)
-        # On small VMs OpenMP threads spinning between a tiny model's short ops make steps erratic.
-        threads = threads or 1
-    timeout = timeout_s if timeout_s is not None else QUICK_TIMEOUT_S if quick else CHILD_TIMEOUT_S
-    began = time.perf_counter()
 
-    def say(line: str) -> None:
-        if log is not None:
-            log(f"{time.perf_counter() - began:6.1f}s  {line}")
 
-    from ..capability import detect
-
-    machine = detect()
-    kind = "cuda" if machine.gpus else "cpu"
-    env = _child_env(on_cpu=kind == "cpu")
+def _run_variants(
+    path: Path,
+    machine: Any,
+    specs: list[dict[str, Any]],
+    env: dict[str, str],
+    timeout: float,
+    say: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], bool, dict[str, Any] | None, Any, Any]:
+    """Start every variant's process, then measure them one at a time: (rows, interrupted, model
+    info, machine facts, versions). On Ctrl-C the rows so far are kept; model info is None when
+    it came before everything the result reports was gathered."""
     variants: list[dict[str, Any]] = []
     interrupted = False
     model: dict[str, Any] | None = None
+    facts = software = None
+    work = specs[0]
     with tempfile.TemporaryDirectory(prefix="cudaload-bench-finetune-") as tmp:
         say(f"starting {len(VARIANTS)} processes (imports side by side; measured one at a time)")
         children: list[_Child] = []
         try:
-            for index, (_, quantize) in enumerate(VARIANTS):
-                spec = {
-                    "name": f"variant{index}",
-                    "model": str(path.resolve()),
-                    "quantize": quantize,
-                    "steps": steps,
-                    "seq_len": seq_len,
-                    "batch_size": batch_size,
-                    "threads": threads,
-                }
+            for spec in specs:
                 children.append(_Child(spec, env, timeout, Path(tmp)))
             facts, software = machine_facts(machine), versions()
             model = _model_info(path)  # last: once it is set, an interrupted run has all it reports
             for child in children:
                 child.wait_ready()
             for (name, quantize), child in zip(VARIANTS, children, strict=True):
-                say(f"{name}: loading and training ({steps} steps of {seq_len} x {batch_size} tokens)")
+                say(
+                    f"{name}: loading and training ({work['steps']} steps of {work['seq_len']} x "
+                    f"{work['batch_size']} tokens)"
+                )
                 row = _row(name, quantize, child.run())
                 done = f"median step {row['step_time']['median_s']:.3f} s" if row["error"] is None else "failed"
                 say(f"{name}: {done}" + (f": {row['error']}" if row["error"] else ""))
@@ -615,37 +723,4 @@ def run_finetune_bench(
         finally:
             for child in children:
                 child.close()
-    if interrupted:
-        if model is None:  # stopped while starting: nothing to show
-            raise KeyboardInterrupt
-        ran = {row["name"] for row in variants}
-        variants += [
-            {"name": name, "quantize": quantize, "plan": None, "error": "interrupted (Ctrl-C)", "interrupted": True}
-            for name, quantize in VARIANTS
-            if name not in ran
-        ]
-    return {
-        "benchmark": "cudaload.bench.finetune",
-        "schema": SCHEMA,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": facts,
-        "versions": software,
-        "model": model,
-        "workload": {
-            "quick": quick,
-            "steps": steps,
-            "warmup_steps": 1,
-            "seq_len": seq_len,
-            "batch_size": batch_size,
-            "threads": threads,
-            "learning_rate": LEARNING_RATE,
-            "statistic": f"median of {steps} timed steps after 1 warm-up step",
-            "peak_memory": PEAK_MEASURES[kind],
-            "child_env": MALLOC_ENV if kind == "cpu" else {},
-            "timeout_s": timeout,
-        },
-        "interrupted": interrupted,
-        "variants": variants,
-        "summary": summarise(variants),
-        "wall_s": round(time.perf_counter() - began, 1),
-    }
+    return variants, interrupted, model, facts, software

@@ -162,9 +162,6 @@ def compare_generation(
 ) -> dict[str, Any]:
     """Measure every generation variant on one model loaded with the plan (see the module docstring)."""
     import torch
-    from transformers import AutoModelForCausalLM
-
-    from ..loaders import from_pretrained_kwargs, input_device
 
     generation = the_plan.generation
     variants = generation_variants(generation, default_padding_side(path))
@@ -177,82 +174,128 @@ def compare_generation(
     lengths = prompt_lengths(work.prompt_tokens, batch)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, max(vocab_size, 3), (n,), generator=generator) for n in lengths]
-    new = work.new_tokens
     previous_threads = torch.get_num_threads()
     if work.threads is not None:
         torch.set_num_threads(work.threads)
     say(f"generation: loading the model with the plan, {len(variants)} generate() variants")
-    kwargs = from_pretrained_kwargs(the_plan)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    device = input_device(model)
-    weights = int(model.get_memory_footprint())
+    planned = _PlannedModel(path, the_plan, work.new_tokens)
+    try:
+        with torch.inference_mode():
+            _compare_rounds(torch, planned, variants, prompts, work, memory, sync, say)
+    finally:
+        torch.set_num_threads(previous_threads)
+    return _comparison(generation, variants, lengths, work.new_tokens, memory)
 
-    def generate(ids: Any, mask: Any, settings: dict[str, Any], clock: Any = None) -> Any:
-        return model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
+
+class _PlannedModel:
+    """The model loaded with the plan's kwargs, and generate() with the settings every variant shares."""
+
+    def __init__(self, path: Path, the_plan: Any, new_tokens: int) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from ..loaders import from_pretrained_kwargs, input_device
+
+        kwargs = from_pretrained_kwargs(the_plan)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
+        self.model = model
+        self.pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        self.device = input_device(model)
+        self.weights = int(model.get_memory_footprint())
+        self.new = new_tokens
+
+    def generate(self, ids: Any, mask: Any, settings: dict[str, Any], clock: Any = None) -> Any:
+        return self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
             do_sample=False,
-            min_new_tokens=new,
-            max_new_tokens=new,
-            pad_token_id=pad,
+            min_new_tokens=self.new,
+            max_new_tokens=self.new,
+            pad_token_id=self.pad,
             return_dict_in_generate=True,
             logits_processor=[clock] if clock is not None else None,
             **settings,
         )
 
-    try:
-        with torch.inference_mode():
-            say("generation: each prompt alone, unpadded (the reference continuation)")
-            alone = [generate(p[None], torch.ones(1, int(p.shape[0]), dtype=torch.long), {}) for p in prompts]
-            reference = [out.sequences[0, -new:].cpu() for out in alone]
-            del alone
-            rounds = work.warmup + work.repeats
-            for r in range(rounds):
-                say(f"generation round {r + 1}/{rounds}")
-                for v in variants:
-                    if v.error is not None:
-                        continue
-                    v.weights_bytes = weights
-                    ids, mask = _padded(torch, prompts, v.padding_side, pad)
-                    clock = _StepClock(sync)
-                    try:
-                        with memory.watch(v) if r >= work.warmup else nullcontext():
-                            sync()
-                            start = time.perf_counter()
-                            out = generate(ids, mask, v.generate_kwargs, clock)
-                            sync()
-                            seconds = time.perf_counter() - start
-                    except Exception as exc:  # an unusable setting is a result, not a crash
-                        v.error = describe_error(exc)
-                        continue
-                    continuation = out.sequences[:, ids.shape[1] :].cpu()
-                    if r == 0:
-                        v.kv_cache_bytes = _cache_bytes(out.past_key_values)
-                        v.matches_unpadded = sum(
-                            bool(torch.equal(continuation[i], reference[i])) for i in range(len(prompts))
-                        )
-                    del out
-                    if r >= work.warmup:
-                        span = clock.stamps[-1] - clock.stamps[0] if len(clock.stamps) > 1 else 0.0
-                        v.generate_s.append(seconds)
-                        v.decode_tps.append(
-                            len(prompts) * (new - 1) / span if span > 0 else len(prompts) * new / seconds
-                        )
-    finally:
-        torch.set_num_threads(previous_threads)
 
+def _compare_rounds(
+    torch: Any,
+    planned: _PlannedModel,
+    variants: list[GenerationVariant],
+    prompts: list[Any],
+    work: BenchRun,
+    memory: _Memory,
+    sync: Callable[[], None],
+    say: Callable[[str], None],
+) -> None:
+    """The unpadded reference continuations, then every variant timed in interleaved rounds."""
+    new = planned.new
+    say("generation: each prompt alone, unpadded (the reference continuation)")
+    alone = [planned.generate(p[None], torch.ones(1, int(p.shape[0]), dtype=torch.long), {}) for p in prompts]
+    reference = [out.sequences[0, -new:].cpu() for out in alone]
+    del alone
+    rounds = work.warmup + work.repeats
+    for r in range(rounds):
+        say(f"generation round {r + 1}/{rounds}")
+        for v in variants:
+            if v.error is not None:
+                continue
+            _time_round(torch, planned, v, r, prompts, reference, work, memory, sync)
+
+
+def _time_round(
+    torch: Any,
+    planned: _PlannedModel,
+    v: GenerationVariant,
+    r: int,
+    prompts: list[Any],
+    reference: list[Any],
+    work: BenchRun,
+    memory: _Memory,
+    sync: Callable[[], None],
+) -> None:
+    """One variant's generate() in round `r`: timed and, after warm-up, recorded; in the first
+    round also its cache size and how many continuations match the unpadded reference."""
+    new = planned.new
+    v.weights_bytes = planned.weights
+    ids, mask = _padded(torch, prompts, v.padding_side, planned.pad)
+    clock = _StepClock(sync)
+    try:
+        with memory.watch(v) if r >= work.warmup else nullcontext():
+            sync()
+            start = time.perf_counter()
+            out = planned.generate(ids, mask, v.generate_kwargs, clock)
+            sync()
+            seconds = time.perf_counter() - start
+    except Exception as exc:  # an unusable setting is a result, not a crash
+        v.error = describe_error(exc)
+        return
+    continuation = out.sequences[:, ids.shape[1] :].cpu()
+    if r == 0:
+        v.kv_cache_bytes = _cache_bytes(out.past_key_values)
+        v.matches_unpadded = sum(bool(torch.equal(continuation[i], reference[i])) for i in range(len(prompts)))
+    del out
+    if r >= work.warmup:
+        span = clock.stamps[-1] - clock.stamps[0] if len(clock.stamps) > 1 else 0.0
+        v.generate_s.append(seconds)
+        v.decode_tps.append(len(prompts) * (new - 1) / span if span > 0 else len(prompts) * new / seconds)
+
+
+def _comparison(
+    generation: Any, variants: list[GenerationVariant], lengths: list[int], new: int, memory: _Memory
+) -> dict[str, Any]:
+    """The comparison's JSON section: each variant against default generate(), and the plan's estimate."""
+    batch = len(lengths)
     default = next(v for v in variants if v.is_default)
-    rows = [v.to_dict(default, len(prompts)) for v in variants]
+    rows = [v.to_dict(default, batch) for v in variants]
     # generate() sizes and fills the cache for max_length - 1 tokens: the last token is never fed
     # back (generation/utils.py, `max_cache_length = generation_config.max_length - 1`).
     kept = max(lengths) + new - 1
     return {
-        "batch": len(prompts),
+        "batch": batch,
         "prompt_lengths": lengths,
         "new_tokens": new,
         "plan": generation.to_dict(),
-        "kv_cache_bytes_planned": generation.kv_cache_bytes(len(prompts), kept),
+        "kv_cache_bytes_planned": generation.kv_cache_bytes(batch, kept),
         "kv_cache_measured": "bytes of the K/V tensors in the cache generate() returned",
         "matches_unpadded": "sequences whose greedy continuation equals generating that prompt alone, unpadded",
         "peak_memory": memory.method if memory.available else "not measured (no /proc/self/clear_refs)",

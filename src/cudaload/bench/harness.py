@@ -193,6 +193,53 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True, leave=False)
 
 
+class _Loader:
+    """Loads variants and tidies up after them on one device, remembering the parameter count.
+
+    The count lives here (not in a return value) so a Ctrl-C mid-phase keeps what was seen."""
+
+    def __init__(self, torch: Any, on_cuda: bool, path: Path) -> None:
+        self.torch, self.on_cuda, self.path = torch, on_cuda, path
+        self.parameters = 0
+
+    def sync(self) -> None:
+        if self.on_cuda:
+            self.torch.cuda.synchronize()
+
+    def release(self) -> None:
+        gc.collect()
+        if self.on_cuda:
+            self.torch.cuda.empty_cache()
+
+    def load(self, v: Variant) -> tuple[Any, float]:
+        from transformers import AutoModelForCausalLM
+
+        self.sync()
+        start = time.perf_counter()
+        # local_files_only: the checkpoint is a local folder; nothing may be fetched mid-benchmark.
+        model = AutoModelForCausalLM.from_pretrained(str(self.path), local_files_only=True, **v.kwargs)
+        self.sync()
+        return model, time.perf_counter() - start
+
+
+@contextmanager
+def _quiet_threads(torch: Any, threads: int | None) -> Iterator[None]:
+    """Silence transformers' progress bars and pin torch's CPU threads for the run, restoring both."""
+    from transformers.utils import logging as hf_logging
+
+    progress_bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous_threads)
+        if progress_bars_were_on:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 def measure(
     path: Path,
     variants: list[Variant],
@@ -206,107 +253,105 @@ def measure(
     """Fill each variant's measurements in place (see the module docstring). `on_cuda`: the
     variants run on a CUDA GPU (synchronise before reading clocks, measure CUDA memory)."""
     import torch
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     memory = _Memory(torch, on_cuda)
-
-    def sync() -> None:
-        if on_cuda:
-            torch.cuda.synchronize()
-
-    def release() -> None:
-        gc.collect()
-        if on_cuda:
-            torch.cuda.empty_cache()
-
-    def load(v: Variant) -> tuple[Any, float]:
-        sync()
-        start = time.perf_counter()
-        # local_files_only: the checkpoint is a local folder; nothing may be fetched mid-benchmark.
-        model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **v.kwargs)
-        sync()
-        return model, time.perf_counter() - start
-
+    loader = _Loader(torch, on_cuda, path)
     rounds = work.warmup + work.repeats
-    parameters = 0
     interrupted = False
     bar = _progress(2 * rounds * len(variants), progress)
-    progress_bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    previous_threads = torch.get_num_threads()
-    if work.threads is not None:
-        torch.set_num_threads(work.threads)
     try:
-        # Phase 1: load times, interleaved; each model is dropped before the next load.
-        for r in range(rounds):
-            say(f"load round {r + 1}/{rounds}")
-            for v in variants:
-                bar.set_description(f"load {r + 1}/{rounds} {v.name}")
-                bar.update(1)
-                if v.error is not None:
-                    continue
-                try:
-                    model, seconds = load(v)
-                except Exception as exc:  # an unusable option is a result, not a crash
-                    v.error = f"load: {describe_error(exc)}"
-                    release()
-                    continue
-                if r >= work.warmup:
-                    v.load_s.append(seconds)
-                if v.weights_bytes is None:
-                    v.weights_bytes = int(model.get_memory_footprint())
-                    v.applied = f"{str(model.dtype).removeprefix('torch.')}/{model.config._attn_implementation}"
-                parameters = parameters or sum(int(p.numel()) for p in model.parameters())
-                del model
-                release()
-
-        # Phase 2: prefill and decode, interleaved over all loaded variants.
-        for v in variants:
-            if v.error is None:
-                try:
-                    v.model, _ = load(v)
-                except Exception as exc:  # e.g. out of memory with every variant resident
-                    v.error = f"load: {describe_error(exc)}"
-                    release()
-        generator = torch.Generator().manual_seed(0)
-        prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
-        for r in range(rounds):
-            say(f"prefill/decode round {r + 1}/{rounds}")
-            for v in variants:
-                bar.set_description(f"run {r + 1}/{rounds} {v.name}")
-                bar.update(1)
-                if v.error is not None or v.model is None:
-                    continue
-                try:
-                    with memory.watch(v) if r >= work.warmup else nullcontext():
-                        finite, prefill_s, decode_tps, generate_s = _run(v.model, prompt, work.new_tokens, sync, torch)
-                except Exception as exc:
-                    v.error = f"run: {describe_error(exc)}"
-                    v.model = None
-                    release()
-                    continue
-                v.finite_logits = finite if v.finite_logits is None else (v.finite_logits and finite)
-                if r >= work.warmup:
-                    v.prefill_s.append(prefill_s)
-                    v.decode_tps.append(decode_tps)
-                    v.generate_s.append(generate_s)
+        with _quiet_threads(torch, work.threads):
+            _time_loads(variants, work, loader, bar, say)
+            _load_resident(variants, loader)
+            _time_runs(variants, work, vocab_size, loader, memory, bar, say)
     except KeyboardInterrupt:
         interrupted = True
     finally:
         bar.close()
-        torch.set_num_threads(previous_threads)
-        if progress_bars_were_on:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
         for v in variants:
             v.model = None
-        release()
+        loader.release()
     return Measurement(
-        parameters=parameters,
+        parameters=loader.parameters,
         device="cuda" if on_cuda else "cpu",
         interrupted=interrupted,
         peak_memory=memory.method if memory.available else "not measured (no /proc/self/clear_refs)",
     )
+
+
+def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: Any, say: Callable[[str], None]) -> None:
+    """Phase 1: load times, interleaved; each model is dropped before the next load."""
+    rounds = work.warmup + work.repeats
+    for r in range(rounds):
+        say(f"load round {r + 1}/{rounds}")
+        for v in variants:
+            bar.set_description(f"load {r + 1}/{rounds} {v.name}")
+            bar.update(1)
+            if v.error is not None:
+                continue
+            try:
+                model, seconds = loader.load(v)
+            except Exception as exc:  # an unusable option is a result, not a crash
+                v.error = f"load: {describe_error(exc)}"
+                loader.release()
+                continue
+            if r >= work.warmup:
+                v.load_s.append(seconds)
+            if v.weights_bytes is None:
+                v.weights_bytes = int(model.get_memory_footprint())
+                v.applied = f"{str(model.dtype).removeprefix('torch.')}/{model.config._attn_implementation}"
+            loader.parameters = loader.parameters or sum(int(p.numel()) for p in model.parameters())
+            del model
+            loader.release()
+
+
+def _load_resident(variants: list[Variant], loader: _Loader) -> None:
+    """Load every still-usable variant once more and keep it, for phase 2's interleaved rounds."""
+    for v in variants:
+        if v.error is None:
+            try:
+                v.model, _ = loader.load(v)
+            except Exception as exc:  # e.g. out of memory with every variant resident
+                v.error = f"load: {describe_error(exc)}"
+                loader.release()
+
+
+def _time_runs(
+    variants: list[Variant],
+    work: BenchRun,
+    vocab_size: int,
+    loader: _Loader,
+    memory: _Memory,
+    bar: Any,
+    say: Callable[[str], None],
+) -> None:
+    """Phase 2: prefill and decode, interleaved over all loaded variants, on one fixed prompt."""
+    torch = loader.torch
+    rounds = work.warmup + work.repeats
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
+    for r in range(rounds):
+        say(f"prefill/decode round {r + 1}/{rounds}")
+        for v in variants:
+            bar.set_description(f"run {r + 1}/{rounds} {v.name}")
+            bar.update(1)
+            if v.error is not None or v.model is None:
+                continue
+            try:
+                with memory.watch(v) if r >= work.warmup else nullcontext():
+                    finite, prefill_s, decode_tps, generate_s = _run(
+                        v.model, prompt, work.new_tokens, loader.sync, torch
+                    )
+            except Exception as exc:
+                v.error = f"run: {describe_error(exc)}"
+                v.model = None
+                loader.release()
+                continue
+            v.finite_logits = finite if v.finite_logits is None else (v.finite_logits and finite)
+            if r >= work.warmup:
+                v.prefill_s.append(prefill_s)
+                v.decode_tps.append(decode_tps)
+                v.generate_s.append(generate_s)
 
 
 def _run(

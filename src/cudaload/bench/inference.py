@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 from ..loaders import from_pretrained_kwargs
 from ..plans import jsonable
 from .environment import machine_facts, versions
-from .harness import Variant, measure, workload_for
+from .harness import BenchRun, Measurement, Variant, measure, workload_for
 from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, summarise
 
@@ -50,6 +50,21 @@ def variants_for(plan: Any) -> list[Variant]:
                 variants.append(Variant(dtype, attn, {**base, "dtype": dtype, "attn_implementation": attn}))
     variants.append(Variant("checkpoint", "default", {}, is_bare=True))
     return variants
+
+
+@dataclass
+class _Phases:
+    """What the measuring phases of one run produced, for the result."""
+
+    bench_model: Any
+    the_plan: Any
+    variants: list[Variant]
+    measured: Measurement
+    on_cuda: bool
+    compared: dict[str, Any] | None = None
+    costs: dict[str, Any] | None = None
+    interrupted: bool = False
+    shape_key: str = ""
 
 
 def run_bench(
@@ -95,7 +110,6 @@ def run_bench(
     import torch
 
     from ..capability import detect
-    from ..planner import plan as plan_model
 
     work = workload_for(
         quick=quick,
@@ -107,87 +121,122 @@ def run_bench(
         generation_batch=generation_batch,
     )
     started = time.perf_counter()
-
-    def say(line: str) -> None:
-        if log is not None:
-            log(f"{time.perf_counter() - started:6.1f}s  {line}")
-
+    say = _phase_logger(log, started)
     machine = detect()
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     default_threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
-        say("preparing the model")
-        bench_model = resolve_model(model, workdir, quick=quick, random_weights=random_weights)
-        say(f"model: {bench_model.name} ({bench_model.architecture}) in {bench_model.path}")
-        the_plan = plan_model(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens), generate=True)
-        variants = variants_for(the_plan)
-        on_cuda = bool(machine.gpus) and torch.cuda.is_available()
-        measured = measure(
-            bench_model.path,
-            variants,
-            work,
-            bench_model.vocab_size,
-            on_cuda=on_cuda,
-            progress=progress,
-            say=say,
+        phases = _measure_model(
+            model, workdir, machine, work, quick=quick, random_weights=random_weights, progress=progress, say=say
         )
-        compared = None
-        interrupted = measured.interrupted  # Ctrl-C in any phase: keep what was measured, run nothing more
-        if generation and not interrupted and the_plan.generation is not None:
-            from .generate_bench import compare_generation
-
-            try:
-                compared = compare_generation(
-                    bench_model.path,
-                    the_plan,
-                    work,
-                    work.generation_batch,
-                    bench_model.vocab_size,
-                    on_cuda=on_cuda,
-                    say=say,
-                )
-            except KeyboardInterrupt:
-                compared, interrupted = None, True
-        shape_key = _shape_key(bench_model.path) if save and not interrupted else ""
-        costs = None
-        if (not quick if overhead is None else overhead) and not interrupted:
-            from .overhead import run_overhead
-
-            try:
-                costs = run_overhead(bench_model.path, repeats=max(work.repeats, 3), say=say)
-            except KeyboardInterrupt:
-                costs, interrupted = None, True
-
-    baseline = baseline_of(variants, the_plan.attention_chain, the_plan.dtype)
-    rows = rows_of(variants, baseline, work.prompt_tokens, work.batch)
-    best, summary = summarise(rows)
+        with_overhead = not quick if overhead is None else overhead
+        _run_extras(phases, work, generation=generation, save=save, overhead=with_overhead, say=say)
     threads_used = work.threads or default_threads
+    result, rows = _result_of(phases, work, machine, date=date, quick=quick, threads_used=threads_used)
+    if phases.shape_key:
+        saved = _save_record(phases.shape_key, machine, result, rows, threads_used)
+        result["tuning_record"] = str(saved) if saved else None
+    result["wall_s"] = round(time.perf_counter() - started, 2)
+    if out is not None:
+        result["written_to"] = str(write_result(result, out))
+    return result
+
+
+def _phase_logger(log: Callable[[str], None] | None, started: float) -> Callable[[str], None]:
+    """`log`, each line prefixed with the seconds since `started`; a no-op without `log`."""
+
+    def say(line: str) -> None:
+        if log is not None:
+            log(f"{time.perf_counter() - started:6.1f}s  {line}")
+
+    return say
+
+
+def _measure_model(
+    model: str | os.PathLike[str] | None,
+    workdir: Path,
+    machine: Any,
+    work: BenchRun,
+    *,
+    quick: bool,
+    random_weights: bool,
+    progress: bool,
+    say: Callable[[str], None],
+) -> _Phases:
+    """Resolve the model, plan it as `load()` would for this workload, and measure every variant."""
+    import torch
+
+    from ..planner import plan as plan_model
+
+    say("preparing the model")
+    bench_model = resolve_model(model, workdir, quick=quick, random_weights=random_weights)
+    say(f"model: {bench_model.name} ({bench_model.architecture}) in {bench_model.path}")
+    the_plan = plan_model(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens), generate=True)
+    variants = variants_for(the_plan)
+    on_cuda = bool(machine.gpus) and torch.cuda.is_available()
+    measured = measure(
+        bench_model.path,
+        variants,
+        work,
+        bench_model.vocab_size,
+        on_cuda=on_cuda,
+        progress=progress,
+        say=say,
+    )
+    # Ctrl-C in any phase: keep what was measured, run nothing more
+    return _Phases(bench_model, the_plan, variants, measured, on_cuda, interrupted=measured.interrupted)
+
+
+def _run_extras(
+    phases: _Phases, work: BenchRun, *, generation: bool, save: bool, overhead: bool, say: Callable[[str], None]
+) -> None:
+    """The optional phases after the grid (generation comparison, shape key, overhead), each
+    skipped once the run was interrupted; a Ctrl-C in one marks the run interrupted."""
+    bench_model, the_plan = phases.bench_model, phases.the_plan
+    if generation and not phases.interrupted and the_plan.generation is not None:
+        from .generate_bench import compare_generation
+
+        try:
+            phases.compared = compare_generation(
+                bench_model.path,
+                the_plan,
+                work,
+                work.generation_batch,
+                bench_model.vocab_size,
+                on_cuda=phases.on_cuda,
+                say=say,
+            )
+        except KeyboardInterrupt:
+            phases.compared, phases.interrupted = None, True
+    phases.shape_key = _shape_key(bench_model.path) if save and not phases.interrupted else ""
+    if overhead and not phases.interrupted:
+        from .overhead import run_overhead
+
+        try:
+            phases.costs = run_overhead(bench_model.path, repeats=max(work.repeats, 3), say=say)
+        except KeyboardInterrupt:
+            phases.costs, phases.interrupted = None, True
+
+
+def _result_of(
+    phases: _Phases, work: BenchRun, machine: Any, *, date: str, quick: bool, threads_used: int
+) -> tuple[dict[str, Any], list[VariantResult]]:
+    """The run's JSON result (schema `SCHEMA`) and the per-variant rows it was built from."""
+    the_plan, measured = phases.the_plan, phases.measured
+    baseline = baseline_of(phases.variants, the_plan.attention_chain, the_plan.dtype)
+    rows = rows_of(phases.variants, baseline, work.prompt_tokens, work.batch)
+    best, summary = summarise(rows)
     result: dict[str, Any] = {
         "benchmark": "cudaload.bench",
         "schema": SCHEMA,
         "mode": "quick" if quick else "full",
         "date": date,
-        "interrupted": interrupted,
+        "interrupted": phases.interrupted,
         "machine": machine_facts(machine),
         "versions": versions(),
-        "model": {**bench_model.to_dict(), "parameters": measured.parameters},
-        "workload": {
-            "prompt_tokens": work.prompt_tokens,
-            "new_tokens": work.new_tokens,
-            "batch": work.batch,
-            "threads": threads_used,
-            "generation_batch": work.generation_batch,
-            "warmup_rounds": work.warmup,
-            "measured_rounds": work.repeats,
-            "statistic": "median",
-            "device": measured.device,
-            "prefill": "model(input_ids, use_cache=True, logits_to_keep=1)",
-            "decode": "generate(do_sample=False, min_new_tokens=N, max_new_tokens=N): batch x (N-1) decode steps / "
-            "time from the first to the last token's logits",
-            "end_to_end": "load + generate() of the prompt and N new tokens (median load + median generate)",
-            "peak_memory": measured.peak_memory,
-        },
+        "model": {**phases.bench_model.to_dict(), "parameters": measured.parameters},
+        "workload": _workload_of(work, measured, threads_used),
         "plan": {
             "kwargs": jsonable(dict(the_plan.kwargs)),
             "attention_chain": list(the_plan.attention_chain),
@@ -203,16 +252,30 @@ def run_bench(
         "variants": [r.to_dict() for r in rows],
         "best": best,
         "summary": summary,
-        "generation": compared,
-        "overhead": costs,
+        "generation": phases.compared,
+        "overhead": phases.costs,
     }
-    if shape_key:
-        saved = _save_record(shape_key, machine, result, rows, threads_used)
-        result["tuning_record"] = str(saved) if saved else None
-    result["wall_s"] = round(time.perf_counter() - started, 2)
-    if out is not None:
-        result["written_to"] = str(write_result(result, out))
-    return result
+    return result, rows
+
+
+def _workload_of(work: BenchRun, measured: Measurement, threads_used: int) -> dict[str, Any]:
+    """The result's `workload` section: what was run and how each number is defined."""
+    return {
+        "prompt_tokens": work.prompt_tokens,
+        "new_tokens": work.new_tokens,
+        "batch": work.batch,
+        "threads": threads_used,
+        "generation_batch": work.generation_batch,
+        "warmup_rounds": work.warmup,
+        "measured_rounds": work.repeats,
+        "statistic": "median",
+        "device": measured.device,
+        "prefill": "model(input_ids, use_cache=True, logits_to_keep=1)",
+        "decode": "generate(do_sample=False, min_new_tokens=N, max_new_tokens=N): batch x (N-1) decode steps / "
+        "time from the first to the last token's logits",
+        "end_to_end": "load + generate() of the prompt and N new tokens (median load + median generate)",
+        "peak_memory": measured.peak_memory,
+    }
 
 
 def write_result(result: dict[str, Any], out: str | os.PathLike[str]) -> Path:
