@@ -75,3 +75,18 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "float16",
         ),
     }
+
+
+@pytest.fixture(scope="session")
+def unmeasured_dtype() -> str:
+    """The dtype plan() gives with the CPU probe off (CUDALOAD_PROBE=0), worked out from this machine's
+    facts: on CPU the static table, bf16 only with AMX-BF16 tiles (the `amx_bf16` flag of /proc/cpuinfo,
+    docs/cpu-dtype.md), else fp32; on a GPU, bf16 from sm80 on, fp16 before."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "bfloat16" if torch.cuda.get_device_capability() >= (8, 0) else "float16"
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        pytest.skip("no /proc/cpuinfo: the CPU's flags are unknown here")
+    return "bfloat16" if "amx_bf16" in cpuinfo.read_text().split() else "float32"

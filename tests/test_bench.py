@@ -392,21 +392,7 @@ def test_overhead_is_measured_in_fresh_processes(tiny_models, tmp_path: Path) ->
     assert "what cudaload costs" in format_overhead(costs)
 
 
-def _unmeasured_dtype() -> str:
-    """plan()'s dtype for a model with the CPU probe off (CUDALOAD_PROBE=0), worked out from this
-    machine: on CPU the static table, bf16 only with AMX-BF16 tiles (the `amx_bf16` flag of
-    /proc/cpuinfo, docs/cpu-dtype.md), else fp32; on a GPU, bf16 from sm80 on, fp16 before."""
-    import torch
-
-    if torch.cuda.is_available():
-        return "bfloat16" if torch.cuda.get_device_capability() >= (8, 0) else "float16"
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        pytest.skip("no /proc/cpuinfo: the CPU's flags are unknown here")
-    return "bfloat16" if "amx_bf16" in cpuinfo.read_text().split() else "float32"
-
-
-def test_overhead_arithmetic_from_given_children(tiny_models, monkeypatch) -> None:
+def test_overhead_arithmetic_from_given_children(tiny_models, monkeypatch, unmeasured_dtype: str) -> None:
     """run_overhead with its child processes replaced by given seconds: the medians, ratios and goals
     worked out by hand (3 rounds; each list is one kind's seconds, round by round)."""
     from cudaload.bench import overhead
@@ -469,7 +455,7 @@ def test_overhead_arithmetic_from_given_children(tiny_models, monkeypatch) -> No
     assert costs["floor"] == {"page_cache_read_s": 0.25, "bytes": 1000}
     # Bare from_pretrained, every round, is given the plan's kwargs: unmeasured, the static table's dtype.
     assert len(seen_kwargs) == 3 and all(k == seen_kwargs[0] for k in seen_kwargs)
-    assert seen_kwargs[0]["dtype"] == _unmeasured_dtype()
+    assert seen_kwargs[0]["dtype"] == unmeasured_dtype
     assert seen_kwargs[0]["attn_implementation"] == "sdpa"
     report = overhead.format_overhead(costs)
     assert "= 1.04x bare" in report and "plan_cached_s < 0.1: NOT met (0.12)" in report

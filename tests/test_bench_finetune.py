@@ -172,23 +172,9 @@ def _installed(distribution: str) -> str | None:
         return None
 
 
-def _unmeasured_dtype() -> str:
-    """The dtype plan() gives with the CPU probe off (CUDALOAD_PROBE=0), from this machine's facts:
-    on CPU the static table, bf16 only with AMX-BF16 tiles (the `amx_bf16` flag of /proc/cpuinfo,
-    docs/cpu-dtype.md), else fp32; on a GPU, bf16 from sm80 on, fp16 before."""
-    import torch
-
-    if torch.cuda.is_available():
-        return "bfloat16" if torch.cuda.get_device_capability() >= (8, 0) else "float16"
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        pytest.skip("no /proc/cpuinfo: the CPU's flags are unknown here")
-    return "bfloat16" if "amx_bf16" in cpuinfo.read_text().split() else "float32"
-
-
 @pytest.mark.slow
 def test_quick_finetune_bench_measures_lora_and_qlora(
-    tiny_qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_qwen3: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unmeasured_dtype: str
 ) -> None:
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
     # Unmeasured (the variants' processes inherit it): the plan's dtype follows from the machine.
@@ -217,7 +203,7 @@ def test_quick_finetune_bench_measures_lora_and_qlora(
     else:
         assert "bitsandbytes" in variants["4bit"]["error"], variants["4bit"]["error"]
     ran = [v for v in variants.values() if v["error"] is None]
-    dtype, on_gpu = _unmeasured_dtype(), on_cuda
+    dtype, on_gpu = unmeasured_dtype, on_cuda
     # The plan's estimate, by hand, for this model at 64 tokens (vocab 1024, hidden 64, MLP 128, 2 layers,
     # q 4x16, kv 2x16; 205,184 parameters, of which 73,728 in the 14 projections; d = 2 bytes in
     # bf16/fp16, 4 in fp32); `step` = activations + the LoRA gradients (4 bytes each), `total` = weights +
