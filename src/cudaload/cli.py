@@ -181,7 +181,8 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
     if gpus is not None and not all(gpus):
         parser.error(
             f"--gpu {args.gpu!r} {'has an empty name in its list' if len(gpus) > 1 else 'names no GPU'}: pass a GPU "
-            "name (e.g. T4, A100, H100) or a comma list of them (drop --gpu to plan for this machine)"
+            "name (e.g. T4, A100, 'H100 PCIe', custom:sm90:80GiB) or a comma list of them (drop --gpu to plan for "
+            "this machine)"
         )
     if args.count < 1:
         parser.error(f"--count {args.count}: a simulated machine has at least one GPU (drop --gpu for a CPU)")
@@ -298,8 +299,12 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
 def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
     """`cudaload plan`'s options that describe a machine other than this one (GPUs, packages,
     Hub access, CPU flags, a distributed launch)."""
-    plan.add_argument("--gpu", help="simulate this GPU (e.g. T4, A100, H100, B200; comma list for mixed)")
-    plan.add_argument("--count", type=int, default=1, help="number of simulated GPUs")
+    plan.add_argument(
+        "--gpu",
+        help="simulate this GPU: a name as nvidia-smi prints it or an alias (T4, A100-SXM4-80GB, 'H100 PCIe', "
+        "GH200, ...), or one described by its facts, custom:sm90:80GiB[:132sm]; a comma list for a mixed machine",
+    )
+    plan.add_argument("--count", type=int, default=1, help="number of simulated GPUs (repeats a single --gpu)")
     plan.add_argument(
         "--with",
         dest="packages",

@@ -218,14 +218,16 @@ class UnknownGpuError(CudaloadError, ValueError):
     """A simulated machine named a GPU the catalog does not know.
 
     Raised by `Machine.simulated()` (and so `cudaload plan --gpu ...`) for a GPU name or alias not in
-    cudaload's catalog; the message lists the known ones. Use one of those names.
+    cudaload's catalog, or a "custom:" description that does not parse; the message suggests the
+    nearest names and lists the known ones. Use one of those names, or describe the GPU by its facts:
+    "custom:sm90:80GiB" (compute capability, memory).
 
     Examples:
         >>> import cudaload
-        >>> cudaload.Machine.simulated("Z9000")  # doctest: +ELLIPSIS
+        >>> cudaload.Machine.simulated("H10")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        cudaload.errors.UnknownGpuError: Unknown GPU 'Z9000' for a simulated machine. Known GPUs: ...
+        cudaload.errors.UnknownGpuError: Unknown GPU 'H10' for a simulated machine. Did you mean 'h100' or 'h20' ...
     """
 
 

@@ -1,55 +1,198 @@
 """Known GPUs, for planning on a machine you don't have (`cudaload plan --gpu T4`).
 
-Values are the vendor's: compute capability, memory, SM count. Lookup is by a
-normalised alias; a plan never decides by name, only by the facts here. Plain data:
-`Machine.simulated()` turns an entry into a `Gpu`.
+Values are the vendor's: compute capability from NVIDIA's CUDA GPUs list, memory as NVML (and so
+`nvidia-smi`) reports it rounded to GiB, SM count from the datasheet or architecture whitepaper; each
+entry cites where its values come from. Lookup is by the name `nvidia-smi` prints (with or without
+"NVIDIA "/"Tesla "), or an alias, case and punctuation ignored; a near miss gets a "did you mean".
+A GPU not listed is described by its facts instead: "custom:sm90:80GiB" (see `parse_custom_gpu`).
+A plan never decides by name, only by the facts here. Plain data: `Machine.simulated()` turns an
+entry into a `Gpu`.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass
 
 from ..errors import UnknownGpuError
 
-__all__ = ["KNOWN_GPUS", "CatalogGpu", "lookup_gpu"]
+__all__ = ["CUSTOM_PREFIX", "KNOWN_GPUS", "CatalogGpu", "lookup_gpu", "parse_custom_gpu"]
+
+CUDA_GPUS = "https://developer.nvidia.com/cuda-gpus"
+"""NVIDIA's list of compute capabilities, the source of every entry's `capability`."""
 
 
 @dataclass(frozen=True)
 class CatalogGpu:
+    """A GPU a simulated machine can have: its name as NVML reports it and its facts.
+
+    Attributes:
+        name: The name `nvidia-smi` prints (e.g. "NVIDIA H100 PCIe").
+        capability: CUDA compute capability (major, minor).
+        memory_gib: Total memory in GiB, as NVML reports it (a little under the marketed GB).
+        multiprocessors: Streaming multiprocessor count; None for a custom GPU.
+        aliases: Other names people type ("h100-sxm", "a6000").
+        source: Where capability and memory come from (URLs).
+    """
+
     name: str
     capability: tuple[int, int]
-    memory_gib: int
-    multiprocessors: int
+    memory_gib: float
+    multiprocessors: int | None
     aliases: tuple[str, ...] = ()
+    source: str = ""
 
+
+def _entry(
+    name: str, capability: tuple[int, int], memory_gib: int, sms: int, aliases: tuple[str, ...], memory_source: str
+) -> CatalogGpu:
+    return CatalogGpu(name, capability, memory_gib, sms, aliases, f"capability: {CUDA_GPUS}; memory: {memory_source}")
+
+
+_V100 = "https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
+_T4 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf"
+_A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
+_A10 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/datasheet-new/nvidia-a10-datasheet.pdf"
+_A10G = "https://aws.amazon.com/ec2/instance-types/g5/ (NVIDIA A10G, 24 GB)"
+_A40 = "https://images.nvidia.com/content/Solutions/data-center/a40/nvidia-a40-datasheet.pdf"
+_A6000 = "https://www.nvidia.com/content/dam/en-zz/Solutions/design-visualization/quadro-product-literature/proviz-print-nvidia-rtx-a6000-datasheet-us-nvidia-1454980-r9-web%20(1).pdf"
+_L4 = "https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet"
+_L40 = "https://images.nvidia.com/content/Solutions/data-center/vgpu-L40-datasheet.pdf"
+_L40S = "https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413"
+_RTX6000ADA = "https://www.nvidia.com/en-us/design-visualization/rtx-6000/"
+_H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
+_H800 = "https://www.nvidia.cn/data-center/h800/ (80 GB HBM3 SXM, 80 GB HBM2e PCIe)"
+_H20 = "NVIDIA HGX H20 product brief (96 GB HBM3, 78 SMs), as reported by NVML: 97871 MiB"
+_GH200 = "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip (96 GB HBM3 per GPU)"
+_H200 = "https://www.nvidia.com/en-us/data-center/h200/"
+_B200 = "https://resources.nvidia.com/en-us-blackwell-architecture/datasheet (HGX B200: 180 GB per GPU)"
+_RTX = "https://www.nvidia.com/en-us/geforce/graphics-cards/ (board memory)"
+_RTXPRO = "https://www.nvidia.com/en-us/products/workstations/professional-desktop-gpus/rtx-pro-6000/"
+_ORIN = "https://developer.nvidia.com/embedded/jetson-modules (AGX Orin 64GB, memory shared with the CPU)"
 
 KNOWN_GPUS: tuple[CatalogGpu, ...] = (
-    CatalogGpu("Tesla V100-SXM2-32GB", (7, 0), 32, 80, ("v100",)),
-    CatalogGpu("Tesla T4", (7, 5), 15, 40, ("t4",)),
-    CatalogGpu("NVIDIA A10G", (8, 6), 22, 80, ("a10g",)),
-    CatalogGpu("NVIDIA GeForce RTX 3090", (8, 6), 24, 82, ("rtx3090", "3090")),
-    CatalogGpu("NVIDIA A100-SXM4-40GB", (8, 0), 40, 108, ("a100-40gb", "a100-40")),
-    CatalogGpu("NVIDIA A100-SXM4-80GB", (8, 0), 80, 108, ("a100", "a100-80gb", "a100-80")),
-    CatalogGpu("NVIDIA L4", (8, 9), 22, 58, ("l4",)),
-    CatalogGpu("NVIDIA L40S", (8, 9), 45, 142, ("l40s",)),
-    CatalogGpu("NVIDIA GeForce RTX 4090", (8, 9), 24, 128, ("rtx4090", "4090")),
-    CatalogGpu("NVIDIA H100 80GB HBM3", (9, 0), 80, 132, ("h100", "h100-80gb")),
-    CatalogGpu("NVIDIA H200", (9, 0), 141, 132, ("h200",)),
-    CatalogGpu("NVIDIA B200", (10, 0), 180, 148, ("b200",)),
-    CatalogGpu("NVIDIA GeForce RTX 5090", (12, 0), 32, 170, ("rtx5090", "5090")),
-    CatalogGpu("Orin (nvgpu)", (8, 7), 64, 16, ("jetson-orin", "orin", "agx-orin")),
+    _entry("Tesla V100-SXM2-32GB", (7, 0), 32, 80, ("v100", "v100-32gb", "v100-sxm2"), _V100),
+    _entry("Tesla V100-SXM2-16GB", (7, 0), 16, 80, ("v100-16gb",), _V100),
+    _entry("Tesla T4", (7, 5), 15, 40, ("t4",), _T4),
+    _entry("NVIDIA A10G", (8, 6), 22, 80, ("a10g",), _A10G),
+    _entry("NVIDIA A10", (8, 6), 22, 72, ("a10",), _A10),
+    _entry("NVIDIA A40", (8, 6), 45, 84, ("a40",), _A40),
+    _entry("NVIDIA RTX A6000", (8, 6), 48, 84, ("a6000", "rtx-a6000"), _A6000),
+    _entry("NVIDIA GeForce RTX 3090", (8, 6), 24, 82, ("rtx3090", "3090"), _RTX),
+    _entry("NVIDIA A100-SXM4-40GB", (8, 0), 40, 108, ("a100-40gb", "a100-40", "a100-sxm4-40gb"), _A100),
+    _entry("NVIDIA A100-SXM4-80GB", (8, 0), 80, 108, ("a100", "a100-80gb", "a100-80", "a100-sxm", "a100-sxm4"), _A100),
+    _entry("NVIDIA A100-PCIE-40GB", (8, 0), 40, 108, ("a100-pcie-40gb",), _A100),
+    _entry("NVIDIA A100 80GB PCIe", (8, 0), 80, 108, ("a100-pcie", "a100-pcie-80gb"), _A100),
+    _entry("NVIDIA L4", (8, 9), 22, 58, ("l4",), _L4),
+    _entry("NVIDIA L40", (8, 9), 45, 142, ("l40",), _L40),
+    _entry("NVIDIA L40S", (8, 9), 45, 142, ("l40s",), _L40S),
+    _entry("NVIDIA RTX 6000 Ada Generation", (8, 9), 48, 142, ("rtx6000-ada", "6000-ada"), _RTX6000ADA),
+    _entry("NVIDIA GeForce RTX 4090", (8, 9), 24, 128, ("rtx4090", "4090"), _RTX),
+    _entry("NVIDIA H100 80GB HBM3", (9, 0), 80, 132, ("h100", "h100-80gb", "h100-sxm", "h100-sxm5"), _H100),
+    _entry("NVIDIA H100 PCIe", (9, 0), 80, 114, ("h100-pcie",), _H100),
+    _entry("NVIDIA H100 NVL", (9, 0), 94, 132, ("h100-nvl",), _H100),
+    _entry("NVIDIA H800", (9, 0), 80, 132, ("h800", "h800-sxm"), _H800),
+    _entry("NVIDIA H800 PCIe", (9, 0), 80, 114, ("h800-pcie",), _H800),
+    _entry("NVIDIA H20", (9, 0), 96, 78, ("h20",), _H20),
+    _entry("NVIDIA GH200 480GB", (9, 0), 96, 132, ("gh200",), _GH200),
+    _entry("NVIDIA H200", (9, 0), 141, 132, ("h200", "h200-sxm"), _H200),
+    _entry("NVIDIA H200 NVL", (9, 0), 141, 132, ("h200-nvl",), _H200),
+    _entry("NVIDIA B200", (10, 0), 180, 148, ("b200",), _B200),
+    _entry("NVIDIA GeForce RTX 5090", (12, 0), 32, 170, ("rtx5090", "5090"), _RTX),
+    _entry(
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        (12, 0),
+        96,
+        188,
+        ("rtx-pro-6000", "rtx-pro-6000-blackwell"),
+        _RTXPRO,
+    ),
+    _entry("Orin (nvgpu)", (8, 7), 64, 16, ("jetson-orin", "orin", "agx-orin"), _ORIN),
 )
+
+CUSTOM_PREFIX = "custom:"
+"""A GPU described by its facts instead of its name: "custom:sm90:80GiB"."""
+
+_VENDOR_WORDS = ("nvidia", "tesla", "geforce")
 
 
 def _normalise(name: str) -> str:
-    return "".join(ch for ch in name.lower() if ch.isalnum())
+    """Lowercase letters and digits only, without the vendor words nvidia-smi puts in front."""
+    text = "".join(ch for ch in name.lower() if ch.isalnum())
+    for word in _VENDOR_WORDS:
+        text = text.removeprefix(word)
+    return text
+
+
+def _keys() -> dict[str, CatalogGpu]:
+    return {_normalise(spelling): gpu for gpu in KNOWN_GPUS for spelling in (gpu.name, *gpu.aliases)}
 
 
 def lookup_gpu(name: str) -> CatalogGpu:
-    """Find a catalog GPU by alias or full name (case and punctuation ignored)."""
+    """Find a catalog GPU by its nvidia-smi name (with or without "NVIDIA "), an alias, or a custom
+    description ("custom:sm90:80GiB"); case, spaces and punctuation are ignored.
+
+    Raises:
+        UnknownGpuError: the name is in no entry; the message suggests the nearest names.
+    """
+    if name.strip().lower().startswith(CUSTOM_PREFIX):
+        return parse_custom_gpu(name)
+    keys = _keys()
     wanted = _normalise(name)
-    for gpu in KNOWN_GPUS:
-        if wanted in {_normalise(a) for a in (gpu.name, *gpu.aliases)}:
-            return gpu
+    if wanted in keys:
+        return keys[wanted]
+    spelled = {_normalise(a): a for gpu in KNOWN_GPUS for a in gpu.aliases}
+    near = [spelled[k] for k in difflib.get_close_matches(wanted, spelled, n=3, cutoff=0.6)]
+    suggestion = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
     known = ", ".join(g.aliases[0] for g in KNOWN_GPUS)
-    raise UnknownGpuError(f"Unknown GPU {name!r} for a simulated machine. Known GPUs: {known}.")
+    raise UnknownGpuError(
+        f"Unknown GPU {name!r} for a simulated machine.{suggestion} Known GPUs: {known} (or the name nvidia-smi "
+        f"prints). For another GPU, describe it: '{CUSTOM_PREFIX}sm90:80GiB' (compute capability, memory)."
+    )
+
+
+_CUSTOM = re.compile(
+    r"^custom:(?:sm_?(?P<sm>\d{2,3})|(?P<major>\d{1,2})\.(?P<minor>\d))"
+    r":(?P<memory>\d+(?:\.\d+)?)(?P<unit>GiB|GB)(?::(?P<sms>\d+)sm)?$",
+    re.IGNORECASE,
+)
+
+
+def parse_custom_gpu(spec: str) -> CatalogGpu:
+    """A GPU described by its facts: "custom:sm90:80GiB" (or "custom:9.0:80GiB"), optionally with its SM
+    count, "custom:sm90:80GiB:132sm". Memory in GiB, or in GB (10**9 bytes, as datasheets say).
+
+    Raises:
+        UnknownGpuError: the description does not parse; the message shows the form.
+
+    Examples:
+        >>> gpu = parse_custom_gpu("custom:sm89:48GB")
+        >>> gpu.name, gpu.capability, round(gpu.memory_gib, 1)
+        ('custom sm_89 48GB', (8, 9), 44.7)
+    """
+    match = _CUSTOM.match(spec.strip().replace(" ", ""))
+    if match is None:
+        raise UnknownGpuError(
+            f"Cannot read the GPU description {spec!r}: write '{CUSTOM_PREFIX}sm<major><minor>:<memory>GiB' "
+            f"(e.g. '{CUSTOM_PREFIX}sm90:80GiB', '{CUSTOM_PREFIX}8.6:24GiB', or '{CUSTOM_PREFIX}sm90:80GB:132sm' "
+            "with the SM count)."
+        )
+    if match["sm"]:
+        digits = match["sm"]
+        capability = (int(digits[:-1]), int(digits[-1]))
+    else:
+        capability = (int(match["major"]), int(match["minor"]))
+    amount = float(match["memory"])
+    unit = "GiB" if match["unit"].lower() == "gib" else "GB"
+    memory_gib = amount if unit == "GiB" else amount * 1e9 / 1024**3
+    if memory_gib <= 0:
+        raise UnknownGpuError(f"The GPU description {spec!r} gives no memory: pass its size, e.g. 80GiB.")
+    size = f"{match['memory']}{unit}"
+    return CatalogGpu(
+        name=f"custom sm_{capability[0]}{capability[1]} {size}",
+        capability=capability,
+        memory_gib=memory_gib,
+        multiprocessors=int(match["sms"]) if match["sms"] else None,
+        source="described by the user",
+    )

@@ -538,8 +538,11 @@ class Machine:
         A simulated machine has no measurements unless `dtype_probe` / `tuning` give them.
 
         Args:
-            gpu: A catalog GPU name or alias ("T4", "A100", "H100", ...), a list of them for a
-                mixed machine, or None (the default) for a CPU-only machine.
+            gpu: A GPU name as `nvidia-smi` prints it, with or without "NVIDIA " ("H100 PCIe",
+                "A100-SXM4-80GB"), or an alias ("T4", "A100", "H100", "GH200", ...); a GPU the
+                catalog lacks described by its facts, "custom:sm90:80GiB" (compute capability,
+                memory, optionally ":132sm"); a list of them for a mixed machine, or None (the
+                default) for a CPU-only machine.
             count: How many of a single named GPU (default 1).
             packages: Distribution -> version, added to (or replacing) the default torch 2.13.0,
                 transformers 5.22.2 and accelerate 1.16.0.
@@ -556,7 +559,8 @@ class Machine:
             built for CUDA 12.8.
 
         Raises:
-            UnknownGpuError: a GPU name the catalog does not know.
+            UnknownGpuError: a GPU name the catalog does not know (the message suggests the nearest), or a
+                "custom:" description that does not parse.
             SettingError: `count` not a whole number >= 1, `packages` not a mapping of
                 distribution -> version strings, or `gpu` not a name or a list of names.
 
@@ -618,7 +622,7 @@ def _catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
         index=index,
         name=entry.name,
         capability=entry.capability,
-        total_memory=entry.memory_gib * GiB,
+        total_memory=int(entry.memory_gib * GiB),
         free_memory=None,
         physical_index=index,
         multiprocessors=entry.multiprocessors,
