@@ -20,7 +20,7 @@ MODEL = replace(any_model(), model_class="DemoForCausalLM", head_dim=128)
 SOFTCAPPED = replace(MODEL, model_type="gemma2", softcap=50.0, supports_sdpa=False)
 FA2 = {"flash-attn": "2.8.3"}
 KERNELS = {"kernels": "0.17.2"}
-NO_KERNELS = "the `kernels` package is not installed (pip install 'cudaload[kernels]')"
+NO_KERNELS = "the `kernels` package is not installed (pip install 'kernels>=0.17.2,<0.18.0')"
 SDPA_SOFTCAP = "DemoForCausalLM does not support SDPA"
 
 

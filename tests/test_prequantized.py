@@ -326,7 +326,7 @@ def test_quantize_stacked_on_a_quantized_checkpoint_raises(folders, asked) -> No
 @pytest.mark.parametrize(
     ("packages", "why"),
     [
-        ({}, "bitsandbytes is not installed (pip install 'cudaload[finetune]')"),
+        ({}, "bitsandbytes is not installed (pip install bitsandbytes)"),
         (
             {"bitsandbytes": "0.47.0"},
             "bitsandbytes 0.47.0 has no CPU backend (0.48+ has one); this machine has no CUDA GPU",

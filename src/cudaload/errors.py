@@ -23,7 +23,33 @@ __all__ = [
     "UnknownGpuError",
     "WorkloadError",
     "describe_error",
+    "install_hint",
 ]
+
+INSTALLED_BY: dict[str, str] = {
+    "bitsandbytes": "finetune",
+    "peft": "finetune",
+    "kernels": "kernels",
+    "matplotlib": "bench",
+}
+"""Every optional distribution cudaload's messages tell you to install -> the extra of cudaload's
+pyproject.toml that also installs it (from a clone: `pip install -e '.[finetune]'`). cudaload itself is
+not on the package registry, so a hint names the upstream distribution, which is."""
+
+
+def install_hint(dist: str, low: str | None = None, high: str | None = None) -> str:
+    """The one command that installs `dist` (a key of INSTALLED_BY), within [low, high) when given
+    (see the example). Every install hint in a message is built here, so a test can check that each
+    names what the registry serves.
+
+    Examples:
+        >>> install_hint("kernels", "0.17.2", "0.18.0")
+        "pip install 'kernels>=0.17.2,<0.18.0'"
+    """
+    if dist not in INSTALLED_BY:
+        raise KeyError(f"no install hint for {dist!r}: add it to INSTALLED_BY (its extra in pyproject.toml)")
+    bounds = ",".join(f"{op}{v}" for op, v in ((">=", low), ("<", high)) if v)
+    return f"pip install '{dist}{bounds}'" if bounds else f"pip install {dist}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -182,8 +208,8 @@ class MissingPackageError(CudaloadError, ImportError):
 
     Raised by `load_for_finetune()` without peft, and by `plan()` (and the loaders built on it)
     when `quantize="4bit"`/`"8bit"` needs a usable bitsandbytes, or `use_kernels=True` needs a
-    `kernels` version the installed transformers accepts (and a CUDA GPU). Install the extra the
-    message names (e.g. `pip install 'cudaload[finetune]'`), or drop the setting.
+    `kernels` version the installed transformers accepts (and a CUDA GPU). Install what the
+    message names (e.g. `pip install bitsandbytes`), or drop the setting.
 
     Examples:
         >>> import cudaload

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import CudaloadWarning, FinetuneConfigError, MissingPackageError
+from .errors import CudaloadWarning, FinetuneConfigError, MissingPackageError, install_hint
 from .loaders import apply_plan
 from .plans import FinetunePlan, Plan
 
@@ -123,7 +123,9 @@ def load_for_finetune(
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
-        raise MissingPackageError("load_for_finetune needs peft: pip install 'cudaload[finetune]'.") from exc
+        raise MissingPackageError(
+            f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}."
+        ) from exc
     from .planner import plan
 
     start = time.perf_counter()

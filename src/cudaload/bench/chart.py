@@ -4,7 +4,7 @@ Inference: one panel per metric in a grid three panels wide, a horizontal bar pe
 the left of each row), the plan's bar in red and its name in bold, bare `from_pretrained` in grey.
 Fine-tuning: step time, and peak memory measured beside the plan's estimate. Both figures are about
 10 inches wide with 10-12 pt text, saved at 150 dpi (1500 pixels wide), so the text still reads at
-half size. Needs matplotlib (`pip install "cudaload[bench]"`); drawn from the result dict, so a
+half size. Needs matplotlib (`pip install matplotlib`); drawn from the result dict, so a
 saved JSON file can be charted again."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingPackageError
+from ..errors import MissingPackageError, install_hint
 
 __all__ = ["write_chart"]
 
@@ -48,7 +48,7 @@ def _pyplot() -> Any:
         import matplotlib
     except ImportError as exc:
         raise MissingPackageError(
-            'Charts need matplotlib, which is not installed: pip install "cudaload[bench]" (or matplotlib).'
+            f"Charts need matplotlib, which is not installed: {install_hint('matplotlib')}."
         ) from exc
     matplotlib.use("Agg", force=False)  # files only; never a window
     from matplotlib import pyplot

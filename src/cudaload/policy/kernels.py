@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import MissingPackageError
+from ..errors import MissingPackageError, install_hint
 from ..facts.machine import Machine
 from ..plans import Decision, Rejected
 
@@ -15,8 +15,9 @@ def kernels_status(machine: Machine) -> tuple[bool, str]:
     """(usable, why): is `kernels` installed in a version the installed transformers accepts?"""
     software = machine.software
     version = software.version("kernels")
+    accepted = software.kernels_range or (None, None)
     if version is None:
-        return False, "the `kernels` package is not installed (pip install 'cudaload[kernels]')"
+        return False, f"the `kernels` package is not installed ({install_hint('kernels', *accepted)})"
     if software.kernels_range is not None:
         low, high = software.kernels_range
         try:
@@ -26,7 +27,7 @@ def kernels_status(machine: Machine) -> tuple[bool, str]:
         if not ok:
             return False, (
                 f"kernels {version} is installed but transformers {software.version('transformers')} "
-                f"accepts only [{low}, {high})"
+                f"accepts only [{low}, {high}) ({install_hint('kernels', low, high)})"
             )
     return True, f"kernels {version} is installed and accepted by transformers"
 

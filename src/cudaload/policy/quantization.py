@@ -7,7 +7,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import MissingPackageError, QuantizationError
+from ..errors import MissingPackageError, QuantizationError, install_hint
 from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
@@ -34,7 +34,7 @@ BNB_CPU_SINCE = Version("0.48.0")
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
     version = machine.software.version("bitsandbytes")
     if version is None:
-        return False, "bitsandbytes is not installed (pip install 'cudaload[finetune]')"
+        return False, f"bitsandbytes is not installed ({install_hint('bitsandbytes')})"
     if not machine.gpus and Version(version) < BNB_CPU_SINCE:
         return False, f"bitsandbytes {version} has no CPU backend (0.48+ has one); this machine has no CUDA GPU"
     return True, f"bitsandbytes {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
