@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cudaload.capability.model_config import read_model_facts
-from cudaload.capability.software import PACKAGES, installed_versions
+from cudaload.installed import PACKAGES, installed_versions
 
 
 def _fresh_process(code: str, cache: Path) -> dict[str, object]:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+import cudaload.installed
 from cudaload import Machine
-from cudaload.capability.software import simulated_packages
 from cudaload.facts.kv_cache import GenerationFacts, KvLayers
 from cudaload.facts.machine import GiB, Launch
 from cudaload.facts.model import ModelFacts
@@ -131,20 +131,23 @@ def _site(tmp_path: Path, *dists: str) -> list[str]:
     return [str(tmp_path)]
 
 
-def test_simulated_packages_take_the_installed_upstream(tmp_path: Path) -> None:
+def test_simulated_packages_take_the_installed_upstream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packages_installed_here: dict[str, str]
+) -> None:
     site = _site(tmp_path, "transformers-5.25.0", "torch-2.13.0+cpu", "accelerate-1.16.0", "peft-0.21.2")
-    packages = simulated_packages({"kernels": "0.19.1"}, paths=site)
-    # torch's public version (a simulated GPU gets a CUDA build); peft is not an upstream default.
-    assert packages == {"torch": "2.13.0", "transformers": "5.25.0", "accelerate": "1.16.0", "kernels": "0.19.1"}
-    assert simulated_packages({"transformers": "5.22.2"}, paths=site)["transformers"] == "5.22.2"  # told wins
-    machine = Machine.simulated("H100", packages=packages)
+    packages = cudaload.installed.packages_here(paths=site)
+    # torch's public version (a simulated GPU gets a CUDA build)
+    assert packages == {"torch": "2.13.0", "transformers": "5.25.0", "accelerate": "1.16.0", "peft": "0.21.2"}
+    monkeypatch.setattr(cudaload.installed, "packages_here", lambda paths=None: packages)
+    assert Machine.simulated(packages={"transformers": "5.22.2"}).software.version("transformers") == "5.22.2"
+    machine = Machine.simulated("H100", packages={"kernels": "0.19.1"})
     assert machine.software.kernels_range == ("0.19.1", "0.20.0")  # 5.25's KERNELS_MIN/MAX_VERSION
     reasons = " ".join(r.reason for r in plan(machine, hub_kernels=True).decision("attn_implementation").rejected)
     assert "outside" not in reasons and "accepts only" not in reasons
 
 
 def test_cli_plan_simulates_the_installed_transformers(
-    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str], packages_installed_here: dict[str, str]
 ) -> None:
     from importlib.metadata import version
 

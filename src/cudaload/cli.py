@@ -193,13 +193,14 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
             f"--count {args.count} with the GPU list --gpu {args.gpu!r}: a list names every GPU, --count repeats a "
             f"single one (e.g. --gpu {gpus[0]} --count {args.count}, or repeat the name in the list)"
         )
-    if not (gpus or args.cpu_flags is not None or args.packages or args.offline or args.cached_kernel):
+    simulated = args.packages or args.without or args.default_packages
+    if not (gpus or args.cpu_flags is not None or simulated or args.offline or args.cached_kernel):
         if launch is None:
             return None
         from .capability import detect
 
         return dataclasses.replace(detect(), launch=launch)
-    packages = {}
+    packages: dict[str, str | None] = dict.fromkeys(args.without)
     for spec in args.packages:
         name, sep, version = spec.partition("==")
         if not sep or not name:
@@ -209,12 +210,11 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
         except InvalidVersion:
             parser.error(f"--with {spec!r}: {version!r} is not a version (e.g. flash-attn==2.8.3)")
         packages[name] = version
-    from .capability.software import simulated_packages
-
     return Machine.simulated(
         gpus if gpus is None or len(gpus) > 1 else gpus[0],
         count=args.count,
-        packages=simulated_packages(packages),
+        packages=packages,
+        installed_packages=not args.default_packages,
         offline=args.offline,
         cached_kernels=args.cached_kernel,
         cpu_flags=args.cpu_flags.split(",") if args.cpu_flags else ("avx2",),
@@ -242,10 +242,20 @@ DEBUG_ENV = "CUDALOAD_DEBUG"
 """Set to 1 (or pass --debug) to see the traceback of an unexpected error instead of one line."""
 
 
+def _version() -> str:
+    """cudaload's version, and the transformers it would load with (what a bug report needs first)."""
+    from .installed import dist_version, installed_versions
+    from .version import __version__
+
+    transformers = dist_version("transformers", installed_versions())
+    return f"{__version__} (transformers {transformers or 'not installed'})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cudaload", description=__doc__)
     debug_help = f"show the traceback of an unexpected error (also {DEBUG_ENV}=1)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     # --debug is accepted after the command too; SUPPRESS keeps the subcommand from resetting it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
@@ -260,7 +270,7 @@ def _parser() -> argparse.ArgumentParser:
 def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """`cudaload doctor`: report this machine, optionally checking the Hub's kernels."""
     doctor = sub.add_parser("doctor", parents=[common], help="what this machine has, and what loading gets here")
-    doctor.add_argument("--json", action="store_true")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
     doctor.add_argument(
         "--check-hub",
         action="store_true",
@@ -285,15 +295,19 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
         "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
     )
     plan.add_argument("--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)")
-    plan.add_argument("--dtype")
-    plan.add_argument("--attn", dest="attn_implementation")
+    plan.add_argument("--dtype", help="your dtype (bfloat16, float16, float32): validated and kept, never changed")
+    plan.add_argument(
+        "--attn",
+        dest="attn_implementation",
+        help="your attention (sdpa, eager, flash_attention_2, ..., or a Hub kernel repo): validated and kept",
+    )
     plan.add_argument(
         "--generate",
         action="store_true",
         help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
     )
     plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
-    plan.add_argument("--json", action="store_true")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json())")
 
 
 def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
@@ -311,7 +325,20 @@ def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PKG==VER",
-        help="a package the simulated machine has (e.g. flash-attn==2.8.3)",
+        help="a package the simulated machine has, on top of this machine's (e.g. flash-attn==2.8.3)",
+    )
+    plan.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="a package installed here that the simulated machine lacks (e.g. bitsandbytes)",
+    )
+    plan.add_argument(
+        "--default-packages",
+        action="store_true",
+        help="start the simulated machine from torch 2.13.0, transformers 5.22.2 and accelerate 1.16.0 (plus "
+        "--with) instead of the packages installed here",
     )
     plan.add_argument("--offline", action="store_true", help="simulate HF_HUB_OFFLINE=1")
     plan.add_argument(
@@ -328,7 +355,9 @@ def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
     )
     plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
     plan.add_argument("--world-size", type=_positive, default=1, help="simulate a torchrun launch")
-    plan.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"])
+    plan.add_argument(
+        "--strategy", choices=["ddp", "fsdp", "deepspeed"], help="with --world-size: the parallelism (default ddp)"
+    )
     plan.add_argument("--zero-stage", type=int, choices=[1, 2, 3], help="with --strategy deepspeed")
 
 
@@ -384,7 +413,7 @@ def _add_bench_workload(bench: argparse.ArgumentParser) -> None:
 def _add_bench_output(bench: argparse.ArgumentParser) -> None:
     """`cudaload bench`'s options for where the result is written, drawn and filed."""
     bench.add_argument("--out", help="write the result JSON here")
-    bench.add_argument("--chart", help="draw the result as a PNG here (needs cudaload[bench])")
+    bench.add_argument("--chart", help="draw the result as a PNG here (needs matplotlib: pip install matplotlib)")
     bench.add_argument(
         "--results",
         help="file the JSON and PNG under RESULTS/<machine>/<date>[-finetune].json|png (e.g. benchmarks/results)",

@@ -344,6 +344,9 @@ class Plan:
             (fine-tuning, encoders, `generate=False`).
         inputs: What the policy decided from (`PlanInputs`: the machine, the model's facts, the
             request); not part of the plan's value (equality, hash, `to_dict()`).
+        assumed_packages: For a simulated machine, the packages planned with and where they come
+            from (`Software.assumed`: "as installed here", or the defaults, and what you changed);
+            None for this machine.
 
     Examples:
         >>> import tempfile, cudaload
@@ -354,7 +357,9 @@ class Plan:
         {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0'}
         >>> plan.attention_chain, plan.machine
         (('sdpa', 'eager'), '1x NVIDIA A100-SXM4-80GB (sm_80)')
-        >>> print(plan.explain().splitlines()[1].split())  # doctest: +ELLIPSIS
+        >>> print(plan.explain().splitlines()[1].split()[:3])  # a simulated machine: its packages
+        ['simulated', "machine's", 'packages,']
+        >>> print(plan.explain().splitlines()[2].split())  # doctest: +ELLIPSIS
         ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:', ...]
     """
 
@@ -379,6 +384,8 @@ class Plan:
     generation: GenerationPlan | None = None
     """Generation settings (KV cache, batch x context that fits, cache implementation, compile,
     padding side), each a Decision; None for plans that do not generate (fine-tuning, encoders)."""
+    assumed_packages: str | None = None
+    """For a simulated machine, its packages and where they come from; None for a detected machine."""
     inputs: PlanInputs | None = field(default=None, compare=False, repr=False)
     """What the policy decided from (not part of the plan's value, not in `to_dict()`): `load()`
     plans generation again from it when an attention fallback changed what was applied."""
@@ -430,6 +437,7 @@ class Plan:
             "extras": jsonable(self.extras),
             "timings": dict(self.timings),
             "generation": self.generation.to_dict() if self.generation is not None else None,
+            "assumed_packages": self.assumed_packages,
         }
 
     def to_json(self) -> str:
@@ -437,7 +445,10 @@ class Plan:
 
     def explain(self) -> str:
         """A short table: one line per setting with its reason, rejected options indented below."""
-        lines = [f"cudaload plan for {self.model} on {self.machine}", *decision_lines(self.decisions)]
+        lines = [f"cudaload plan for {self.model} on {self.machine}"]
+        if self.assumed_packages is not None:
+            lines.append(f"  simulated machine's packages, {self.assumed_packages}")
+        lines += decision_lines(self.decisions)
         estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
             assumes = estimate["assumes"]

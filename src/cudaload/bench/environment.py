@@ -74,7 +74,7 @@ def machine_facts(machine: Any) -> dict[str, Any]:
 
 def versions() -> dict[str, str | None]:
     """Versions of everything a number depends on (None: not installed)."""
-    from ..capability.software import installed_versions
+    from ..installed import installed_versions
     from ..version import __version__
 
     installed = installed_versions()

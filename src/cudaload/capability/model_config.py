@@ -609,9 +609,9 @@ def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
     config_hash = hashlib.sha256(config).hexdigest()
     # The checkpoint's generation_config.json (its cache_implementation) is a fact too, and changes alone.
     generation_config = read_regular_file(os.path.join(model, "generation_config.json"))
+    from ..installed import installed_versions
     from ..version import __version__
     from .cache import cache_dir, cache_key
-    from .software import installed_versions
 
     transformers_version = installed_versions().get("transformers")
     if transformers_version is None:

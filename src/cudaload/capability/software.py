@@ -12,13 +12,14 @@ import importlib.util
 import json
 import os
 import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import InvalidVersion
 
 from ..facts.machine import Hub, HubKernel, Software
+from ..installed import PACKAGES, installed_versions
+from ..installed import dist_version as _dist_version
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
 from .kernel_variants import (
     BuildSystem,
@@ -38,87 +39,7 @@ __all__ = [
     "parse_local_kernels",
     "probe_hub",
     "probe_software",
-    "simulated_packages",
 ]
-
-PACKAGES = (
-    "torch",
-    "transformers",
-    "accelerate",
-    "huggingface_hub",
-    "peft",
-    "bitsandbytes",
-    "kernels",
-    "nvidia-ml-py",
-    *(dist for dist, _ in FLASH_DISTRIBUTIONS.values()),
-    # what a pre-quantized checkpoint's quantizer needs (policy/quantization.py, facts/stored_weights.py)
-    "triton",
-    "optimum",
-    "gptqmodel",
-    "compressed-tensors",
-)
-
-
-def _normalise(dist: str) -> str:
-    return re.sub(r"[-_.]+", "_", dist).lower()
-
-
-def installed_versions(paths: Sequence[str] | None = None) -> dict[str, str | None]:
-    """{normalised distribution name: version} from the `<name>-<version>.dist-info` (and egg-info)
-    folder names on `paths` (default sys.path), the first found winning as in importlib.metadata;
-    None where the name carries no version. Reading folder names takes about a millisecond;
-    importlib.metadata parses each METADATA file as an e-mail (~4 ms a package, plus ~30 ms to
-    import), which alone would double detect()."""
-    found: dict[str, str | None] = {}
-    for entry in sys.path if paths is None else paths:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            stem, dot, suffix = name.rpartition(".")
-            if dot and suffix in ("dist-info", "egg-info"):
-                dist, _, rest = stem.partition("-")
-                found.setdefault(_normalise(dist), rest.partition("-")[0] or None)
-    return found
-
-
-SIMULATED_UPSTREAM = ("torch", "transformers", "accelerate")
-"""The packages `Machine.simulated()` otherwise assumes (torch 2.13.0, transformers 5.22.2, accelerate 1.16.0)."""
-
-
-def simulated_packages(told: Mapping[str, str] | None = None, paths: Sequence[str] | None = None) -> dict[str, str]:
-    """`packages=` for a `Machine.simulated()` planned from here (`cudaload plan --gpu ...`): the installed
-    torch, transformers and accelerate, which the simulated machine would run (torch as its public
-    version: "2.13.0+cpu" -> "2.13.0", the simulated GPUs get a CUDA build), then what you told (`--with`)
-    on top. What is not installed keeps the simulation's default."""
-    installed = installed_versions(paths)
-    found: dict[str, str] = {}
-    for dist in SIMULATED_UPSTREAM:
-        version = _dist_version(dist, installed)
-        if version is None:
-            continue
-        try:
-            found[dist] = Version(version).public
-        except InvalidVersion:
-            continue
-    return {**found, **(told or {})}
-
-
-def _dist_version(dist: str, installed: Mapping[str, str | None]) -> str | None:
-    key = _normalise(dist)
-    if key not in installed:
-        return None
-    version = installed[key]
-    if version is not None:
-        return version
-    # A develop-mode egg-info folder has no version in its name: read its metadata.
-    import importlib.metadata as metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def flash_provided(

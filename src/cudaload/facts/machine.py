@@ -140,12 +140,16 @@ class Software:
         torch_cuda: CUDA version torch was built with (None for a CPU build).
         driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
         kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
+        assumed: For a simulated machine, where its packages come from ("as installed here" or
+            cudaload's defaults, and what `packages=` / `--with` changed); None when detected.
 
     Examples:
         >>> import cudaload
-        >>> software = cudaload.Machine.simulated(packages={"peft": "0.17.0"}).software
+        >>> software = cudaload.Machine.simulated(packages={"peft": "0.17.0"}, installed_packages=False).software
         >>> software.version("peft"), software.has("bitsandbytes")
         ('0.17.0', False)
+        >>> software.assumed
+        'the defaults (torch 2.13.0, transformers 5.22.2, accelerate 1.16.0), with peft 0.17.0'
     """
 
     packages: tuple[tuple[str, str], ...] = ()
@@ -154,6 +158,8 @@ class Software:
     driver: str | None = None
     kernels_range: tuple[str, str] | None = None
     """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
+    assumed: str | None = None
+    """For a simulated machine, where its packages come from; None when detected."""
 
     def version(self, dist: str) -> str | None:
         for name, version in self.packages:
@@ -521,7 +527,8 @@ class Machine:
         gpu: str | Sequence[str] | None = None,
         *,
         count: int = 1,
-        packages: Mapping[str, str] | None = None,
+        packages: Mapping[str, str | None] | None = None,
+        installed_packages: bool = True,
         offline: bool = False,
         cached_kernels: Iterable[str] = (),
         cpu_flags: Iterable[str] = ("avx2",),
@@ -530,8 +537,8 @@ class Machine:
         dtype_probe: DtypeProbe | None = None,
         tuning: Sequence[TuningRecord] = (),
     ) -> Machine:
-        """A machine you don't have: catalog GPUs (by alias, e.g. "T4", "H100"), a package
-        set (distribution -> version, added to torch/transformers/accelerate), Hub state.
+        """A machine you don't have: catalog GPUs (by alias, e.g. "T4", "H100"), the packages of
+        this machine (or cudaload's defaults) with `packages=` on top, Hub state.
 
         `gpu` may be a list of names for a mixed machine; `count` repeats a single name.
         `cached_kernels` names Hub kernel repos to treat as cached for this torch/CUDA.
@@ -544,8 +551,13 @@ class Machine:
                 memory, optionally ":132sm"); a list of them for a mixed machine, or None (the
                 default) for a CPU-only machine.
             count: How many of a single named GPU (default 1).
-            packages: Distribution -> version, added to (or replacing) the default torch 2.13.0,
-                transformers 5.22.2 and accelerate 1.16.0.
+            packages: Distribution -> version, added to (or replacing) what the machine starts
+                from; a version of None removes that distribution (e.g. `{"bitsandbytes": None}`).
+            installed_packages: Start from the packages installed here (default True: a plan for
+                an H100 from this laptop assumes the H100 has your bitsandbytes, kernels, peft, ...;
+                torch and transformers at the versions installed here). False: start from torch
+                2.13.0, transformers 5.22.2 and accelerate 1.16.0 only. `Software.assumed` (and a
+                plan's explain() and JSON) say which.
             offline: Simulate HF_HUB_OFFLINE (default False).
             cached_kernels: Hub kernel repos to treat as cached (default none).
             cpu_flags: The CPU's ISA flags (default `("avx2",)`).
@@ -573,14 +585,19 @@ class Machine:
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
 
         _check_simulated(gpu, count, packages)
+        if not isinstance(installed_packages, bool):
+            from ..errors import SettingError
+
+            raise SettingError(f"installed_packages={installed_packages!r}: pass True or False.")
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
         gpus = tuple(_catalog_gpu(lookup_gpu(name), i) for i, name in enumerate(names))
-        versions = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0", **(packages or {})}
+        versions, assumed = _simulated_packages(packages or {}, installed_packages)
         software = Software(
             packages=tuple(sorted(versions.items())),
             torch_cuda="12.8" if gpus else None,
             # the simulated transformers' range (None, i.e. unchecked, for a minor not in the table)
             kernels_range=KERNELS_RANGES.get(".".join(versions["transformers"].split(".")[:2])),
+            assumed=assumed,
         )
         cached = set(cached_kernels)
         hub = Hub(
@@ -614,6 +631,33 @@ class Machine:
             tuning=tuple(tuning),
             threads=cpu.cores,
         )
+
+
+SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
+"""What a simulated machine has when neither this machine nor `packages=` says otherwise (the tested set)."""
+
+
+def _simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple[dict[str, str], str]:
+    """A simulated machine's {distribution: version} and one line saying where it comes from."""
+    from .. import installed as here  # reads dist-info folder names only: see installed.py
+
+    base = {**SIMULATED_DEFAULTS, **(here.packages_here() if installed else {})}
+    origin = (
+        "as installed here"
+        if installed
+        else f"the defaults ({', '.join(f'{k} {v}' for k, v in SIMULATED_DEFAULTS.items())})"
+    )
+    versions = {k: v for k, v in {**base, **told}.items() if v is not None}
+    if "transformers" not in versions or "torch" not in versions:
+        from ..errors import SettingError
+
+        raise SettingError(
+            f"packages={dict(told)!r} removes torch or transformers: a machine cudaload plans for has both "
+            "(give a version instead, e.g. {'transformers': '5.22.2'})."
+        )
+    added = ", ".join(f"{k} {v}" for k, v in sorted(told.items()) if v is not None)
+    removed = ", ".join(k for k, v in sorted(told.items()) if v is None)
+    return versions, origin + (f", with {added}" if added else "") + (f", without {removed}" if removed else "")
 
 
 def _catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:

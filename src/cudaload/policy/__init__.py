@@ -167,7 +167,17 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
         parameters=model.parameters,
         weight_bytes=size,
         finetune=section.plan if section is not None else None,
+        assumed_packages=_assumed_packages(machine),
     )
+
+
+def _assumed_packages(machine: Machine) -> str | None:
+    """A simulated machine's packages, as a plan shows them: where they come from, then each version."""
+    software = machine.software
+    if software.assumed is None:
+        return None
+    listed = ", ".join(f"{name} {version}" for name, version in software.packages)
+    return f"{software.assumed}: {listed}"
 
 
 @dataclass(frozen=True)
