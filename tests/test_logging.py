@@ -27,7 +27,7 @@ def test_a_load_logs_one_info_line_with_what_it_applied(tiny_models, caplog) -> 
     assert line.name == "cudaload.loaders"
     assert str(tiny_models["qwen3"]) in message and "Qwen3ForCausalLM" in message
     assert f"dtype={applied.dtype}" in message and f"attn_implementation={applied.attn_implementation}" in message
-    assert ", cpu (" in message  # where it went
+    assert " on cpu: " in message  # where it went
     assert "load " in message and "verify " in message and message.endswith("s)")  # how long each step took
     assert not _records(caplog, logging.WARNING)
 

@@ -623,7 +623,7 @@ def apply_plan(
             plan.model,
             option,
             failure.phase,
-            failure.problem,
+            failure.problem.rstrip("."),
             chain[index + 1],
         )
 
@@ -670,8 +670,8 @@ def _summary(applied: AppliedPlan, cls: str) -> str:
     fell = f", fell back from {', '.join(f.option for f in applied.fallbacks)}" if applied.fallbacks else ""
     took = ", ".join(f"{step} {seconds:.2f}s" for step, seconds in applied.timings.items())
     return (
-        f"loaded {applied.plan.model} as {cls}: dtype={applied.dtype} attn_implementation="
-        f"{applied.attn_implementation}{fell}, {where} ({took})"
+        f"loaded {applied.plan.model} as {cls} on {where}: dtype={applied.dtype} attn_implementation="
+        f"{applied.attn_implementation}{fell} ({took})"
     )
 
 
