@@ -81,6 +81,25 @@ def test_the_demo_answers_with_the_real_model(real_model, tmp_path) -> None:
     assert not (tmp_path / "unused").exists()  # the tiny model is not built
 
 
+@pytest.mark.slow
+def test_the_full_bench_runs_the_real_model_by_default_and_quick_the_tiny_shape(real_model, tmp_path) -> None:
+    from cudaload.bench.models import resolve_model
+
+    default = resolve_model(None, tmp_path, quick=False, random_weights=False)
+    assert default.path == real_model and not default.random_weights
+    assert default.name.startswith("SmolLM2-135M-Instruct") and default.architecture == "LlamaForCausalLM"
+    quick = resolve_model(None, tmp_path, quick=True, random_weights=False)
+    assert quick.random_weights and quick.name == "built-in quick (Qwen3 shape)"
+
+
+def test_without_the_package_the_bench_default_is_the_built_in_shape(monkeypatch, tmp_path) -> None:
+    from cudaload.bench import models
+
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
+    assert models._real_default(tmp_path, random_weights=False) is None  # resolve_model builds the 160M shape
+    assert not list(tmp_path.iterdir())
+
+
 # The conversion itself, with a fast fake in place of transformers' (no package needed).
 
 

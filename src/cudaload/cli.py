@@ -514,7 +514,7 @@ def _bench(args: argparse.Namespace) -> int:
         _emit(f"written: {write_chart(result, args.chart)}")
     if result.get("interrupted"):
         return 130
-    failed = _failed(args.model or "the built-in model", result["variants"], finetune=bool(args.finetune))
+    failed = _failed(args.model or "the default model", result["variants"], finetune=bool(args.finetune))
     if failed is not None:
         _emit(f"cudaload: error: {failed}", sys.stderr)
         return 2
@@ -560,7 +560,7 @@ def _doing(args: argparse.Namespace) -> str:
     if args.command == "plan":
         return f"planning {args.model!r}"
     if args.command == "bench":
-        return f"benchmarking {args.model!r}" if args.model else "benchmarking the built-in model"
+        return f"benchmarking {args.model!r}" if args.model else "benchmarking the default model"
     if args.command == "demo":
         return f"the demo in {args.dir!r}"
     return "looking at this machine"
