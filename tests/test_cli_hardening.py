@@ -165,7 +165,7 @@ def test_demo_in_a_read_only_folder_says_so(tmp_path: Path) -> None:
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        done = _cli("demo", "--dir", str(locked / "model"))
+        done = _cli("demo", "--tiny", "--dir", str(locked / "model"))
     finally:
         locked.chmod(0o755)
     _assert_clean_error(done)
@@ -176,7 +176,7 @@ def test_demo_in_a_read_only_folder_says_so(tmp_path: Path) -> None:
 def test_demo_where_no_folder_can_be_made_says_so(tmp_path: Path) -> None:
     """Under a file: no folder can be made there, for root too. Nothing half-written is left."""
     (tmp_path / "a-file").write_text("")
-    done = _cli("demo", "--dir", str(tmp_path / "a-file" / "model"))
+    done = _cli("demo", "--tiny", "--dir", str(tmp_path / "a-file" / "model"))
     _assert_clean_error(done)
     assert "Could not save the tiny model" in done.stderr and "NotADirectoryError" in done.stderr
 

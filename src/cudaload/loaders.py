@@ -3,6 +3,7 @@ verify with a short forward, and record what was applied. Loaders never decide."
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import traceback
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from .plans import GenerationPlan
 
 __all__ = ["AppliedPlan", "Fallback", "from_pretrained_kwargs", "load", "set_rank_device"]
+
+logger = logging.getLogger(__name__)
+"""Under the "cudaload" logger (silent unless you configure logging): one INFO line per load, a WARNING per fallback."""
 
 
 @dataclass(frozen=True)
@@ -614,6 +618,14 @@ def apply_plan(
         if not can_fall_back or index == len(chain) - 1:
             raise _no_fallback(plan, option, failure, fallbacks, why) from failure.error
         fallbacks.append(Fallback(option, failure.phase, failure.problem))
+        logger.warning(
+            "%s: attn_implementation=%s failed at %s (%s); falling back to %s",
+            plan.model,
+            option,
+            failure.phase,
+            failure.problem.rstrip("."),
+            chain[index + 1],
+        )
 
     applied_plan = _as_applied(plan, chain[index:], fallbacks)
     if plan.generation is not None:
@@ -645,7 +657,22 @@ def apply_plan(
         warnings=tuple(notes),
     )
     model.cudaload_plan = applied
+    logger.info("%s", _summary(applied, type(model).__name__))
     return model
+
+
+def _summary(applied: AppliedPlan, cls: str) -> str:
+    """The one log line of a load: what was applied, where, and how long it took."""
+    where = applied.device
+    if applied.device_map:
+        places = sorted({f"cuda:{p}" if isinstance(p, int) else str(p) for p in applied.device_map.values()})
+        where = f"device_map {places[0]}" if len(places) == 1 else f"device_map over {', '.join(places)}"
+    fell = f", fell back from {', '.join(f.option for f in applied.fallbacks)}" if applied.fallbacks else ""
+    took = ", ".join(f"{step} {seconds:.2f}s" for step, seconds in applied.timings.items())
+    return (
+        f"loaded {applied.plan.model} as {cls} on {where}: dtype={applied.dtype} attn_implementation="
+        f"{applied.attn_implementation}{fell} ({took})"
+    )
 
 
 def load(

