@@ -124,8 +124,10 @@ def load_for_finetune(
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:
         raise MissingPackageError("load_for_finetune needs peft: pip install 'cudaload[finetune]'.") from exc
-    from .planner import plan
+    from .planner import check_flag, plan
 
+    for name, value in (("strict", strict), ("allow_missing_weights", allow_missing_weights)):
+        check_flag(name, value, allow_none=False)
     start = time.perf_counter()
     the_plan = plan(
         model,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
-from .plans import Decision, Plan, Rejected
+from .plans import Decision, Plan, Rejected, mutable
 from .upstream import FLASH_OPTIONS, attention_kind
 
 if TYPE_CHECKING:
@@ -418,7 +418,7 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
         raise SettingError(
             f"from_pretrained_kwargs() takes a Plan from cudaload.plan(), not {type(plan).__name__} ({plan!r:.60})."
         )
-    kwargs = dict(plan.kwargs)
+    kwargs: dict[str, Any] = mutable(plan.kwargs)  # plain dicts: transformers and accelerate may change what they get
     quant = kwargs.get("quantization_config")
     if isinstance(quant, Mapping):
         from transformers import BitsAndBytesConfig

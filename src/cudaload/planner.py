@@ -28,7 +28,7 @@ from .upstream_imports import import_transformers
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["check_flag", "generation_as_applied", "plan", "split_overrides"]
+__all__ = ["check_count", "check_flag", "generation_as_applied", "plan", "split_overrides"]
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
@@ -40,6 +40,17 @@ def check_flag(name: str, value: Any, allow_none: bool) -> None:
     raise SettingError(
         f"{name}={value!r} ({type(value).__name__}): pass True or False"
         + (", or leave it unset to let cudaload decide." if allow_none else ".")
+    )
+
+
+def check_count(name: str, value: Any) -> None:
+    """A size the memory estimate multiplies by (seq_len, batch_size): a positive int or None, never a
+    bool (True is 1 to Python), a float or a negative number (which gave negative memory that "fits")."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return
+    raise SettingError(
+        f"{name}={value!r} ({type(value).__name__}): pass a whole number of at least 1, or leave it unset "
+        "for cudaload's default."
     )
 
 
@@ -333,6 +344,9 @@ def _training_request(
                 )
             )
         return None
+    check_flag("gradient_checkpointing", gradient_checkpointing, allow_none=True)
+    for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        check_count(name, value)
     if quantize is not None and "quantization_config" in overrides:
         raise QuantizationError(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
