@@ -102,3 +102,137 @@ def test_an_invalid_cuda_visible_entry_is_not_called_a_repeat() -> None:
     raw = [RawDevice(nvml_index=0, uuid="GPU-0aaa0-0000", pci_bus_id="0000:01:00.0", **A100)]
     _, warnings = visible_gpus(raw, "x,0,0", "PCI_BUS_ID")
     assert not any("twice" in w for w in warnings)
+
+
+def test_load_refuses_a_finetune_plan_and_load_for_finetune_takes_it(tiny_models: dict[str, Path]) -> None:
+    finetune_plan = cudaload.plan(tiny_models["qwen3"], finetune=True, quantize=None, dtype="float32", seq_len=64)
+    # Before: load(finetune_plan) returned a model without LoRA, and without a word.
+    with pytest.raises(SettingError, match=r"fine-tuning plan .*load_for_finetune\(plan\)"):
+        cudaload.load(finetune_plan)
+    model = cudaload.load_for_finetune(finetune_plan)
+    assert type(model).__name__ == "PeftModelForCausalLM"
+    assert model.cudaload_plan.plan.finetune.trainable_parameters > 0
+    with pytest.raises(SettingError, match=r"load_for_finetune\(plan\) was given lora, dtype"):
+        cudaload.load_for_finetune(finetune_plan, lora={"r": 4}, dtype="float32")
+    with pytest.raises(cudaload.FinetuneConfigError, match="inference plan"):
+        cudaload.load_for_finetune(cudaload.plan(tiny_models["qwen3"]))
+
+
+def test_pipeline_takes_a_plan_and_blames_only_what_was_passed(tiny_models: dict[str, Path]) -> None:
+    plan = cudaload.plan(tiny_models["qwen3"], dtype="float32", generate=True)
+    # Before: SettingError "load(plan) was given model_class=..., generate": arguments the user never passed.
+    pipe = cudaload.pipeline("text-generation", plan)
+    assert pipe.cudaload_plan.dtype == "float32" and pipe.tokenizer.padding_side == "left"
+    with pytest.raises(SettingError, match=r"was given dtype: a Plan is loaded as planned") as caught:
+        cudaload.pipeline("text-generation", plan, dtype="float32")
+    assert "generate" not in str(caught.value) and "model_class" not in str(caught.value)
+    with pytest.raises(SettingError, match="loads through AutoModelForSequenceClassification"):
+        cudaload.pipeline("text-classification", plan)
+
+
+BERT = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37)
+
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory: pytest.TempPathFactory, tiny_models: dict[str, Path]) -> Path:
+    """A folder whose root holds a BERT encoder's config.json and weights, and whose `llm/` holds a causal LM."""
+    import shutil
+
+    from transformers import BertConfig, BertModel
+
+    root = tmp_path_factory.mktemp("two") / "repo"
+    BertModel(BertConfig(**BERT)).save_pretrained(root)
+    shutil.copytree(tiny_models["qwen3"], root / "llm")
+    return root
+
+
+def test_subfolder_is_planned_and_loaded_as_transformers_reads_it(two_models: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    bare = AutoModelForCausalLM.from_pretrained(two_models, subfolder="llm")
+    # Before: cudaload planned the root's BertModel and loaded llm/ as a headless Qwen3Model (lm_head dropped).
+    plan = cudaload.plan(two_models, subfolder="llm")
+    assert (plan.model_class, plan.auto_class) == ("Qwen3ForCausalLM", "AutoModelForCausalLM")
+    assert plan.model == str(two_models) and plan.kwargs["subfolder"] == "llm"
+    assert plan.generation is None and plan.parameters == sum(p.numel() for p in bare.parameters())
+    model = cudaload.load(two_models, subfolder="llm", dtype="float32")
+    assert type(model).__name__ == type(bare).__name__ == "Qwen3ForCausalLM"
+    assert model.cudaload_plan.generation is not None  # read from llm/, as its config and generation config are
+    with pytest.raises(cudaload.ModelConfigError, match=r"subfolder='nope': .* has no such folder.*\['llm'\]"):
+        cudaload.plan(two_models, subfolder="nope")
+
+
+def test_a_folder_without_config_says_what_it_holds(two_models: Path, tmp_path: Path) -> None:
+    import shutil
+
+    nested = tmp_path / "nested"
+    shutil.copytree(two_models / "llm", nested / "llm")
+    # Before: "Check that config.json is valid JSON" for a folder that has no config.json.
+    with pytest.raises(cudaload.ModelConfigError, match=r"no config.json, but \['llm'\] do: pass subfolder='llm'") as e:
+        cudaload.plan(nested)
+    assert "valid JSON" not in str(e.value)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("x")
+    with pytest.raises(cudaload.ModelConfigError, match=r"has no config.json \(it holds notes.txt\)") as e:
+        cudaload.plan(empty)
+    assert "valid JSON" not in str(e.value)
+
+
+def test_a_peft_adapter_folder_is_named_as_one(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_models["qwen3"])
+    get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "adapter")
+    # Before: "Could not read the config ... Check that config.json is valid JSON" (there is none).
+    with pytest.raises(cudaload.ModelConfigError, match="PEFT adapter") as e:
+        cudaload.plan(tmp_path / "adapter")
+    message = str(e.value)
+    assert str(tiny_models["qwen3"]) in message and "PeftModel.from_pretrained" in message
+    assert "valid JSON" not in message
+
+
+def test_gguf_file_is_read_through_transformers_and_named_in_errors(tmp_path: Path) -> None:
+    (tmp_path / "model.Q4_1.gguf").write_bytes(b"not a gguf file")
+    with pytest.raises(cudaload.ModelConfigError, match=r"pass gguf_file='model.Q4_1.gguf'") as e:
+        cudaload.plan(tmp_path)
+    assert "valid JSON" not in str(e.value)
+    # With gguf_file= the config is read from the file, as from_pretrained reads it (not from a config.json).
+    with pytest.raises(cudaload.ModelConfigError, match=r"GGUF magic bytes.*gguf_file='model.Q4_1.gguf'"):
+        cudaload.plan(tmp_path, gguf_file="model.Q4_1.gguf")
+
+
+def test_config_object_is_planned_and_anything_else_refused(two_models: Path) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(two_models / "llm")
+    plan = cudaload.plan(two_models / "llm", config=config, machine=H100)
+    assert plan.model_class == "Qwen3ForCausalLM" and plan.model == str(two_models / "llm")
+    # transformers' Auto classes read the checkpoint's own config when config= is not a config object.
+    with pytest.raises(SettingError, match=r"config='llm' \(str\): from_pretrained uses config= only as a"):
+        cudaload.plan(two_models, config="llm")
+
+
+def _hub_cache(cache: Path, repo: str, files: Path) -> None:
+    """`files` laid out as huggingface_hub's cache keeps a downloaded repository (refs/main -> a snapshot)."""
+    import shutil
+
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    shutil.copytree(files, folder / "snapshots" / commit)
+
+
+def test_cache_dir_is_read_as_from_pretrained_reads_it(two_models: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    _hub_cache(tmp_path, "acme/tiny", two_models)
+    bare = AutoModelForCausalLM.from_pretrained("acme/tiny", cache_dir=tmp_path, subfolder="llm")
+    # Before: the config was looked up in the default cache, so plan() failed where bare transformers loads.
+    plan = cudaload.plan("acme/tiny", cache_dir=str(tmp_path), subfolder="llm")
+    assert plan.model_class == type(bare).__name__ == "Qwen3ForCausalLM"
+    assert plan.kwargs["cache_dir"] == str(tmp_path)
+    model = cudaload.load("acme/tiny", cache_dir=str(tmp_path), subfolder="llm", dtype="float32")
+    assert type(model).__name__ == "Qwen3ForCausalLM"

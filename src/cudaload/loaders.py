@@ -550,6 +550,13 @@ def _no_fallback(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fal
     )
 
 
+def _planned_quantize(plan: Plan) -> Any:
+    try:
+        return plan.decision("quantize").value
+    except KeyError:
+        return None
+
+
 def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
     """Make the plan's `cuda_device` the current CUDA device (a quantized FSDP / ZeRO-3 rank: its
     loader places the weights on `torch.cuda.current_device()`); returns the index, or None when the
@@ -755,6 +762,15 @@ def load(
                 f"load(plan) was given {', '.join(given)}: a Plan is loaded as planned "
                 f"(for {model.machine}, through {model.auto_class}). Build the plan with them instead: "
                 "cudaload.plan(model, ...)."
+            )
+        if model.finetune is not None:
+            # load() applies no LoRA and no k-bit preparation: the model would come back untrainable,
+            # with a plan that says it is set up for fine-tuning.
+            raise SettingError(
+                f"load(plan) was given a fine-tuning plan (LoRA r={model.finetune.lora.get('r')}, "
+                f"quantize={_planned_quantize(model)!r}): load() applies neither the adapters nor the k-bit "
+                "preparation. Pass it to cudaload.load_for_finetune(plan), or plan for inference "
+                "(cudaload.plan(model) without finetune=True) to load with load()."
             )
         the_plan = model
     else:

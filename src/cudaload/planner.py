@@ -258,16 +258,7 @@ def plan(
         from .capability import detect
 
         machine = detect()
-    facts = (
-        model
-        if isinstance(model, ModelFacts)
-        else read_model_facts(
-            str(model) if isinstance(model, os.PathLike) else model,
-            auto_class=model_class,
-            trust_remote_code=overrides.get("trust_remote_code", False) is True,
-            revision=overrides.get("revision"),
-        )
-    )
+    facts = model if isinstance(model, ModelFacts) else _read_facts(model, model_class, overrides)
     if detected:
         machine = _measured(machine, facts, probe, request)
     result = decide_plan(machine, facts, request)
@@ -275,6 +266,77 @@ def plan(
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
     return result
+
+
+# from_pretrained's arguments that choose which files it reads (transformers 5.22-5.25
+# `_BaseAutoModelClass.from_pretrained` passes the first seven to AutoConfig.from_pretrained as
+# `hub_kwargs`, and `gguf_file` with the rest of its kwargs): the facts are read through the same ones.
+SOURCE_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "proxies",
+    "subfolder",
+    "token",
+    "code_revision",
+    "gguf_file",
+)
+
+
+def _read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any]) -> ModelFacts:
+    """The facts of what from_pretrained will read with these overrides: the same subfolder, cache,
+    GGUF file and config, so that the model planned is the model loaded."""
+    name = str(model) if isinstance(model, os.PathLike) else model
+    where = {key: overrides[key] for key in SOURCE_KWARGS if overrides.get(key) is not None}
+    for key in ("subfolder", "gguf_file"):
+        if key in where and (not isinstance(where[key], str) or not where[key].strip()):
+            raise SettingError(
+                f"{key}={where[key]!r}: pass a file or folder name (a non-empty str), or leave it unset."
+            )
+    trust = overrides.get("trust_remote_code", False) is True
+    given_config = overrides.get("config")
+    if given_config is not None:
+        import_transformers()
+        from transformers import PretrainedConfig
+
+        if not isinstance(given_config, PretrainedConfig):
+            # AutoModel*.from_pretrained reads the checkpoint's own config when config= is not a config object
+            # (auto_factory.py), so a path given here would be planned and then silently not used.
+            raise SettingError(
+                f"config={given_config!r:.60} ({type(given_config).__name__}): from_pretrained uses config= only "
+                "as a PretrainedConfig (an Auto class ignores anything else). Pass "
+                "AutoConfig.from_pretrained(...) built the way you want, or leave it unset."
+            )
+        # from_pretrained builds the model from this config and reads only the weights from `model`.
+        facts = read_model_facts(given_config, auto_class=model_class, trust_remote_code=trust)
+        return replace(facts, source=str(name))
+    local = isinstance(name, str) and os.path.isdir(name)
+    if local:
+        for key in ("cache_dir", "force_download", "local_files_only", "proxies", "token"):
+            where.pop(key, None)  # Hub-only: transformers reads a local folder as it is
+    if local and "subfolder" in where:
+        # transformers' cached_file reads <folder>/<subfolder>/<file>; so do the facts (and cache them).
+        inner = os.path.join(name, where.pop("subfolder"))
+        if not os.path.isdir(inner):
+            raise ModelConfigError(
+                f"subfolder={overrides['subfolder']!r}: {name!r} has no such folder. Its folders: "
+                f"{sorted(e for e in os.listdir(name) if os.path.isdir(os.path.join(name, e)))[:6]}."
+            )
+        facts = read_model_facts(
+            inner,
+            auto_class=model_class,
+            trust_remote_code=trust,
+            revision=overrides.get("revision"),
+            config_kwargs=where or None,
+        )
+        return replace(facts, source=name)
+    return read_model_facts(
+        name,
+        auto_class=model_class,
+        trust_remote_code=trust,
+        revision=overrides.get("revision"),
+        config_kwargs=where or None,
+    )
 
 
 def _check_model(model: Any) -> None:
