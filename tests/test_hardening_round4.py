@@ -236,3 +236,26 @@ def test_cache_dir_is_read_as_from_pretrained_reads_it(two_models: Path, tmp_pat
     assert plan.kwargs["cache_dir"] == str(tmp_path)
     model = cudaload.load("acme/tiny", cache_dir=str(tmp_path), subfolder="llm", dtype="float32")
     assert type(model).__name__ == "Qwen3ForCausalLM"
+
+
+def test_a_plan_for_a_simulated_gpu_loaded_here_says_so(tiny_models: dict[str, Path]) -> None:
+    import torch
+
+    assert not torch.cuda.is_available()  # this suite runs on a CPU build of torch (tests/test_gpu.py has the GPU)
+    plan = cudaload.plan(tiny_models["qwen3"], machine=H100)
+    # Before: "AssertionError: Torch not compiled with CUDA enabled. Likely cause: see the cause above."
+    with pytest.raises(cudaload.LoadFailedError) as e:
+        cudaload.load(plan)
+    message = str(e.value)
+    assert "device_map='cuda:0') and torch here cannot use CUDA" in message
+    assert f"This plan was made for {plan.machine}, and this process runs on {cudaload.detect().describe()}" in message
+    assert "see the cause above" not in message
+
+
+def test_an_unrecognised_load_failure_says_what_was_passed(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(cudaload.LoadFailedError) as e:
+        cudaload.load(tiny_models["qwen3"], dtype="float32", key_mapping=5)
+    message = str(e.value)
+    assert "see the cause above" not in message
+    assert "from_pretrained was called with dtype='float32'" in message and "key_mapping=5" in message
+    assert "This plan was made for" not in message  # planned here: nothing to say about another machine
