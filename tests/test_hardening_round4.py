@@ -12,6 +12,7 @@ import pytest
 
 import cudaload
 from cudaload import PlacementError, SettingError
+from cudaload.capability.launch import read_launch
 from cudaload.capability.visible import RawDevice, visible_gpus
 
 H100 = cudaload.Machine.simulated("H100")
@@ -259,3 +260,51 @@ def test_an_unrecognised_load_failure_says_what_was_passed(tiny_models: dict[str
     assert "see the cause above" not in message
     assert "from_pretrained was called with dtype='float32'" in message and "key_mapping=5" in message
     assert "This plan was made for" not in message  # planned here: nothing to say about another machine
+
+
+def _launched(precision: str, gpu: str = "A100") -> cudaload.Machine:
+    launch = read_launch({"ACCELERATE_MIXED_PRECISION": precision})
+    assert launch.mixed_precision == precision.lower()
+    packages = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
+    return cudaload.Machine.simulated(gpu, launch=launch, packages=packages)
+
+
+@pytest.mark.parametrize(
+    ("precision", "bf16", "fp16"), [("fp16", False, True), ("no", False, False), ("BF16", True, False)]
+)
+def test_training_precision_follows_the_launcher(
+    tiny_models: dict[str, Path], precision: str, bf16: bool, fp16: bool
+) -> None:
+    plan = cudaload.plan(tiny_models["llama"], machine=_launched(precision), finetune=True, quantize=None)
+    # Before: bf16=True whatever the launcher said, and TrainingArguments' bf16 overrides the launcher's precision.
+    args = cudaload.training_arguments(plan)
+    assert (args["bf16"], args["fp16"]) == (bf16, fp16)
+    decision = plan.decision("training.bf16")
+    assert decision.source == "user" and f"ACCELERATE_MIXED_PRECISION={precision.lower()}" in decision.reason
+    said = [w for w in plan.warnings if "--mixed_precision" in w]
+    assert bool(said) == (precision == "fp16")  # fp16 autocast over bf16 weights is said; bf16 and "no" match them
+
+
+def test_an_impossible_launcher_precision_is_refused(tiny_models: dict[str, Path]) -> None:
+    from transformers import Gemma2Config
+
+    gemma = Gemma2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    with pytest.raises(
+        cudaload.DtypeUnsupportedError, match=r"fp16.*gemma2 overflows in float16.*--mixed_precision bf16"
+    ):
+        cudaload.plan(gemma, machine=_launched("fp16"), finetune=True, quantize=None)
+    with pytest.raises(cudaload.DtypeUnsupportedError, match=r"bf16.*T4.*sm80 or newer"):
+        cudaload.plan(tiny_models["llama"], machine=_launched("bf16", "T4"), finetune=True, quantize=None)
+    with pytest.raises(PlacementError, match="ACCELERATE_MIXED_PRECISION='fp32' is not one of"):
+        cudaload.plan(
+            tiny_models["llama"],
+            machine=cudaload.Machine.simulated("A100", launch=read_launch({"ACCELERATE_MIXED_PRECISION": "fp32"})),
+        )
