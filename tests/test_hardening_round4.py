@@ -308,3 +308,46 @@ def test_an_impossible_launcher_precision_is_refused(tiny_models: dict[str, Path
             tiny_models["llama"],
             machine=cudaload.Machine.simulated("A100", launch=read_launch({"ACCELERATE_MIXED_PRECISION": "fp32"})),
         )
+
+
+def test_the_405b_fine_tune_plan_does_not_contradict_itself() -> None:
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_hidden_layers=126,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        dtype="bfloat16",
+    )
+    machine = cudaload.Machine.simulated("H100", count=8, packages={"bitsandbytes": "0.50.2", "peft": "0.21.2"})
+    plan = cudaload.plan(config, machine=machine, finetune=True)
+    # Before: device_map said "spread over 8 GPUs" and a warning said "Even 4-bit needs ~218.4 GiB and ... has
+    # 72.0 GiB usable" (one GPU's budget), in the same plan.
+    assert plan.decision("quantize").value == "4bit" and "spread over 8 GPUs" in plan.decision("device_map").reason
+    assert "placement spreads it over the 8 GPUs" in plan.decision("quantize").reason
+    assert not [w for w in plan.warnings if "Even 4-bit" in w]
+    # Beyond the 8 GPUs together, it is still said, with their joint budget.
+    longer = cudaload.plan(config, machine=machine, finetune=True, seq_len=2048 * 64)
+    assert [w for w in longer.warnings if "Even 4-bit" in w and "the 8 GPUs have" in w]
+
+
+def test_your_own_4bit_quantization_config_is_what_the_plan_explains(tiny_models: dict[str, Path]) -> None:
+    from transformers import BitsAndBytesConfig
+
+    machine = cudaload.Machine.simulated("A100", packages={"bitsandbytes": "0.50.2", "peft": "0.21.2"})
+    own = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype="bfloat16")
+    plan = cudaload.plan(tiny_models["llama"], machine=machine, finetune=True, quantize=None, quantization_config=own)
+    planned = cudaload.plan(tiny_models["llama"], machine=machine, finetune=True, quantize="4bit")
+    # Before: "your choice: full-precision base weights", the 16-bit optimizer and the 16-bit estimate.
+    decision = plan.decision("quantize")
+    assert decision.value == "4bit" and "your quantization_config: bitsandbytes 4bit" in decision.reason
+    assert plan.finetune.training_arguments["optim"] == planned.finetune.training_arguments["optim"]
+    assert plan.weight_bytes == planned.weight_bytes
+    assert plan.kwargs["quantization_config"] is own  # passed to from_pretrained as given
+    as_dict = cudaload.plan(
+        tiny_models["llama"], machine=machine, finetune=True, quantize=None, quantization_config={"load_in_8bit": True}
+    )
+    assert as_dict.decision("quantize").value == "8bit"

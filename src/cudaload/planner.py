@@ -414,13 +414,33 @@ def _training_request(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
             "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
         )
+    own = overrides.get("quantization_config")
     return TrainingRequest(
+        own_quantization=_bitsandbytes_bits(own) if own is not None else None,
         quantize=quantize,
         lora=lora,
         gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
         seq_len=2048 if seq_len is None else seq_len,
         batch_size=1 if batch_size is None else batch_size,
     )
+
+
+def _bitsandbytes_bits(config: Any) -> str:
+    """What a quantization_config you pass does to the weights: "4bit" or "8bit" for a BitsAndBytesConfig
+    (or its dict), "other" for another method. Read by attribute or key, as transformers' own config does."""
+
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+    method = get("quant_method") or "bitsandbytes"
+    method = str(getattr(method, "value", method)).lower()  # transformers' QuantizationMethod is a str enum
+    if method != "bitsandbytes":
+        return "other"
+    if get("load_in_4bit") is True:
+        return "4bit"
+    if get("load_in_8bit") is True:
+        return "8bit"
+    return "other"
 
 
 def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:

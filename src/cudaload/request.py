@@ -127,6 +127,9 @@ class TrainingRequest:
     seq_len: int = 2048
     """Sequence length and batch the training-memory estimate assumes."""
     batch_size: int = 1
+    own_quantization: str | None = None
+    """With quantize=None: what your own `quantization_config` does to the base weights ("4bit" or "8bit" for
+    bitsandbytes, "other" for another method, None without one), so the estimate and optimizer follow it."""
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def _finetune_section(
         for q in options
     }
     quant, quant_config, warnings = decide_quantization(
-        machine, model, training.quantize, dtype, estimates, device_map, checkpoint
+        machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
     arguments, training_args = decide_training_arguments(
         judged, dtype, quant.value is not None, training.gradient_checkpointing
