@@ -331,7 +331,7 @@ def test_the_405b_fine_tune_plan_does_not_contradict_itself() -> None:
     assert not [w for w in plan.warnings if "Even 4-bit" in w]
     # Beyond the 8 GPUs together, it is still said, with their joint budget.
     longer = cudaload.plan(config, machine=machine, finetune=True, seq_len=2048 * 64)
-    assert [w for w in longer.warnings if "Even 4-bit" in w and "the 8 GPUs have" in w]
+    assert [w for w in longer.warnings if "Even 4-bit" in w and "(the 8 GPUs 576.0 GiB together)" in w]
 
 
 def test_your_own_4bit_quantization_config_is_what_the_plan_explains(tiny_models: dict[str, Path]) -> None:

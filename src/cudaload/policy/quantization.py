@@ -187,10 +187,8 @@ def _auto_quantize(
     spreads = pinned is None and len(four_fit.spread) > 1
     spread_total = sum(four_fit.spread.values())
     if not four_fit.fits and not (spreads and four_fit.fits_spread):
-        where = (
-            f"the {len(four_fit.spread)} GPUs have {format_bytes(spread_total)} usable together"
-            if spreads
-            else f"{fit.where} has {format_bytes(budget)} usable"
+        where = f"{fit.where} has {format_bytes(budget)} usable" + (
+            f" (the {len(four_fit.spread)} GPUs {format_bytes(spread_total)} together)" if spreads else ""
         )
         warnings = (
             f"Even 4-bit needs ~{format_bytes(four.total)} and {where}: shorten sequences, lower the batch, or use "
