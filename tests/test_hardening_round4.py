@@ -351,3 +351,15 @@ def test_your_own_4bit_quantization_config_is_what_the_plan_explains(tiny_models
         tiny_models["llama"], machine=machine, finetune=True, quantize=None, quantization_config={"load_in_8bit": True}
     )
     assert as_dict.decision("quantize").value == "8bit"
+
+
+def test_a_pipeline_on_a_subfolder_reads_its_tokenizer_there(two_models: Path) -> None:
+    # The root has no tokenizer (a BERT saved without one); llm/ has the causal LM's.
+    pipe = cudaload.pipeline("text-generation", two_models, subfolder="llm", dtype="float32")
+    assert type(pipe.model).__name__ == "Qwen3ForCausalLM"
+    assert pipe(["w5 w6"], max_new_tokens=2, do_sample=False)[0][0]["generated_text"].startswith("w5 w6")
+
+
+def test_tokenizer_for_training_must_be_a_real_bool(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(SettingError, match=r"training='no' \(str\): pass True or False"):
+        cudaload.tokenizer_for(cudaload.plan(tiny_models["qwen3"]), training="no")
