@@ -200,7 +200,10 @@ def plan(
         **overrides: from_pretrained keyword arguments. cudaload's own settings
             (`attn_implementation`, `dtype` or its old name `torch_dtype`, `device_map`,
             `max_memory`, `use_kernels`) are validated and honoured; any other (`revision`,
-            `trust_remote_code`, `quantization_config`, ...) is passed through untouched.
+            `trust_remote_code`, `quantization_config`, ...) is passed through untouched. Those that
+            choose which files are read (`subfolder`, `revision`, `cache_dir`, `gguf_file`, `token`,
+            `config` as a PretrainedConfig, ...) are also used to read the config, as from_pretrained
+            reads it, so the model planned is the model loaded.
 
     Returns:
         The `Plan`: the from_pretrained kwargs, the attention fallback chain and one `Decision`
@@ -208,20 +211,25 @@ def plan(
 
     Raises:
         SettingError: a flag that is not a real bool (`use_kernels`, `hub_kernels`, `generate`,
-            `trust_remote_code`), a non-string `attn_implementation`, generation settings without
-            `generate=True` or with `finetune=True`, or an impossible generation setting.
+            `trust_remote_code`, `gradient_checkpointing`, ...), a `seq_len`/`batch_size` that is not
+            a positive int, a non-string `attn_implementation`, generation settings without
+            `generate=True` or with `finetune=True`, an impossible generation setting, a `config=`
+            that is not a PretrainedConfig, or an empty `subfolder`/`gguf_file`.
         WorkloadError: an unknown `workload`.
-        ModelConfigError: `model` of another type, an empty name, a config that cannot be read,
-            or `generate=True` for a model without a KV-cache layout (not a causal or seq2seq LM,
-            or ModelFacts without `generation`).
+        ModelConfigError: `model` of another type, an empty name, a config that cannot be read
+            (the message says what the folder holds instead: a PEFT adapter, GGUF files, models in
+            subfolders), a `subfolder` that is not there, or `generate=True` for a model without a
+            KV-cache layout (not a causal or seq2seq LM, or ModelFacts without `generation`).
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
         FinetuneConfigError: `lora` without `finetune=True`, or LoRA settings not valid for this model.
         QuantizationError: an unknown `quantize`, an already quantized checkpoint, or both
             `quantize` and `quantization_config` with `finetune=True`.
-        DtypeUnsupportedError: an unknown `dtype`, bfloat16 on a GPU older than sm80, or both
-            `dtype` and `torch_dtype`.
+        DtypeUnsupportedError: an unknown `dtype`, bfloat16 on a GPU older than sm80, both
+            `dtype` and `torch_dtype`, or a fine-tuning launch precision that cannot work
+            (`accelerate launch --mixed_precision fp16` for an fp16-fragile family, bf16 before sm80).
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
-        PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
+        PlacementError: a `device_map`/`max_memory` that cannot work here (`"meta"` anywhere, or
+            every weight on `"disk"`), or invalid launch variables.
         MissingPackageError: `use_kernels=True` or a 4-/8-bit `quantize` without its package.
 
     Examples:
