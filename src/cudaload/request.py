@@ -15,6 +15,8 @@ __all__ = [
     "Request",
     "TrainingRequest",
     "Workload",
+    "check_count",
+    "check_flag",
     "check_padding_side",
     "workload_from",
 ]
@@ -94,6 +96,27 @@ def workload_from(value: object) -> Workload:
 
 PADDING_SIDES = ("left", "right")
 """A tokenizer's `padding_side` values."""
+
+
+def check_flag(name: str, value: Any, allow_none: bool) -> None:
+    """Only a real bool (or None, "decide for me") counts: 1, "yes" or "False" must not."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return
+    raise SettingError(
+        f"{name}={value!r} ({type(value).__name__}): pass True or False"
+        + (", or leave it unset to let cudaload decide." if allow_none else ".")
+    )
+
+
+def check_count(name: str, value: Any) -> None:
+    """A size the memory estimate multiplies by (seq_len, batch_size): a positive int or None, never a
+    bool (True is 1 to Python), a float or a negative number (which gave negative memory that "fits")."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return
+    raise SettingError(
+        f"{name}={value!r} ({type(value).__name__}): pass a whole number of at least 1, or leave it unset "
+        "for cudaload's default."
+    )
 
 
 def check_padding_side(value: object) -> None:

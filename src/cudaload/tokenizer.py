@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ModelConfigError, SettingError
 from .facts.model import generates
 from .plans import Plan
-from .request import check_padding_side
+from .request import check_flag, check_padding_side
 from .upstream_imports import import_transformers
 
 if TYPE_CHECKING:
@@ -69,8 +69,6 @@ def tokenizer_for(
     """
     import_transformers()
     from transformers import AutoTokenizer
-
-    from .planner import check_flag
 
     check_flag("training", training, allow_none=False)
     if padding_side is not None:
