@@ -366,3 +366,10 @@ def test_a_pipeline_on_a_subfolder_reads_its_tokenizer_there(two_models: Path) -
 def test_tokenizer_for_training_must_be_a_real_bool(tiny_models: dict[str, Path]) -> None:
     with pytest.raises(SettingError, match=r"training='no' \(str\): pass True or False"):
         cudaload.tokenizer_for(cudaload.plan(tiny_models["qwen3"]), training="no")
+
+
+def test_an_empty_subfolder_is_transformers_default_and_a_non_name_is_refused(tiny_models: dict[str, Path]) -> None:
+    plan = cudaload.plan(tiny_models["qwen3"], machine=H100, subfolder="")
+    assert plan.model_class == "Qwen3ForCausalLM"
+    with pytest.raises(SettingError, match=r"subfolder=3 \(int\): pass a file or folder name"):
+        cudaload.plan(tiny_models["qwen3"], machine=H100, subfolder=3)

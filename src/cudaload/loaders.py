@@ -249,10 +249,10 @@ def _load_error(plan: Plan, exc: BaseException) -> LoadFailedError:
     model = plan.model
     text = str(exc)
     kind = type(exc).__name__
-    if "not compiled with CUDA" in text or "no NVIDIA driver" in text.lower() or "Found no NVIDIA" in text:
+    if "Torch not compiled with CUDA enabled" in text:  # torch 2.13 torch/cuda/__init__.py:522, a CPU build
         hint = (
             f"the plan places weights on a GPU (device_map={plan.kwargs.get('device_map')!r}) and torch here "
-            "cannot use CUDA (a CPU build of torch, or no driver)"
+            "cannot use CUDA (a CPU build of torch)"
         )
     elif (
         "size mismatch" in text

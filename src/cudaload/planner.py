@@ -202,7 +202,7 @@ def plan(
             `trust_remote_code`, `gradient_checkpointing`, ...), a `seq_len`/`batch_size` that is not
             a positive int, a non-string `attn_implementation`, generation settings without
             `generate=True` or with `finetune=True`, an impossible generation setting, a `config=`
-            that is not a PretrainedConfig, or an empty `subfolder`/`gguf_file`.
+            that is not a PretrainedConfig, or a `subfolder`/`gguf_file` that is not a name.
         WorkloadError: an unknown `workload`.
         ModelConfigError: `model` of another type, an empty name, a config that cannot be read
             (the message says what the folder holds instead: a PEFT adapter, GGUF files, models in
@@ -264,9 +264,10 @@ def plan(
     return result
 
 
-# from_pretrained's arguments that choose which files it reads (transformers 5.22-5.25
-# `_BaseAutoModelClass.from_pretrained` passes the first seven to AutoConfig.from_pretrained as
-# `hub_kwargs`, and `gguf_file` with the rest of its kwargs): the facts are read through the same ones.
+# from_pretrained's arguments that choose which files it reads: transformers 5.22-5.25
+# `_BaseAutoModelClass.from_pretrained` (models/auto/auto_factory.py) passes its `hub_kwargs` (these first
+# six, and `revision`, which plan() passes on its own) with `code_revision` to AutoConfig.from_pretrained, and
+# `gguf_file` among the rest of its kwargs. The facts are read through the same ones.
 SOURCE_KWARGS = (
     "cache_dir",
     "force_download",
@@ -283,11 +284,12 @@ def _read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any
     """The facts of what from_pretrained will read with these overrides: the same subfolder, cache,
     GGUF file and config, so that the model planned is the model loaded."""
     name = str(model) if isinstance(model, os.PathLike) else model
-    where = {key: overrides[key] for key in SOURCE_KWARGS if overrides.get(key) is not None}
+    # "" is transformers' own default for subfolder (and reads no GGUF file): the same as unset.
+    where = {key: overrides[key] for key in SOURCE_KWARGS if overrides.get(key) not in (None, "")}
     for key in ("subfolder", "gguf_file"):
-        if key in where and (not isinstance(where[key], str) or not where[key].strip()):
+        if key in where and not isinstance(where[key], (str, os.PathLike)):
             raise SettingError(
-                f"{key}={where[key]!r}: pass a file or folder name (a non-empty str), or leave it unset."
+                f"{key}={where[key]!r} ({type(where[key]).__name__}): pass a file or folder name, or leave it unset."
             )
     trust = overrides.get("trust_remote_code", False) is True
     given_config = overrides.get("config")
