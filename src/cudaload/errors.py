@@ -139,7 +139,9 @@ class DtypeUnsupportedError(CudaloadError, ValueError):
     Raised by `plan()` (and the loaders built on it) for a `dtype` that is not a floating dtype
     cudaload plans with ("bfloat16", "float16", "float32", "auto" and their aliases), for bfloat16
     (asked, or the checkpoint's via "auto") on a GPU older than sm80, and when both `dtype=` and
-    `torch_dtype=` are given. Pass another dtype, or leave it unset to let cudaload choose.
+    `torch_dtype=` are given; by a fine-tuning plan launched with a precision that cannot work
+    (`accelerate launch --mixed_precision fp16` for an fp16-fragile family, bf16 before sm80). Pass
+    another dtype (or relaunch), or leave it unset to let cudaload choose.
 
     Examples:
         >>> import cudaload
@@ -155,7 +157,8 @@ class PlacementError(CudaloadError, ValueError):
 
     Raised by `plan()` (and the loaders built on it) for a `device_map` or `max_memory` naming a
     device that is not "cpu", "disk", "cuda:N" or an int, a GPU this process cannot see, or an
-    empty map; and when the distributed launch variables (RANK, WORLD_SIZE, ...) are invalid. Fix
+    empty map; for a `device_map` with "meta" (no weights would load) or with every weight on
+    "disk" (nothing to compute on); and when the distributed launch variables (RANK, WORLD_SIZE, ...) are invalid. Fix
     the map (or the launch environment), or leave `device_map` unset.
 
     Examples:
@@ -223,7 +226,9 @@ class LoadFailedError(CudaloadError, RuntimeError):
 
     Raised by `load()`, `load_for_finetune()` and `pipeline()` when `from_pretrained` fails for a
     reason no other attention implementation can fix (mismatched or truncated weights, a missing
-    file or package: the message names the likely cause), when an attention option fails at load
+    file or package, a GPU plan on a torch without CUDA: the message names the likely cause, or when
+    it knows none, the arguments from_pretrained was given; a plan made for another machine says
+    so), when an attention option fails at load
     or at the test forward and there is nothing to fall back to (you chose it, `strict=True`, or
     the chain is exhausted), and when every option gives non-finite logits. Follow the message: fix
     the checkpoint, pass another attention implementation or dtype, or let cudaload fall back.
@@ -261,14 +266,18 @@ class SettingError(CudaloadError, ValueError):
     """A setting has the wrong type or an impossible value (e.g. use_kernels="yes").
 
     Raised by `plan()` (and `load()`, `load_for_finetune()`, `pipeline()`) for a flag that is not a
-    real bool (`use_kernels`, `hub_kernels`, `generate`, `trust_remote_code`), an
+    real bool (`use_kernels`, `hub_kernels`, `generate`, `trust_remote_code`, `gradient_checkpointing`,
+    `strict`, `verify`, `allow_missing_weights`; `tokenizer_for()`'s `training`), an
     `attn_implementation` that is not a string, generation settings (`context`,
     `cache_implementation`, `padding_side`) without `generate=True` or with `finetune=True`, or
     with impossible values; by `pipeline()` for an unknown task or a `model_class`/`generate`
     override; by `tokenizer_for()` for a `padding_side` other than "left"/"right"; and by
-    `cudaload.demo.build_tiny_model()` for a folder it did not make; and by `load(plan, ...)` given
-    overrides, a `machine` or another `model_class` (a Plan loads as planned). Pass a value of the
-    kind the message names.
+    `cudaload.demo.build_tiny_model()` for a folder it did not make; by `load(plan, ...)`,
+    `load_for_finetune(plan, ...)` and `pipeline(task, plan, ...)` given overrides, a `machine` or
+    another `model_class` (a Plan loads as planned), and by `load()` given a fine-tuning plan (its
+    LoRA would be dropped: `load_for_finetune(plan)` applies it); for a `seq_len`/`batch_size` that
+    is not a positive int and a `config=` that is not a PretrainedConfig. Pass a value of the kind
+    the message names.
 
     Examples:
         >>> import cudaload

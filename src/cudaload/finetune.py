@@ -46,7 +46,7 @@ def _prepare(model: Any, finetune: FinetunePlan) -> None:
 
 
 def load_for_finetune(
-    model: str | os.PathLike[str],
+    model: str | os.PathLike[str] | Plan,
     *,
     quantize: str | None = "auto",
     lora: Mapping[str, Any] | None = None,
@@ -73,7 +73,8 @@ def load_for_finetune(
     train mode.
 
     Args:
-        model: A local path or Hub id.
+        model: A local path or Hub id, or a fine-tuning `Plan` from `plan(..., finetune=True)` (then
+            loaded as planned: the planning arguments below and overrides are not accepted).
         quantize: "4bit", "8bit", None (full-precision base weights) or "auto" (the default).
         lora: LoraConfig keyword overrides (default None: r=16, lora_alpha=32, lora_dropout=0.05
             on every linear layer of the decoder, planned from the model).
@@ -96,11 +97,13 @@ def load_for_finetune(
     Raises:
         MissingPackageError: peft is not installed, or `quantize="4bit"`/`"8bit"` without a usable
             bitsandbytes.
-        FinetuneConfigError: LoRA settings that are not valid for this model.
+        FinetuneConfigError: LoRA settings that are not valid for this model, or an inference Plan.
         QuantizationError: an unknown `quantize`, a checkpoint that is already quantized, or both
             `quantize` and `quantization_config`.
-        SettingError: generation settings (`generate=True`, `context`, ...) or an override of
-            the wrong type.
+        SettingError: generation settings (`generate=True`, `context`, ...), an override of the
+            wrong type, a flag (`gradient_checkpointing`, `strict`, `allow_missing_weights`) that is
+            not a real bool, a `seq_len`/`batch_size` that is not a positive int, or a Plan given
+            with planning arguments.
         ModelConfigError: as `plan()` raises it (a model or config that cannot be read).
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
         DtypeUnsupportedError: a `dtype` this machine cannot run.
@@ -126,21 +129,38 @@ def load_for_finetune(
         raise MissingPackageError(
             f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}."
         ) from exc
-    from .planner import plan
+    from .capability.model_config import model_class_name
+    from .planner import check_flag, plan
 
+    for name, value in (("strict", strict), ("allow_missing_weights", allow_missing_weights)):
+        check_flag(name, value, allow_none=False)
     start = time.perf_counter()
-    the_plan = plan(
-        model,
-        machine=machine,
-        model_class=model_class,
-        finetune=True,
-        quantize=quantize,
-        lora=lora,
-        gradient_checkpointing=gradient_checkpointing,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        **overrides,
-    )
+    if isinstance(model, Plan):
+        given = {
+            "quantize": quantize != "auto",
+            "lora": lora is not None,
+            "gradient_checkpointing": gradient_checkpointing is not True,
+            "seq_len": seq_len != 2048,
+            "batch_size": batch_size != 1,
+            "machine": machine is not None,
+            "model_class": model_class_name(model_class) not in (None, model.auto_class),
+            **{key: True for key in overrides},
+        }
+        _check_finetune_plan(model, [name for name, set_ in given.items() if set_])
+        the_plan = model
+    else:
+        the_plan = plan(
+            model,
+            machine=machine,
+            model_class=model_class,
+            finetune=True,
+            quantize=quantize,
+            lora=lora,
+            gradient_checkpointing=gradient_checkpointing,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            **overrides,
+        )
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
     try:  # before any weight is read: a LoRA setting peft refuses fails in a second, not after loading
@@ -166,6 +186,24 @@ def load_for_finetune(
         timings={"plan": planned, **applied.timings},
     )
     return peft_model
+
+
+def _check_finetune_plan(the_plan: Plan, given: list[str]) -> None:
+    """A Plan given to load_for_finetune() is applied as planned: it must be a fine-tuning plan, and
+    nothing else may be asked beside it."""
+    if the_plan.finetune is None:
+        raise FinetuneConfigError(
+            "load_for_finetune(plan) was given an inference plan (no LoRA, quantization or training settings): "
+            "build it with cudaload.plan(model, finetune=True, ...), or pass the model itself."
+        )
+    if given:
+        from .errors import SettingError
+
+        raise SettingError(
+            f"load_for_finetune(plan) was given {', '.join(given)}: a Plan is loaded as planned "
+            f"(for {the_plan.machine}, through {the_plan.auto_class}). Build the plan with them instead: "
+            "cudaload.plan(model, finetune=True, ...)."
+        )
 
 
 def training_arguments(

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
-from .plans import Decision, Plan, Rejected
+from .plans import Decision, Plan, Rejected, mutable
 from .upstream import FLASH_OPTIONS, attention_kind
 
 if TYPE_CHECKING:
@@ -247,11 +247,18 @@ def _is_attention_failure(exc: BaseException, option: str) -> bool:
     return False
 
 
-def _load_error(model: str, exc: BaseException) -> LoadFailedError:
-    """A from_pretrained failure that no attention fallback can fix, named by its likely cause."""
+def _load_error(plan: Plan, exc: BaseException) -> LoadFailedError:
+    """A from_pretrained failure that no attention fallback can fix, named by its likely cause; when the
+    cause is not one cudaload knows, what was passed and how to see transformers' own account of it."""
+    model = plan.model
     text = str(exc)
     kind = type(exc).__name__
-    if (
+    if "Torch not compiled with CUDA enabled" in text:  # torch 2.13 torch/cuda/__init__.py:522, a CPU build
+        hint = (
+            f"the plan places weights on a GPU (device_map={plan.kwargs.get('device_map')!r}) and torch here "
+            "cannot use CUDA (a CPU build of torch)"
+        )
+    elif (
         "size mismatch" in text
         or "mismatched_sizes" in text
         or ("shape" in text.lower() and "mismatch" in text.lower())
@@ -264,8 +271,39 @@ def _load_error(model: str, exc: BaseException) -> LoadFailedError:
     elif isinstance(exc, OSError):
         hint = "a file the model needs is missing or unreadable (a config.json without weights?): check the folder"
     else:
-        hint = "see the cause above"
-    return LoadFailedError(f"Loading {model} failed: {describe_error(exc)}. Likely cause: {hint}.")
+        passed = ", ".join(f"{k}={_short(v)}" for k, v in plan.kwargs.items())
+        hint = (
+            f"not one cudaload recognises. from_pretrained was called with {passed}: check those settings against "
+            "the model, and read transformers' own traceback chained to this error (or call from_pretrained "
+            "yourself with cudaload.from_pretrained_kwargs(plan))"
+        )
+    # A plan made for another machine fails in ways only that can explain (CUDA missing, an unknown error);
+    # a missing or corrupt file is the file's fault wherever the plan was made.
+    known_file_cause = hint.startswith(("the checkpoint", "the weights", "a file"))
+    return LoadFailedError(
+        f"Loading {model} failed: {describe_error(exc)}. Likely cause: {hint}."
+        + ("" if known_file_cause else _elsewhere(plan))
+    )
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _elsewhere(plan: Plan) -> str:
+    """ " This plan was made for <machine> ..." when the plan was made for another machine than this one (a
+    simulated GPU, or another host): said only on the error path, where detecting this machine costs nothing
+    that matters."""
+    from .planner import planned_elsewhere
+
+    here = planned_elsewhere(plan)
+    if here is None:
+        return ""
+    return (
+        f" This plan was made for {plan.machine}, and this process runs on {here}: plan it here "
+        "(cudaload.load(model) or cudaload.plan(model) without machine=) to load on this machine."
+    )
 
 
 def input_device(model: Any) -> Any:
@@ -422,7 +460,7 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
         raise SettingError(
             f"from_pretrained_kwargs() takes a Plan from cudaload.plan(), not {type(plan).__name__} ({plan!r:.60})."
         )
-    kwargs = dict(plan.kwargs)
+    kwargs: dict[str, Any] = mutable(plan.kwargs)  # plain dicts: transformers and accelerate may change what they get
     quant = kwargs.get("quantization_config")
     if isinstance(quant, Mapping):
         from transformers import BitsAndBytesConfig
@@ -516,10 +554,11 @@ def _switch_to(model: Any, option: str) -> _Failure | None:
     return None
 
 
-def _unrelated(model: str, option: str, failure: _Failure, fallbacks: list[Fallback]) -> LoadFailedError:
+def _unrelated(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fallback]) -> LoadFailedError:
     """The error for a failure that is not the attention option's: no other option is tried."""
+    model = plan.model
     if failure.phase == "load" and failure.error is not None:
-        return _load_error(model, failure.error)
+        return _load_error(plan, failure.error)
     if failure.phase == "switch":
         return LoadFailedError(
             f"Could not switch to attn_implementation={option!r} after the others failed: "
@@ -528,7 +567,7 @@ def _unrelated(model: str, option: str, failure: _Failure, fallbacks: list[Fallb
     return LoadFailedError(
         f"{model} loaded, but a test forward failed for a reason unrelated to attention: "
         f"{failure.problem}. Check the placement (device_map/max_memory) and dtype, or pass verify=False "
-        "to skip the check."
+        f"to skip the check.{_elsewhere(plan)}"
     )
 
 
@@ -552,6 +591,13 @@ def _no_fallback(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fal
         f"{failure.problem.rstrip('.')}. Not falling back ({why}).{' Tried:' + tried if tried else ''} "
         "Pass another attn_implementation, or leave it unset (and strict=False) to let cudaload fall back."
     )
+
+
+def _planned_quantize(plan: Plan) -> Any:
+    try:
+        return plan.decision("quantize").value
+    except KeyError:
+        return None
 
 
 def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
@@ -614,7 +660,7 @@ def apply_plan(
         if failure is None:
             break
         if failure.error is not None and not _is_attention_failure(failure.error, option):
-            raise _unrelated(plan.model, option, failure, fallbacks) from failure.error
+            raise _unrelated(plan, option, failure, fallbacks) from failure.error
         if not can_fall_back or index == len(chain) - 1:
             raise _no_fallback(plan, option, failure, fallbacks, why) from failure.error
         fallbacks.append(Fallback(option, failure.phase, failure.problem))
@@ -782,6 +828,15 @@ def load(
                 f"load(plan) was given {', '.join(given)}: a Plan is loaded as planned "
                 f"(for {model.machine}, through {model.auto_class}). Build the plan with them instead: "
                 "cudaload.plan(model, ...)."
+            )
+        if model.finetune is not None:
+            # load() applies no LoRA and no k-bit preparation: the model would come back untrainable,
+            # with a plan that says it is set up for fine-tuning.
+            raise SettingError(
+                f"load(plan) was given a fine-tuning plan (LoRA r={model.finetune.lora.get('r')}, "
+                f"quantize={_planned_quantize(model)!r}): load() applies neither the adapters nor the k-bit "
+                "preparation. Pass it to cudaload.load_for_finetune(plan), or plan for inference "
+                "(cudaload.plan(model) without finetune=True) to load with load()."
             )
         the_plan = model
     else:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from .errors import SettingError
+from .plans import Plan
 
 if TYPE_CHECKING:
     from transformers import Pipeline
@@ -36,9 +37,30 @@ does: `transformers.pipelines.SUPPORTED_TASKS`)."""
 _GENERATING = frozenset({"text-generation", "text2text-generation", "summarization", "translation"})
 
 
+def _check_plan_for(task: str, plan: Plan, given: list[str]) -> None:
+    """A Plan is loaded as planned: through the task's Auto class, with nothing asked beside it (the task's
+    own model_class and generate are not the caller's, so they are never blamed)."""
+    wanted = TASK_MODEL_CLASSES[task]
+    if plan.auto_class != wanted:
+        raise SettingError(
+            f"pipeline({task!r}) loads through {wanted}, but this plan was made for {plan.auto_class}. Plan it "
+            f"with cudaload.plan(model, model_class={wanted!r}), or pass the model itself."
+        )
+    if plan.finetune is not None:
+        raise SettingError(
+            f"pipeline({task!r}) was given a fine-tuning plan: a pipeline runs inference. Plan without "
+            "finetune=True, or pass the model itself."
+        )
+    if given:
+        raise SettingError(
+            f"pipeline({task!r}, plan) was given {', '.join(given)}: a Plan is loaded as planned (for "
+            f"{plan.machine}). Build the plan with them instead: cudaload.plan(model, ...)."
+        )
+
+
 def pipeline(
     task: str,
-    model: str | os.PathLike[str],
+    model: str | os.PathLike[str] | Plan,
     *,
     machine: Machine | None = None,
     strict: bool = False,
@@ -59,7 +81,9 @@ def pipeline(
         task: One of `TASK_MODEL_CLASSES`: "text-generation", "text2text-generation",
             "summarization", "translation", "feature-extraction", "text-classification",
             "sentiment-analysis", "token-classification" or "fill-mask".
-        model: A local path or Hub id.
+        model: A local path or Hub id, or a `Plan` made for the task's Auto class (e.g.
+            `plan(path, model_class="AutoModelForCausalLM", generate=True)`), loaded as planned:
+            `machine` and overrides are then not accepted.
         machine: As for `load()` (default None: this machine).
         strict: As for `load()` (default False: fall back along the attention chain).
         verify: As for `load()` (default True: a short test forward).
@@ -77,7 +101,8 @@ def pipeline(
         set to the `AppliedPlan`.
 
     Raises:
-        SettingError: an unknown task, or a `model_class`/`generate` override (the task decides them).
+        SettingError: an unknown task, a `model_class`/`generate` override (the task decides them),
+            or a Plan made for another Auto class, for fine-tuning, or given with overrides.
         ModelConfigError, LoadFailedError: as `load()` and `tokenizer_for()` raise them (and every
             other error `load()` raises for an impossible override).
 
@@ -115,15 +140,20 @@ def pipeline(
     # A generating task's padding side is a plan decision (tokenizer_for follows it); an encoder's
     # goes to the tokenizer alone.
     padding_side = None if generating else overrides.pop("padding_side", None)
-    loaded: Any = load(
-        model,
-        machine=machine,
-        strict=strict,
-        verify=verify,
-        model_class=TASK_MODEL_CLASSES[task],
-        generate=generating,
-        **overrides,
-    )
+    loaded: Any
+    if isinstance(model, Plan):
+        _check_plan_for(task, model, [*(["machine"] if machine is not None else []), *overrides])
+        loaded = load(model, strict=strict, verify=verify)
+    else:
+        loaded = load(
+            model,
+            machine=machine,
+            strict=strict,
+            verify=verify,
+            model_class=TASK_MODEL_CLASSES[task],
+            generate=generating,
+            **overrides,
+        )
     applied = loaded.cudaload_plan
     tokenizer_options = dict(tokenizer_kwargs or {})
     if padding_side is not None:

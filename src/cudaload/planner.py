@@ -22,25 +22,24 @@ from .facts.machine import Machine
 from .facts.model import ModelFacts
 from .plans import GenerationPlan, Plan
 from .policy import decide_plan, decide_plan_generation
-from .request import GenerationRequest, Request, TrainingRequest, Workload, check_padding_side, workload_from
+from .request import (
+    GenerationRequest,
+    Request,
+    TrainingRequest,
+    Workload,
+    check_count,
+    check_flag,
+    check_padding_side,
+    workload_from,
+)
 from .upstream_imports import import_transformers
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["check_flag", "generation_as_applied", "plan", "split_overrides"]
+__all__ = ["check_count", "check_flag", "generation_as_applied", "plan", "planned_elsewhere", "split_overrides"]
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
-
-
-def check_flag(name: str, value: Any, allow_none: bool) -> None:
-    """Only a real bool (or None, "decide for me") counts: 1, "yes" or "False" must not."""
-    if isinstance(value, bool) or (allow_none and value is None):
-        return
-    raise SettingError(
-        f"{name}={value!r} ({type(value).__name__}): pass True or False"
-        + (", or leave it unset to let cudaload decide." if allow_none else ".")
-    )
 
 
 def _check_attention_name(name: str) -> None:
@@ -189,7 +188,10 @@ def plan(
         **overrides: from_pretrained keyword arguments. cudaload's own settings
             (`attn_implementation`, `dtype` or its old name `torch_dtype`, `device_map`,
             `max_memory`, `use_kernels`) are validated and honoured; any other (`revision`,
-            `trust_remote_code`, `quantization_config`, ...) is passed through untouched.
+            `trust_remote_code`, `quantization_config`, ...) is passed through untouched. Those that
+            choose which files are read (`subfolder`, `revision`, `cache_dir`, `gguf_file`, `token`,
+            `config` as a PretrainedConfig, ...) are also used to read the config, as from_pretrained
+            reads it, so the model planned is the model loaded.
 
     Returns:
         The `Plan`: the from_pretrained kwargs, the attention fallback chain and one `Decision`
@@ -197,20 +199,25 @@ def plan(
 
     Raises:
         SettingError: a flag that is not a real bool (`use_kernels`, `hub_kernels`, `generate`,
-            `trust_remote_code`), a non-string `attn_implementation`, generation settings without
-            `generate=True` or with `finetune=True`, or an impossible generation setting.
+            `trust_remote_code`, `gradient_checkpointing`, ...), a `seq_len`/`batch_size` that is not
+            a positive int, a non-string `attn_implementation`, generation settings without
+            `generate=True` or with `finetune=True`, an impossible generation setting, a `config=`
+            that is not a PretrainedConfig, or a `subfolder`/`gguf_file` that is not a name.
         WorkloadError: an unknown `workload`.
-        ModelConfigError: `model` of another type, an empty name, a config that cannot be read,
-            or `generate=True` for a model without a KV-cache layout (not a causal or seq2seq LM,
-            or ModelFacts without `generation`).
+        ModelConfigError: `model` of another type, an empty name, a config that cannot be read
+            (the message says what the folder holds instead: a PEFT adapter, GGUF files, models in
+            subfolders), a `subfolder` that is not there, or `generate=True` for a model without a
+            KV-cache layout (not a causal or seq2seq LM, or ModelFacts without `generation`).
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
         FinetuneConfigError: `lora` without `finetune=True`, or LoRA settings not valid for this model.
         QuantizationError: an unknown `quantize`, an already quantized checkpoint, or both
             `quantize` and `quantization_config` with `finetune=True`.
-        DtypeUnsupportedError: an unknown `dtype`, bfloat16 on a GPU older than sm80, or both
-            `dtype` and `torch_dtype`.
+        DtypeUnsupportedError: an unknown `dtype`, bfloat16 on a GPU older than sm80, both
+            `dtype` and `torch_dtype`, or a fine-tuning launch precision that cannot work
+            (`accelerate launch --mixed_precision fp16` for an fp16-fragile family, bf16 before sm80).
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
-        PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
+        PlacementError: a `device_map`/`max_memory` that cannot work here (`"meta"` anywhere, or
+            every weight on `"disk"`), or invalid launch variables.
         MissingPackageError: `use_kernels=True` or a 4-/8-bit `quantize` without its package.
 
     Examples:
@@ -247,16 +254,7 @@ def plan(
         from .capability import detect
 
         machine = detect()
-    facts = (
-        model
-        if isinstance(model, ModelFacts)
-        else read_model_facts(
-            str(model) if isinstance(model, os.PathLike) else model,
-            auto_class=model_class,
-            trust_remote_code=overrides.get("trust_remote_code", False) is True,
-            revision=overrides.get("revision"),
-        )
-    )
+    facts = model if isinstance(model, ModelFacts) else _read_facts(model, model_class, overrides)
     if detected:
         machine = _measured(machine, facts, probe, request)
     result = decide_plan(machine, facts, request)
@@ -264,6 +262,79 @@ def plan(
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
     return result
+
+
+# from_pretrained's arguments that choose which files it reads: transformers 5.22-5.25
+# `_BaseAutoModelClass.from_pretrained` (models/auto/auto_factory.py) passes its `hub_kwargs` (these first
+# six, and `revision`, which plan() passes on its own) with `code_revision` to AutoConfig.from_pretrained, and
+# `gguf_file` among the rest of its kwargs. The facts are read through the same ones.
+SOURCE_KWARGS = (
+    "cache_dir",
+    "force_download",
+    "local_files_only",
+    "proxies",
+    "subfolder",
+    "token",
+    "code_revision",
+    "gguf_file",
+)
+
+
+def _read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any]) -> ModelFacts:
+    """The facts of what from_pretrained will read with these overrides: the same subfolder, cache,
+    GGUF file and config, so that the model planned is the model loaded."""
+    name = str(model) if isinstance(model, os.PathLike) else model
+    # "" is transformers' own default for subfolder (and reads no GGUF file): the same as unset.
+    where = {key: overrides[key] for key in SOURCE_KWARGS if overrides.get(key) not in (None, "")}
+    for key in ("subfolder", "gguf_file"):
+        if key in where and not isinstance(where[key], (str, os.PathLike)):
+            raise SettingError(
+                f"{key}={where[key]!r} ({type(where[key]).__name__}): pass a file or folder name, or leave it unset."
+            )
+    trust = overrides.get("trust_remote_code", False) is True
+    given_config = overrides.get("config")
+    if given_config is not None:
+        import_transformers()
+        from transformers import PretrainedConfig
+
+        if not isinstance(given_config, PretrainedConfig):
+            # AutoModel*.from_pretrained reads the checkpoint's own config when config= is not a config object
+            # (auto_factory.py), so a path given here would be planned and then silently not used.
+            raise SettingError(
+                f"config={given_config!r:.60} ({type(given_config).__name__}): from_pretrained uses config= only "
+                "as a PretrainedConfig (an Auto class ignores anything else). Pass "
+                "AutoConfig.from_pretrained(...) built the way you want, or leave it unset."
+            )
+        # from_pretrained builds the model from this config and reads only the weights from `model`.
+        facts = read_model_facts(given_config, auto_class=model_class, trust_remote_code=trust)
+        return replace(facts, source=str(name))
+    local = isinstance(name, str) and os.path.isdir(name)
+    if local:
+        for key in ("cache_dir", "force_download", "local_files_only", "proxies", "token"):
+            where.pop(key, None)  # Hub-only: transformers reads a local folder as it is
+    if local and "subfolder" in where:
+        # transformers' cached_file reads <folder>/<subfolder>/<file>; so do the facts (and cache them).
+        inner = os.path.join(name, where.pop("subfolder"))
+        if not os.path.isdir(inner):
+            raise ModelConfigError(
+                f"subfolder={overrides['subfolder']!r}: {name!r} has no such folder. Its folders: "
+                f"{sorted(e for e in os.listdir(name) if os.path.isdir(os.path.join(name, e)))[:6]}."
+            )
+        facts = read_model_facts(
+            inner,
+            auto_class=model_class,
+            trust_remote_code=trust,
+            revision=overrides.get("revision"),
+            config_kwargs=where or None,
+        )
+        return replace(facts, source=name)
+    return read_model_facts(
+        name,
+        auto_class=model_class,
+        trust_remote_code=trust,
+        revision=overrides.get("revision"),
+        config_kwargs=where or None,
+    )
 
 
 def _check_model(model: Any) -> None:
@@ -333,18 +404,41 @@ def _training_request(
                 )
             )
         return None
+    check_flag("gradient_checkpointing", gradient_checkpointing, allow_none=True)
+    for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        check_count(name, value)
     if quantize is not None and "quantization_config" in overrides:
         raise QuantizationError(
             f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
             "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
         )
+    own = overrides.get("quantization_config")
     return TrainingRequest(
+        own_quantization=_bitsandbytes_bits(own) if own is not None else None,
         quantize=quantize,
         lora=lora,
         gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
         seq_len=2048 if seq_len is None else seq_len,
         batch_size=1 if batch_size is None else batch_size,
     )
+
+
+def _bitsandbytes_bits(config: Any) -> str:
+    """What a quantization_config you pass does to the weights: "4bit" or "8bit" for a BitsAndBytesConfig
+    (or its dict), "other" for another method. Read by attribute or key, as transformers' own config does."""
+
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+    method = get("quant_method") or "bitsandbytes"
+    method = str(getattr(method, "value", method)).lower()  # transformers' QuantizationMethod is a str enum
+    if method != "bitsandbytes":
+        return "other"
+    if get("load_in_4bit") is True:
+        return "4bit"
+    if get("load_in_8bit") is True:
+        return "8bit"
+    return "other"
 
 
 def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:
@@ -354,6 +448,16 @@ def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request
 
     on_cpu = not usable_machine(machine)[0].gpus
     return measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
+
+
+def planned_elsewhere(plan: Plan) -> str | None:
+    """This machine as a plan describes one (`Machine.describe()` of its usable part) when `plan` was made
+    for another (a simulated GPU, another host); None when it was made for this one. Detects this machine."""
+    from .capability import detect
+    from .policy.devices import usable_machine
+
+    here = usable_machine(detect())[0].describe()
+    return None if here == plan.machine else here
 
 
 def generation_as_applied(plan: Plan, attention: str, dtype: str) -> GenerationPlan | None:

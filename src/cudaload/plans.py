@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from .facts.dtypes import BYTES
 from .facts.kv_cache import GenerationFacts
@@ -27,10 +27,54 @@ __all__ = [
     "GenerationPlan",
     "Plan",
     "PlanInputs",
+    "ReadOnlyDict",
     "Rejected",
     "decision_lines",
     "jsonable",
+    "mutable",
+    "read_only",
 ]
+
+
+class ReadOnlyDict(dict[str, Any]):
+    """A dict that refuses changes: a frozen Plan's `kwargs` (nested mappings too). It is still a dict to
+    JSON, `==`, `**` unpacking and `dict(...)` (which gives a mutable copy to change).
+
+    Without it `plan.kwargs["dtype"] = "float16"` changed a frozen Plan, and `load(plan)` applied part of
+    the change while the decisions and explain() kept the old value.
+    """
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(
+            "Plan.kwargs is read-only: a Plan is frozen and load() applies it as planned. Plan again with the "
+            "setting you want (cudaload.plan(model, dtype=...)), or pass dict(plan.kwargs) with your change to "
+            "from_pretrained yourself."
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle and deepcopy rebuild it whole, never item by item
+        return (type(self), (dict(self),))
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(jsonable(self), sort_keys=True))
+
+
+def read_only(value: Any) -> Any:
+    """`value` with every plain mapping in it (a dict, e.g. max_memory or a quantization config) made a
+    ReadOnlyDict; other objects (yours, passed through) are kept as they are."""
+    if isinstance(value, Mapping) and not isinstance(value, ReadOnlyDict):
+        return ReadOnlyDict({k: read_only(v) for k, v in value.items()})
+    return value
+
+
+def mutable(value: Any) -> Any:
+    """A ReadOnlyDict (nested ones too) as plain dicts, for code that changes what it is given
+    (accelerate's `get_max_memory` converts a max_memory dict's sizes in place)."""
+    if isinstance(value, ReadOnlyDict):
+        return {k: mutable(v) for k, v in value.items()}
+    return value
 
 
 DecisionSource = Literal["auto", "user"]
@@ -389,6 +433,11 @@ class Plan:
     inputs: PlanInputs | None = field(default=None, compare=False, repr=False)
     """What the policy decided from (not part of the plan's value, not in `to_dict()`): `load()`
     plans generation again from it when an attention fallback changed what was applied."""
+
+    def __post_init__(self) -> None:
+        # Frozen means frozen: kwargs is what load() applies, so it must not change behind the decisions.
+        if not isinstance(self.kwargs, ReadOnlyDict):
+            object.__setattr__(self, "kwargs", read_only(self.kwargs))
 
     def __hash__(self) -> int:  # kwargs is a dict: hash the plan's JSON value, which equality agrees with
         return hash(self.to_json())

@@ -15,6 +15,8 @@ __all__ = [
     "Request",
     "TrainingRequest",
     "Workload",
+    "check_count",
+    "check_flag",
     "check_padding_side",
     "workload_from",
 ]
@@ -96,6 +98,27 @@ PADDING_SIDES = ("left", "right")
 """A tokenizer's `padding_side` values."""
 
 
+def check_flag(name: str, value: Any, allow_none: bool) -> None:
+    """Only a real bool (or None, "decide for me") counts: 1, "yes" or "False" must not."""
+    if isinstance(value, bool) or (allow_none and value is None):
+        return
+    raise SettingError(
+        f"{name}={value!r} ({type(value).__name__}): pass True or False"
+        + (", or leave it unset to let cudaload decide." if allow_none else ".")
+    )
+
+
+def check_count(name: str, value: Any) -> None:
+    """A size the memory estimate multiplies by (seq_len, batch_size): a positive int or None, never a
+    bool (True is 1 to Python), a float or a negative number (which gave negative memory that "fits")."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return
+    raise SettingError(
+        f"{name}={value!r} ({type(value).__name__}): pass a whole number of at least 1, or leave it unset "
+        "for cudaload's default."
+    )
+
+
 def check_padding_side(value: object) -> None:
     """Refuse a padding side a tokenizer does not have (plan()'s, tokenizer_for()'s and pipeline()'s)."""
     if value not in PADDING_SIDES:
@@ -127,6 +150,9 @@ class TrainingRequest:
     seq_len: int = 2048
     """Sequence length and batch the training-memory estimate assumes."""
     batch_size: int = 1
+    own_quantization: str | None = None
+    """With quantize=None: what your own `quantization_config` does to the base weights ("4bit" or "8bit" for
+    bitsandbytes, "other" for another method, None without one), so the estimate and optimizer follow it."""
 
 
 @dataclass(frozen=True)

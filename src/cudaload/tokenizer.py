@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import ModelConfigError, SettingError
 from .facts.model import generates
 from .plans import Plan
-from .request import check_padding_side
+from .request import check_flag, check_padding_side
 from .upstream_imports import import_transformers
 
 if TYPE_CHECKING:
@@ -39,7 +39,8 @@ def tokenizer_for(
     Args:
         model_or_plan: A model from `load()`/`load_for_finetune()` (or any transformers model:
             its `name_or_path` is where the tokenizer is read from), or a `Plan` (its model, with
-            the plan's `revision`).
+            the plan's `revision`, `subfolder` and `cache_dir`; a model loaded by cudaload also reads
+            them from its plan).
         training: Pad on the right, for training (default False). Ignored when `padding_side`
             is given.
         padding_side: "left" or "right" to choose yourself (default None: decided as above).
@@ -53,7 +54,8 @@ def tokenizer_for(
         SettingError: a `padding_side` other than "left" or "right".
         ModelConfigError: no tokenizer can be loaded from the model's folder or Hub id (none, or
             one without a vocabulary: no tokenizer files), or it has neither a pad nor an EOS token.
-        SettingError: `model_or_plan` is neither a Plan nor a model loaded from a path.
+        SettingError: `model_or_plan` is neither a Plan nor a model loaded from a path, or `training`
+            is not a real bool.
 
     Examples:
         >>> import tempfile, cudaload
@@ -68,13 +70,15 @@ def tokenizer_for(
     import_transformers()
     from transformers import AutoTokenizer
 
+    check_flag("training", training, allow_none=False)
     if padding_side is not None:
         check_padding_side(padding_side)
     source: str
     generation = None
+    planned: Plan | None = None
     if isinstance(model_or_plan, Plan):
+        planned = model_or_plan
         source = model_or_plan.model
-        revision = model_or_plan.kwargs.get("revision")
         generation = model_or_plan.generation
         can_generate = generates(model_or_plan.model_class)
     else:
@@ -86,13 +90,18 @@ def tokenizer_for(
                 f"loaded from a path) or a Plan, not {type(model_or_plan).__name__} ({model_or_plan!r:.60}). For a "
                 "path, load the model first, or plan it: tokenizer_for(cudaload.plan(path))."
             )
-        revision = None
         applied = getattr(model_or_plan, "cudaload_plan", None)
         generation = getattr(applied, "generation", None)
+        planned = getattr(applied, "plan", None) if isinstance(getattr(applied, "plan", None), Plan) else None
+        if planned is not None and planned.model != source:
+            planned = None  # a model not from this plan's files: read its own
         method = getattr(model_or_plan, "can_generate", None)
         can_generate = bool(method()) if callable(method) else False
-    if revision is not None:
-        kwargs.setdefault("revision", revision)
+    # The files the model was read from (a subfolder, a cache folder, a revision): its tokenizer is there too.
+    for key in ("revision", "subfolder", "cache_dir", "token", "local_files_only"):
+        value = planned.kwargs.get(key) if planned is not None else None
+        if value is not None:
+            kwargs.setdefault(key, value)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as exc:

@@ -138,14 +138,18 @@ def read_generation_facts(
     )
 
 
-def checkpoint_generation_config(source: str, revision: str | None = None) -> dict[str, Any]:
-    """The checkpoint's generation_config.json as a dict ({} when it has none or it cannot be read)."""
-    path = os.path.join(source, "generation_config.json")
+def checkpoint_generation_config(
+    source: str, revision: str | None = None, subfolder: str = "", cache_dir: Any = None
+) -> dict[str, Any]:
+    """The checkpoint's generation_config.json as a dict ({} when it has none or it cannot be read), in
+    `subfolder` and through `cache_dir` as transformers looks it up."""
+    path = os.path.join(source, subfolder, "generation_config.json")
     if not os.path.isdir(source):
         try:
             from huggingface_hub import try_to_load_from_cache
 
-            cached = try_to_load_from_cache(source, "generation_config.json", revision=revision)
+            filename = f"{subfolder}/generation_config.json" if subfolder else "generation_config.json"
+            cached = try_to_load_from_cache(source, filename, revision=revision, cache_dir=cache_dir)
         except Exception:  # an id the cache helper rejects: no generation config to read
             return {}
         if not isinstance(cached, str):

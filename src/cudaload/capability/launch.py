@@ -78,6 +78,14 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         zero_stage = _int("ACCELERATE_DEEPSPEED_ZERO_STAGE", "DEEPSPEED_ZERO_STAGE")
     elif world_size > 1:
         strategy = "ddp"
+    # accelerate accepts these (accelerate/utils/dataclasses.py PrecisionType); TrainingArguments reads the
+    # variable and lets its own bf16/fp16 flags override it (transformers training_args.py, "Mixed Precision").
+    mixed_precision = env.get("ACCELERATE_MIXED_PRECISION")
+    if mixed_precision is not None:
+        mixed_precision = mixed_precision.strip().lower()
+        if mixed_precision not in ("no", "fp16", "bf16", "fp8"):
+            problems.append(f"ACCELERATE_MIXED_PRECISION={mixed_precision!r} is not one of no, fp16, bf16, fp8")
+            mixed_precision = None
     return Launch(
         launcher=launcher,
         rank=rank,
@@ -88,4 +96,5 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         zero_stage=zero_stage,
         problems=tuple(problems),
         notes=tuple(notes),
+        mixed_precision=mixed_precision,
     )

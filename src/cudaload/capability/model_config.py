@@ -15,10 +15,11 @@ import copy
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ModelConfigError, RemoteCodeError, SettingError
+from ..errors import MissingPackageError, ModelConfigError, RemoteCodeError, SettingError, describe_error
 from ..facts.dtypes import canonical_dtype
 from ..facts.kv_cache import GenerationFacts
 from ..facts.model import ModelFacts, generates
@@ -40,15 +41,26 @@ def _normalise_dtype(value: Any) -> str | None:
     return canonical_dtype(value) or str(value).removeprefix("torch.")
 
 
-def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> Any:
+def _load_config(
+    model: Any, trust_remote_code: bool, revision: str | None, config_kwargs: Mapping[str, Any] | None = None
+) -> Any:
     from transformers import AutoConfig, PretrainedConfig
 
     if isinstance(model, PretrainedConfig):
         return model
     name = str(model)
+    extra = dict(config_kwargs or {})
     _check_config_file(name)
     try:
-        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, revision=revision)
+        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, revision=revision, **extra)
+    except ImportError as exc:
+        if "gguf_file" in extra:  # transformers reads a GGUF file's metadata with the `gguf` package
+            raise MissingPackageError(
+                f"gguf_file={extra['gguf_file']!r}: transformers reads a GGUF file with the gguf package, which is "
+                f"not installed here ({describe_error(exc)}). Install it (pip install gguf), or load a "
+                "safetensors checkpoint."
+            ) from exc
+        raise
     except ValueError as exc:
         if "trust_remote_code" in str(exc):
             raise RemoteCodeError(
@@ -57,8 +69,7 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
                 "repository's code, then pass trust_remote_code=True yourself if you trust it."
             ) from exc
         raise ModelConfigError(
-            f"Could not read the config of {name!r}: {exc}. Check that config.json is valid JSON written by "
-            "save_pretrained()."
+            f"Could not read the config of {name!r}: {str(exc).rstrip('.')}. {_what_the_folder_holds(name, extra)}"
         ) from exc
     except _config_validation_errors() as exc:
         # transformers 5 configs are strict dataclasses: huggingface_hub names the field and the value.
@@ -73,16 +84,70 @@ def _load_config(model: Any, trust_remote_code: bool, revision: str | None) -> A
         ) from exc
     except OSError as exc:
         if os.path.isdir(name):
+            folder = os.path.join(name, str(extra.get("subfolder") or ""))
+            if os.path.isfile(os.path.join(folder, "config.json")) and not extra.get("gguf_file"):
+                raise ModelConfigError(
+                    f"{name!r} is a local folder, but its config.json is missing or unreadable: "
+                    f"{str(exc).rstrip('.')}. Save the model there with save_pretrained(), or pass the folder that "
+                    "holds config.json."
+                ) from exc
             raise ModelConfigError(
-                f"{name!r} is a local folder, but its config.json is missing or unreadable: "
-                f"{str(exc).rstrip('.')}. Save the model there with save_pretrained(), or pass the folder that holds "
-                "config.json."
+                f"{name!r} is a local folder, but transformers could not read its config: {str(exc).rstrip('.')}. "
+                f"{_what_the_folder_holds(name, extra)}"
             ) from exc
         raise ModelConfigError(
             f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
             "could not be fetched from the Hub (offline, not cached, or a wrong id). Pass a local path, "
             f"or download it first while online. Cause: {exc}"
         ) from exc
+
+
+def _what_the_folder_holds(name: str, config_kwargs: Mapping[str, Any]) -> str:
+    """What to do, from what a local folder really holds: a PEFT adapter, GGUF files, models in subfolders,
+    a config.json that is there but not valid, or no config.json at all (never "check config.json is valid
+    JSON" when there is none)."""
+    folder = os.path.join(name, str(config_kwargs.get("subfolder") or ""))
+    if not os.path.isdir(folder):
+        return "Check the path (and subfolder=), or the Hub id."
+    entries = sorted(os.listdir(folder))
+    config = os.path.join(folder, "config.json")
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")) and not os.path.isfile(config):
+        base = _adapter_base(os.path.join(folder, "adapter_config.json"))
+        return (
+            f"It is a PEFT adapter (adapter_config.json{f', base model {base!r}' if base else ''}), not a model: "
+            "cudaload plans and loads the base model. Load the base with cudaload.load(base) (or "
+            "load_for_finetune(base) to train on), then attach the adapter: "
+            f"peft.PeftModel.from_pretrained(model, {folder!r})."
+        )
+    if config_kwargs.get("gguf_file"):
+        return (
+            f"transformers read the config from gguf_file={config_kwargs['gguf_file']!r}'s metadata: check that it "
+            "is a complete GGUF file of a model type transformers converts, and that it is in this folder."
+        )
+    gguf = [e for e in entries if e.endswith(".gguf")]
+    if gguf:
+        return f"It holds GGUF file(s) {gguf[:3]}: pass gguf_file={gguf[0]!r} to read one."
+    inner = [e for e in entries if os.path.isfile(os.path.join(folder, e, "config.json"))]
+    if inner and not os.path.isfile(config):
+        return f"It has no config.json, but {inner[:3]} do: pass subfolder={inner[0]!r} to read that model."
+    if os.path.isfile(config):
+        return "Check that its config.json is valid JSON with a model_type, as save_pretrained() writes it."
+    shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "") if entries else "nothing"
+    return (
+        f"It has no config.json (it holds {shown}). Save the model there with save_pretrained(), or pass the "
+        "folder that holds config.json."
+    )
+
+
+def _adapter_base(path: str) -> str | None:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            base = json.load(handle).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return base if isinstance(base, str) else None
 
 
 def _check_config_file(name: str) -> None:
@@ -319,6 +384,7 @@ def read_model_facts(
     auto_class: str | None = None,
     trust_remote_code: bool = False,
     revision: str | None = None,
+    config_kwargs: Mapping[str, Any] | None = None,
 ) -> ModelFacts:
     """Facts about `model` (a path, a hub id or a PretrainedConfig) from its config alone.
 
@@ -335,6 +401,10 @@ def read_model_facts(
         trust_remote_code: Allow the repository's own code for its config and class (default
             False; never set for you). Facts of remote-code models are not cached.
         revision: The Hub revision (branch, tag or commit) to read; default None: the main one.
+        config_kwargs: The other from_pretrained arguments that choose which files are read
+            (`subfolder`, `cache_dir`, `gguf_file`, `token`, ...), passed to
+            `AutoConfig.from_pretrained` as from_pretrained passes them; facts read with any are
+            not cached. Default None.
 
     Returns:
         The `ModelFacts`.
@@ -357,13 +427,13 @@ def read_model_facts(
         >>> cudaload.read_model_facts(path, auto_class="AutoModel").model_class
         'Qwen3Model'
     """
-    cache = _facts_cache_file(model, auto_class) if not trust_remote_code else None
+    cache = _facts_cache_file(model, auto_class) if not trust_remote_code and not config_kwargs else None
     if cache is not None:
         cached = _cached_facts(cache, str(model))
         if cached is not None:
             return cached
     import_transformers()  # a cached model is planned without transformers; this one is read with it
-    facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision)
+    facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision, config_kwargs or {})
     if cache is not None:
         from .cache import write_json
 
@@ -372,10 +442,14 @@ def read_model_facts(
 
 
 def _read_model_facts(
-    model: Any, auto_class: str | None, trust_remote_code: bool, revision: str | None
+    model: Any,
+    auto_class: str | None,
+    trust_remote_code: bool,
+    revision: str | None,
+    config_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[ModelFacts, bool]:
     """The facts, and whether the checkpoint dtype came from the weights rather than the config."""
-    config = _load_config(model, trust_remote_code, revision)
+    config = _load_config(model, trust_remote_code, revision, config_kwargs)
     _check_sizes(config, str(model) if not hasattr(model, "model_type") else config.model_type)
     auto_class = auto_class or default_auto_class(config)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -384,7 +458,7 @@ def _read_model_facts(
     if dtype_from_weights:
         # No (or "auto") dtype in the config: transformers' dtype="auto" then reads the weights
         # (`_get_dtype` in modeling_utils.py); so do we, from the safetensors header alone.
-        checkpoint_dtype = None if not isinstance(model, str) else _weights_dtype(model, revision)
+        checkpoint_dtype = None if not isinstance(model, str) else _weights_dtype(model, revision, config_kwargs)
     source = model if isinstance(model, str) else str(getattr(config, "_name_or_path", "") or "")
     cls = _model_class(config, auto_class, trust_remote_code, source, revision)
     try:
@@ -442,15 +516,22 @@ def _read_model_facts(
         attention_heads=heads,
         kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
         tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
-        generation=_generation_facts(config, cls, model, revision) if generates(auto_class) else None,
+        generation=_generation_facts(config, cls, model, revision, config_kwargs) if generates(auto_class) else None,
     )
     return facts, dtype_from_weights
 
 
-def _generation_facts(config: Any, cls: type, model: Any, revision: str | None) -> GenerationFacts | None:
+def _generation_facts(
+    config: Any, cls: type, model: Any, revision: str | None, config_kwargs: Mapping[str, Any] | None = None
+) -> GenerationFacts | None:
     """The KV-cache layout from the config already read (and the checkpoint's generation_config.json);
     None when the decoder's layers cannot be read the way transformers' caches read them."""
-    generation_config = checkpoint_generation_config(model, revision) if isinstance(model, str) else {}
+    where = dict(config_kwargs or {})
+    generation_config = (
+        checkpoint_generation_config(model, revision, where.get("subfolder") or "", where.get("cache_dir"))
+        if isinstance(model, str)
+        else {}
+    )
     try:
         return read_generation_facts(config, cls, generation_config)
     except (AttributeError, TypeError, ValueError, KeyError, IndexError):
@@ -505,13 +586,17 @@ def _stored_quantization(config: Any, meta: Any) -> CheckpointQuantization | Non
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
-def _weights_dtype(model: str, revision: str | None) -> str | None:
+def _weights_dtype(model: str, revision: str | None, config_kwargs: Mapping[str, Any] | None = None) -> str | None:
     """The floating dtype holding most of the weights, read from a safetensors header (the first
-    8 bytes give the JSON header's length; no tensor is read). None when there is no local file."""
+    8 bytes give the JSON header's length; no tensor is read). None when there is no local file
+    (or the weights are a GGUF file, which transformers dequantizes)."""
     import json
     import struct
 
-    path = _weights_file(model, revision)
+    where = dict(config_kwargs or {})
+    if where.get("gguf_file"):
+        return None
+    path = _weights_file(model, revision, where.get("subfolder") or "", where.get("cache_dir"))
     if path is None:
         return None
     import stat
@@ -537,18 +622,20 @@ def _weights_dtype(model: str, revision: str | None) -> str | None:
     return max(counts, key=lambda d: counts[d]) if counts else None
 
 
-def _weights_file(model: str, revision: str | None) -> str | None:
-    """A local safetensors file of `model` (a folder, or a Hub id already in the cache)."""
+def _weights_file(model: str, revision: str | None, subfolder: str = "", cache_dir: Any = None) -> str | None:
+    """A local safetensors file of `model` (a folder, or a Hub id already in the cache), in `subfolder`
+    and through `cache_dir` as transformers' `cached_file` looks them up."""
     import json
     from pathlib import Path
 
     def find(name: str) -> str | None:
         if os.path.isdir(model):
-            candidate = os.path.join(model, name)
+            candidate = os.path.join(model, subfolder, name)
             return candidate if os.path.isfile(candidate) else None
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(model, name, revision=revision)
+        filename = f"{subfolder}/{name}" if subfolder else name
+        cached = try_to_load_from_cache(model, filename, revision=revision, cache_dir=cache_dir)
         return cached if isinstance(cached, str) else None
 
     single = find("model.safetensors")

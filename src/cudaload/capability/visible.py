@@ -87,6 +87,21 @@ def parse_visible_devices(value: str | None) -> list[int] | list[str] | None:
     return ordinals
 
 
+def _repeated_entry(value: str) -> str | None:
+    """The first device CUDA_VISIBLE_DEVICES names twice, as written (None when none is): CUDA then
+    sees no GPU at all, so it must be said."""
+    seen: set[object] = set()
+    uuids = value.startswith(("GPU-", "MIG-"))
+    for entry in value.split(","):
+        key: object = entry if uuids else _strtoul(entry.strip())
+        if not uuids and isinstance(key, int) and key < 0:
+            return None  # the list ends at the first invalid entry: nothing after it counts
+        if key in seen:
+            return entry.strip()
+        seen.add(key)
+    return None
+
+
 def _cuda_order(raw: Sequence[RawDevice], order: str | None) -> list[RawDevice]:
     by_pci = sorted(raw, key=lambda d: (d.pci_bus_id or "", d.nvml_index))
     if (order or "FASTEST_FIRST").upper() == "PCI_BUS_ID":
@@ -175,6 +190,13 @@ def visible_gpus(
             "Visible GPUs differ in model and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them "
             "fastest first, so cuda:N may not be nvidia-smi's GPU N. Set CUDA_DEVICE_ORDER=PCI_BUS_ID "
             "before CUDA starts to make the two agree."
+        )
+    repeated = _repeated_entry(visible) if visible is not None and not parsed and visible.strip() else None
+    if repeated is not None:
+        warnings.append(
+            f"CUDA_VISIBLE_DEVICES={visible!r} names device {repeated} twice: CUDA refuses a list with a repeated "
+            "device and then shows this process no GPU at all. List each GPU once (e.g. "
+            f"CUDA_VISIBLE_DEVICES={repeated})."
         )
     if visible is not None and parsed and len(chosen) < len(parsed):
         warnings.append(

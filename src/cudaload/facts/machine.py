@@ -247,6 +247,9 @@ class Launch:
         problems: Launch variables that are present but invalid (negative, non-numeric, rank >=
             world size); planning raises PlacementError when there are any.
         notes: A launch that works but not as its command line asked (plan warnings).
+        mixed_precision: The launcher's mixed precision ("no", "fp16", "bf16", "fp8";
+            ACCELERATE_MIXED_PRECISION), which a fine-tuning plan's TrainingArguments flags follow;
+            None when not set.
 
     Examples:
         >>> import cudaload
@@ -269,6 +272,9 @@ class Launch:
     """Launch variables that are present but invalid (negative, non-numeric, rank >= world size)."""
     notes: tuple[str, ...] = ()
     """A launch that works but not as its command line asked (plan warnings)."""
+    mixed_precision: str | None = None
+    """`accelerate launch --mixed_precision` ("no", "fp16", "bf16" or "fp8", from ACCELERATE_MIXED_PRECISION);
+    None when not launched with one. TrainingArguments' bf16/fp16 flags override it, so the plan follows it."""
 
     @property
     def distributed(self) -> bool:

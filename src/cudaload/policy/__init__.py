@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import ModelConfigError, PlacementError
+from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
@@ -221,11 +221,12 @@ def _finetune_section(
         for q in options
     }
     quant, quant_config, warnings = decide_quantization(
-        machine, model, training.quantize, dtype, estimates, device_map, checkpoint
+        machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
     arguments, training_args = decide_training_arguments(
         judged, dtype, quant.value is not None, training.gradient_checkpointing
     )
+    warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype))
     use_cache = _training_cache(training.gradient_checkpointing)
     plan = FinetunePlan(
         lora=lora_config,
@@ -242,6 +243,29 @@ def _finetune_section(
         quantization_config=quant_config,
         training_bytes=estimates[quant.value].total,
         warnings=warnings,
+    )
+
+
+_LAUNCHED_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _launched_precision_warnings(machine: Machine, model: ModelFacts, dtype: str) -> tuple[str, ...]:
+    """What a launcher's mixed precision (followed by the TrainingArguments flags) means for this model: fp16
+    for an fp16-fragile family is refused; another precision than the weights' dtype is said."""
+    launched = machine.launch.mixed_precision
+    if launched == "fp16" and model.fp16_fragile:
+        raise DtypeUnsupportedError(
+            f"ACCELERATE_MIXED_PRECISION=fp16 (accelerate launch --mixed_precision fp16), but {model.model_type} "
+            "overflows in float16 (its activations exceed fp16's range: inf/NaN losses). Relaunch with "
+            "--mixed_precision bf16 on an sm80+ GPU, or --mixed_precision no."
+        )
+    wanted = _LAUNCHED_DTYPES.get(launched or "")
+    if wanted is None or wanted == dtype:
+        return ()
+    return (
+        f"Launched with --mixed_precision {launched} (ACCELERATE_MIXED_PRECISION): training autocasts to "
+        f"{wanted} as launched, while the weights load in {dtype} (the plan's dtype). Pass dtype={wanted!r} to "
+        "load them in it too, or relaunch with the precision you want.",
     )
 
 

@@ -99,8 +99,21 @@ def check_device_map(machine: Machine, device_map: Any) -> None:
             f"device_map={device_map!r} ({type(device_map).__name__}) is not a device map: pass 'auto', a device "
             "('cpu', 'cuda:0', 0) or a dict of module name -> device."
         )
-    for where, value in _devices(device_map):
+    places = _devices(device_map)
+    for where, value in places:
         _cuda_index_checked(machine, value, where)
+        if str(value) == "meta":
+            raise PlacementError(
+                f"{where}='meta' loads no weights: the model is built empty on the meta device and its first "
+                "forward fails. To see the settings without loading, use cudaload.plan(); for an empty model, "
+                "build it under accelerate's init_empty_weights(). To load, pass 'auto', 'cpu' or 'cuda:N'."
+            )
+    if all(str(value) == "disk" for _, value in places):
+        raise PlacementError(
+            f"device_map={device_map!r} puts every weight on disk and leaves nothing to compute on: "
+            "transformers needs the GPU or the CPU for each forward. Pass device_map='auto' (with max_memory "
+            "and offload_folder= to spill what does not fit to disk), or 'cpu'."
+        )
 
 
 def gpu_indices(device_map: Any) -> set[int]:

@@ -65,6 +65,7 @@ def decide_quantization(
     estimates: dict[str | None, TrainingMemory],
     device_map: Any = None,
     checkpoint: CheckpointPlan | None = None,
+    own: str | None = None,
 ) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
     """(decision, BitsAndBytesConfig kwargs or None, warnings). `estimates` maps None/"4bit"/"8bit"
     to the training-memory estimate for that choice; `device_map` is the one you passed, if any: a
@@ -97,6 +98,32 @@ def decide_quantization(
         return (
             Decision("quantize", requested, f"your choice: {detail}", source="user"),
             _config(requested, dtype, machine),
+            (),
+        )
+    if requested is None and own in ("4bit", "8bit"):
+        # Your quantization_config quantizes the base (passed to from_pretrained as you gave it): the estimate,
+        # the placement and the optimizer must follow it, not "full precision".
+        return (
+            Decision(
+                "quantize",
+                own,
+                f"your quantization_config: bitsandbytes {own} base weights (passed to from_pretrained as given); "
+                f"the memory estimate, placement and optimizer follow it",
+                source="user",
+            ),
+            None,
+            (),
+        )
+    if requested is None and own is not None:
+        return (
+            Decision(
+                "quantize",
+                None,
+                "your quantization_config (not bitsandbytes 4-/8-bit): passed to from_pretrained as given; the "
+                "memory estimate assumes 16-bit base weights",
+                source="user",
+            ),
+            None,
             (),
         )
     if requested is None:
@@ -154,16 +181,30 @@ def _auto_quantize(
             (warning,),
         )
     warnings: tuple[str, ...] = ()
-    if not judge_fit(machine, four.total, TRAINING_SHARE, pinned).fits:
-        warnings = (
-            f"Even 4-bit needs ~{format_bytes(four.total)} and {fit.where} has {format_bytes(budget)} usable: "
-            "shorten sequences, lower the batch, or use a bigger GPU.",
+    four_fit = judge_fit(machine, four.total, TRAINING_SHARE, pinned)
+    # Placement spreads a copy that exceeds one GPU over all of them (unless a device_map pins one): 4-bit
+    # "does not fit" only when it exceeds that too, or the plan would say both "spread over N GPUs" and this.
+    spreads = pinned is None and len(four_fit.spread) > 1
+    spread_total = sum(four_fit.spread.values())
+    if not four_fit.fits and not (spreads and four_fit.fits_spread):
+        where = f"{fit.where} has {format_bytes(budget)} usable" + (
+            f" (the {len(four_fit.spread)} GPUs {format_bytes(spread_total)} together)" if spreads else ""
         )
+        warnings = (
+            f"Even 4-bit needs ~{format_bytes(four.total)} and {where}: shorten sequences, lower the batch, or use "
+            "more or bigger GPUs.",
+        )
+    spread_note = (
+        f", more than one GPU: placement spreads it over the {len(four_fit.spread)} GPUs "
+        f"({format_bytes(spread_total)} usable together)"
+        if not four_fit.fits and spreads and four_fit.fits_spread
+        else ""
+    )
     return (
         Decision(
             "quantize",
             "4bit",
-            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{format_bytes(four.total)}",
+            f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{format_bytes(four.total)}{spread_note}",
             (Rejected(None, "does not fit"),),
         ),
         _config("4bit", dtype, machine),

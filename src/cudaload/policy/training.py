@@ -7,12 +7,12 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import FinetuneConfigError
+from ..errors import DtypeUnsupportedError, FinetuneConfigError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 
-__all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "lora_targets"]
+__all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
 
 # r=16 with alpha=2r is the common practitioner default (peft docs, most QLoRA recipes use
 # r 8-64); dropout 0.05 as in the QLoRA paper's smaller models; adapters on every projection
@@ -163,6 +163,35 @@ def _reentrant_reason(machine: Machine) -> str:
     return "non-reentrant checkpointing works with frozen inputs and DDP (a reentrant default does not)"
 
 
+def launcher_precision(machine: Machine) -> tuple[Decision, Decision] | None:
+    """The bf16/fp16 TrainingArguments flags as the launcher asked (`accelerate launch --mixed_precision`,
+    ACCELERATE_MIXED_PRECISION); None when it asked nothing.
+
+    TrainingArguments reads that variable and then lets its own flags override it (transformers 5.22-5.25
+    training_args.py, "Mixed Precision": `if self.fp16: ... elif self.bf16: ...`), so a planned bf16=True
+    would silently train bf16 under `--mixed_precision fp16` or `no`. The launch is the user's choice: the
+    flags follow it. A GPU without bf16 cannot run a bf16 launch (accelerate raises only once training
+    starts), so that is refused here.
+    """
+    launched = machine.launch.mixed_precision
+    if launched is None:
+        return None
+    gpu = machine.weakest_gpu
+    if launched == "bf16" and gpu is not None and not gpu.bf16:
+        raise DtypeUnsupportedError(
+            f"ACCELERATE_MIXED_PRECISION=bf16 (accelerate launch --mixed_precision bf16), but {gpu.name} ({gpu.sm}) "
+            "has no bf16: it needs sm80 or newer. Relaunch with --mixed_precision fp16 (or no)."
+        )
+    reason = (
+        f"the launcher's: ACCELERATE_MIXED_PRECISION={launched} (accelerate launch --mixed_precision {launched}); "
+        "TrainingArguments' flag would override it"
+    )
+    return (
+        Decision("training.bf16", launched == "bf16", reason, source="user"),
+        Decision("training.fp16", launched == "fp16", reason, source="user"),
+    )
+
+
 def decide_training_arguments(
     machine: Machine, dtype: str, quantized: bool, checkpointing: bool
 ) -> tuple[tuple[Decision, ...], dict[str, Any]]:
@@ -172,9 +201,13 @@ def decide_training_arguments(
     def add(setting: str, value: Any, reason: str, *rejected: Rejected) -> None:
         decisions.append(Decision(f"training.{setting}", value, reason, tuple(rejected)))
 
+    launched = launcher_precision(machine)
     if gpu is not None:
-        add("bf16", dtype == "bfloat16", f"mixed precision in the plan's dtype ({dtype})")
-        add("fp16", dtype == "float16", f"mixed precision in the plan's dtype ({dtype})")
+        if launched is not None:
+            decisions.extend(launched)
+        else:
+            add("bf16", dtype == "bfloat16", f"mixed precision in the plan's dtype ({dtype})")
+            add("fp16", dtype == "float16", f"mixed precision in the plan's dtype ({dtype})")
         if gpu.bf16:
             add("tf32", True, f"{gpu.sm} has TF32 tensor cores: fp32 matmuls (LoRA, optimizer) run faster")
         if quantized:
@@ -189,8 +222,11 @@ def decide_training_arguments(
     else:
         # The dtype decision already weighed bf16 on this CPU (measured, or by its ISA): follow it.
         bf16 = dtype == "bfloat16"
-        add("bf16", bf16, f"CPU autocast in the plan's dtype ({dtype})" if bf16 else f"the plan's dtype is {dtype}")
-        add("fp16", False, "fp16 on CPU is emulated")
+        if launched is not None:
+            decisions.extend(launched)
+        else:
+            add("bf16", bf16, f"CPU autocast in the plan's dtype ({dtype})" if bf16 else f"the plan's dtype is {dtype}")
+            add("fp16", False, "fp16 on CPU is emulated")
         add(
             "optim",
             "adamw_torch",
