@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -372,3 +373,18 @@ def test_cudaload_probe_measures_again_and_says_what_changed(tmp_path: Path, mon
     third = capsys.readouterr().out
     assert f"before: {later}, quiet: bf16 at 2.50x" in third
     assert "not recorded: disturbed numbers are not kept" in third and "cudaload doctor" in third
+
+
+# ---- the docs (issue 31, item 7) ----------------------------------------------------------------
+
+_SHOWS_A_CPU_DTYPE = re.compile(r"probed on this CPU|not measured here|not measured reliably|tie: bf16|measured here")
+
+
+def test_every_page_that_shows_a_cpu_dtype_says_it_is_measured_and_how_to_measure_again() -> None:
+    root = Path(__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    showing = [p for p in pages if _SHOWS_A_CPU_DTYPE.search(p.read_text())]
+    assert len(showing) >= 5  # the check itself finds the pages
+    missing = [p.name for p in showing if "cudaload probe" not in p.read_text() or "cpu-dtype.md" not in p.read_text()]
+    assert not [m for m in missing if m != "cpu-dtype.md"], missing
+    assert "## Measure again" in (root / "docs" / "cpu-dtype.md").read_text()

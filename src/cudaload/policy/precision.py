@@ -249,7 +249,7 @@ def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decis
             threads += " per rank (the record a single process with the same OMP_NUM_THREADS reads)"
         source = (
             f"F.linear {probe.in_features}x{probe.out_features}, {threads}, probed on this CPU on "
-            f"{probe.measured_at}{' (cached)' if probe.from_cache else ''}"
+            f"{probe.measured_at}{' (cached)' if probe.from_cache else ''}; `cudaload probe` measures again"
         )
         if ratios:
             source = f"{ratios}; {source}"
