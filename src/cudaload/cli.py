@@ -61,12 +61,13 @@ def _hub_reachability(machine: Machine) -> dict[str, str]:
 def _probe_lines(machine: Machine) -> list[str]:
     probe = machine.dtype_probe
     if probe is None:
-        why = "a GPU decides the dtype" if machine.gpus else "off (CUDALOAD_PROBE=0)"
+        why = "a GPU decides the dtype" if machine.gpus else (machine.unmeasured or "off (CUDALOAD_PROBE=0)")
         return [f"  dtype probe: {why}"]
     origin = "read from the cache" if probe.from_cache else f"measured now in {probe.cost_s:.2f} s"
     lines = [
         f"  dtype probe: F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, "
-        f"{probe.measured_at}, {origin}"
+        f"{probe.measured_at}, {origin}, {probe.confidence}"
+        + ("" if probe.confidence == "quiet" else f" (not used: {probe.conditions}); `cudaload probe` measures again")
     ]
     for phase, timing, unit in (
         (f"prefill ({probe.prefill_tokens} tokens)", probe.prefill, 1e3),
@@ -108,12 +109,13 @@ def _remeasure(model: str | None) -> str:
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
     bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
     before, after = remeasure(machine, bucket)
-    kept = (
-        f"  recorded in {probe_path(machine, bucket)}"
-        if after.confidence == "quiet"
-        else "  not recorded: disturbed numbers are not kept (the record above, if any, stays); run again when "
-        "the machine is quiet"
-    )
+    kept = f"  recorded in {probe_path(machine, bucket)}"
+    if after.confidence != "quiet":
+        kept = (
+            "  not recorded: disturbed numbers do not replace the quiet record above"
+            if before is not None and before.confidence == "quiet"
+            else "  recorded as disturbed for 2 minutes: its numbers are not used"
+        ) + "; run again when the machine is quiet"
     dtype = plan(facts).decision("dtype")
     return "\n".join(
         [

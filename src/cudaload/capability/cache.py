@@ -282,8 +282,9 @@ def write_json(path: Path, data: Mapping[str, Any]) -> bool:
     return True
 
 
-LOCK_TIMEOUT_S = 60.0
-"""How long a process waits for another one's lock (a dtype probe takes 1-5 s, with torch's import)."""
+LOCK_TIMEOUT_S = 120.0
+"""How long a process waits for another one's lock: a dtype probe takes 1-5 s on a quiet machine, and
+up to ~50 s (two tries) at load 15 on 2 cores."""
 LOCK_POLL_S = 0.05
 
 

@@ -22,7 +22,8 @@ runnable but waiting for a core (the kernel's per-thread `schedstat`), the steal
 a quick re-run (RERUN_ROUNDS) that must give the same verdict, and the plateau a time slice leaves
 (`time_slice_plateau`). A probe that waited or was stolen from, or whose re-run disagrees, is
 "disturbed": it is tried again after a pause (the others may have been starting up), and if it
-stays disturbed it is not cached and the plan keeps the checkpoint's dtype, saying why. The load
+stays disturbed its numbers are never used: the plan keeps the checkpoint's dtype, saying why, and
+the record holds that verdict for DISTURBED_TTL_S only, so processes waiting on the lock agree. The load
 average is recorded but does not decide: it is a minute-long decaying average that misses processes
 that just started (N processes starting together) and remembers ones that ended.
 
@@ -110,9 +111,12 @@ PLATEAU_MIN_S = 2e-3
 MAX_AGE_DAYS = 30
 """A quiet record is measured again after this long (a BIOS, kernel or microcode update changes
 speeds without changing the fingerprint)."""
-DISTURBED_TTL_S = 600.0
-"""Under a distributed launch a disturbed result is recorded too, this long, so every rank makes the
-same (unmeasured) choice instead of each measuring on its own and disagreeing."""
+DISTURBED_TTL_S = 120.0
+"""A disturbed result is recorded as such for this long, never as an answer: processes that waited
+for the lock (the ranks of a launch, workers started together) then make the same unmeasured
+choice at once, instead of each measuring the same load in turn (4 processes at load 15 on the
+2-core EPYC: 115-172 s each, one past the lock's timeout) and possibly disagreeing. After it, the
+next plan measures again."""
 MAX_SANE_S = 10.0
 """No single probed call takes this long (the largest bucket's GEMM is ~0.5 GFLOP): a record that
 says so is not believed."""
@@ -594,20 +598,17 @@ def dtype_probe_for(
 ) -> tuple[DtypeProbe | None, str]:
     """This machine's probe for `bucket`, and why there is none (or "").
 
-    Read from the cache when a usable record is there (a disturbed one only under a distributed
-    launch, whose ranks must agree); else, holding the record's lock so that processes starting
-    together measure once, read again (another process may have just written it) and measure. A
-    quiet result is written back; a disturbed one only under a launch (briefly), else kept for this
-    process only. When the lock cannot be had in time, nothing is measured and the reason says why.
+    Read from the cache when a record is there (a disturbed one for DISTURBED_TTL_S: the policy
+    does not use its numbers, but every process then makes the same choice); else, holding the
+    record's lock so that processes starting together measure once, read again (another process may
+    have just written it) and measure, and write the result back (the policy judges it by its
+    confidence). When the lock cannot be had in time, nothing is measured and the reason says why.
     """
     path = probe_path(machine, bucket, env)
-    launch = machine.launch.distributed
 
     def usable() -> DtypeProbe | None:
         cached, _ = read_probe(machine, bucket, env)
-        if cached is not None and (cached.confidence == "quiet" or launch):
-            return cached
-        return _measured_here.get(path)
+        return cached if cached is not None else _measured_here.get(path)
 
     found = usable()
     if found is not None or not measure:
@@ -619,7 +620,7 @@ def dtype_probe_for(
         if found is not None:
             return found, ""
         measured = replace(measure_dtypes(*bucket), fingerprint=tuple(sorted(_expected(machine, bucket).items())))
-        written = (measured.confidence == "quiet" or launch) and write_json(path, _to_json(measured))
+        written = write_json(path, _to_json(measured))
     if not written:
         _measured_here[path] = measured
     return measured, ""
@@ -637,12 +638,13 @@ def remeasure(
 ) -> tuple[DtypeProbe | None, DtypeProbe]:
     """Measure `bucket` again now, whatever is cached: (the record it replaces, if any, of any age;
     the new measurement). Holds the lock; a quiet result replaces the record, a disturbed one does
-    not (the old record stays, and the caller says so)."""
+    not (the old record stays, and the caller says so)."""  # a disturbed hold it replaces, though
     path = probe_path(machine, bucket, env)
     with exclusive(path.with_suffix(".lock")):
         before, _ = read_probe(machine, bucket, env, any_age=True)
         after = replace(measure_dtypes(*bucket), fingerprint=tuple(sorted(_expected(machine, bucket).items())))
-        written = after.confidence == "quiet" and write_json(path, _to_json(after))
+        replace_it = after.confidence == "quiet" or before is None or before.confidence != "quiet"
+        written = replace_it and write_json(path, _to_json(after))
     if written:
         _measured_here.pop(path, None)
     else:
