@@ -223,8 +223,10 @@ def test_quick_finetune_bench_measures_lora_and_qlora(
         "4bit": 73_728 // 2 + 73_728 // 64 + 73_728 * 4 // 16_384 + (205_184 - 73_728) * d,
     }
     expected_optimizer = {
-        None: ("adamw_torch_fused", "torch AdamW (fused)") if on_gpu else ("adamw_torch", "torch AdamW"),
-        "4bit": ("paged_adamw_8bit", "bitsandbytes PagedAdamW8bit") if on_gpu else ("adamw_torch", "torch AdamW"),
+        None: ("adamw_torch_fused", "torch AdamW (fused)"),
+        "4bit": ("paged_adamw_8bit", "bitsandbytes PagedAdamW8bit")
+        if on_gpu
+        else ("adamw_torch_fused", "torch AdamW (fused)"),
     }
     for v in ran:
         plan = v["plan"]

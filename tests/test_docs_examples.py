@@ -59,7 +59,8 @@ _MASKS = (
     (re.compile(r"\b(?:bfloat16|float16|float32|bf16|fp16|fp32)\b"), "<dtype>"),
     # How a CPU dtype decision's reason opens is what the CPU measured: "bf16 1.6x faster than fp32",
     # "tie: ...", or, with a bench record or the probe off, "fastest measured here" / "not measured here".
-    (re.compile(r"^(?:tie:|fastest measured here|not measured here)"), "<dtype>"),
+    # A probe other processes disturbed is not believed: "not measured reliably: ...", "not measured: ...".
+    (re.compile(r"^(?:tie:|fastest measured here|not measured here|not measured reliably:|not measured:)"), "<dtype>"),
     (re.compile(r"\d+(?:\.\d+)?"), "N"),
     (re.compile(r"\b(?:True|False|true|false)\b"), "<bool>"),
 )

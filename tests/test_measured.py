@@ -282,19 +282,33 @@ def test_a_cache_path_that_is_a_file_measures_every_time_with_one_warning(tmp_pa
     assert first is not None and second is not None and not second.from_cache
 
 
-def test_measure_for_skips_the_probe_when_asked_or_distributed(tmp_path: Path) -> None:
+def test_measure_for_skips_the_probe_when_asked(tmp_path: Path) -> None:
     env = _env(tmp_path)
     machine = detect()
     facts = QWEN
     assert measure_for(machine, facts, env={**env, "CUDALOAD_PROBE": "0"}).dtype_probe is None
     assert measure_for(machine, facts, probe=False, env=env).dtype_probe is None
     assert measure_for(machine, facts, dtype_chosen=True, env=env).dtype_probe is None
+
+
+def test_ranks_measure_once_and_read_the_record_a_single_process_with_their_threads_reads(tmp_path: Path) -> None:
+    # torchrun sets OMP_NUM_THREADS=1: a rank measures (the first to take the lock) with one thread, the
+    # record a single process started with OMP_NUM_THREADS=1 reads too; the next rank reads it.
+    import torch  # its thread count is the one measured with, and the one the fingerprint keys on
+
+    env = {**_env(tmp_path), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    machine = detect()
+    facts = QWEN
     ranked = replace(machine, launch=cudaload.Launch(launcher="torchrun", world_size=2, local_world_size=2))
-    assert measure_for(ranked, facts, env=env).dtype_probe is None  # not cached: ranks never probe
-    measured = measure_for(machine, facts, env=env).dtype_probe
-    assert measured is not None and not measured.from_cache
-    cached = measure_for(ranked, facts, env=env).dtype_probe  # cached now: every rank reads the same
-    assert cached is not None and cached.from_cache
+    first = measure_for(ranked, facts, env=env).dtype_probe
+    assert first is not None and not first.from_cache
+    second = measure_for(ranked, facts, env=env).dtype_probe
+    assert second is not None and second.from_cache and second.prefill_s == first.prefill_s
+    single = measure_for(machine, facts, env=env).dtype_probe
+    assert single is not None and single.from_cache and single.prefill_s == first.prefill_s
+    planned = plan_for(replace(ranked, dtype_probe=replace(second, threads=1), threads=1), facts).decision("dtype")
+    assert "thread per rank (the record a single process with the same OMP_NUM_THREADS reads)" in planned.reason
+    assert "probe off or a simulated machine" not in planned.reason
 
 
 def test_tuning_records_round_trip_through_the_cache(tmp_path: Path) -> None:

@@ -205,8 +205,8 @@ def test_8bit_optimizer_keeps_small_tensors_in_fp32(bnb_sizes) -> None:
         ("4bit", True, "paged_adamw_8bit"),
         ("8bit", True, "paged_adamw_8bit"),
         (None, True, "adamw_torch_fused"),
-        ("4bit", False, "adamw_torch"),
-        (None, False, "adamw_torch"),
+        ("4bit", False, "adamw_torch_fused"),
+        (None, False, "adamw_torch_fused"),
     ],
 )
 def test_the_estimate_uses_the_planned_optimizer(quantize, on_gpu, optim) -> None:

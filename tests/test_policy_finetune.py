@@ -39,8 +39,8 @@ TABLE = [
     ("H100", 8, DDP8, 8, None, None, {"": 3}, True, False, True, "adamw_torch_fused"),
     ("H100", 2, FSDP, 8, "4bit", "4bit", None, True, False, True, "paged_adamw_8bit"),
     ("H100", 2, ZERO3, 8, None, None, None, True, False, True, "adamw_torch_fused"),
-    (None, 1, None, 8, "auto", None, "cpu", False, False, None, "adamw_torch"),
-    (None, 1, None, 1, "4bit", "4bit", "cpu", False, False, None, "adamw_torch"),
+    (None, 1, None, 8, "auto", None, "cpu", False, False, None, "adamw_torch_fused"),
+    (None, 1, None, 1, "4bit", "4bit", "cpu", False, False, None, "adamw_torch_fused"),
 ]
 
 
@@ -153,3 +153,17 @@ def test_quantization_and_placement_agree_on_what_fits() -> None:
     assert plan.kwargs["device_map"] == "cuda:0"
     assert "to train" in plan.decision("device_map").reason
     assert not any("offload" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize(
+    ("torch", "optim"), [("2.13.0", "adamw_torch_fused"), ("2.8.0", "adamw_torch_fused"), ("2.7.1", "adamw_torch")]
+)
+def test_cpu_fine_tuning_keeps_fused_adamw_where_torch_has_it(torch: str, optim: str) -> None:
+    machine = Machine.simulated(packages={**BNB, "torch": torch})
+    plan = finetune(machine, llama(1))
+    decision = plan.decision("training.optim")
+    assert decision.value == optim
+    assert "CUDA-only" not in decision.reason
+    if optim == "adamw_torch_fused":
+        assert "_foreach_utils.py" in decision.reason and "training_args.py" in decision.reason
+        assert [r.value for r in decision.rejected] == ["adamw_torch", "paged_adamw_8bit"]

@@ -15,7 +15,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from .errors import CudaloadError, MissingPackageError
-from .facts.machine import Launch, Machine
+from .facts.machine import DtypeProbe, Launch, Machine
 from .plans import jsonable
 
 __all__ = ["main"]
@@ -61,12 +61,13 @@ def _hub_reachability(machine: Machine) -> dict[str, str]:
 def _probe_lines(machine: Machine) -> list[str]:
     probe = machine.dtype_probe
     if probe is None:
-        why = "a GPU decides the dtype" if machine.gpus else "off (CUDALOAD_PROBE=0)"
+        why = "a GPU decides the dtype" if machine.gpus else (machine.unmeasured or "off (CUDALOAD_PROBE=0)")
         return [f"  dtype probe: {why}"]
     origin = "read from the cache" if probe.from_cache else f"measured now in {probe.cost_s:.2f} s"
     lines = [
         f"  dtype probe: F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, "
-        f"{probe.measured_at}, {origin}"
+        f"{probe.measured_at}, {origin}, {probe.confidence}"
+        + ("" if probe.confidence == "quiet" else f" (not used: {probe.conditions}); `cudaload probe` measures again")
     ]
     for phase, timing, unit in (
         (f"prefill ({probe.prefill_tokens} tokens)", probe.prefill, 1e3),
@@ -82,6 +83,50 @@ def _probe_lines(machine: Machine) -> list[str]:
             cells.append(f"{dtype} {seconds * unit:.3f} ms{ratio}")
         lines.append(f"    {phase}: " + ", ".join(cells))
     return lines
+
+
+def _probe_verdict(probe: DtypeProbe) -> str:
+    ratios = [
+        f"{(timing('float32') or 0) / (timing('bfloat16') or 1):.2f}x at {phase}"
+        for phase, timing in (("prefill", probe.prefill), ("decode", probe.decode))
+    ]
+    return f"{probe.measured_at}, {probe.confidence}: bf16 at {' and '.join(ratios)} fp32's speed ({probe.conditions})"
+
+
+def _remeasure(model: str | None) -> str:
+    """`cudaload probe [MODEL]`, `doctor --remeasure`: measure the CPU dtype again, say what changed."""
+    from .capability import detect
+    from .capability.dtype_probe import probe_path, remeasure, shape_bucket, torch_threads
+    from .capability.model_config import read_model_facts
+    from .facts.model import reference_model
+    from .planner import plan
+    from .policy.devices import usable_machine
+
+    machine = detect()
+    if usable_machine(machine)[0].gpus:
+        return "cudaload probe: a GPU decides the dtype here; the CPU dtype probe is not used"
+    facts = reference_model() if model is None else read_model_facts(model)
+    machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
+    bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
+    before, after = remeasure(machine, bucket)
+    kept = f"  recorded in {probe_path(machine, bucket)}"
+    if after.confidence != "quiet":
+        kept = (
+            "  not recorded: disturbed numbers do not replace the quiet record above"
+            if before is not None and before.confidence == "quiet"
+            else "  recorded as disturbed for 2 minutes: its numbers are not used"
+        ) + "; run again when the machine is quiet"
+    dtype = plan(facts).decision("dtype")
+    return "\n".join(
+        [
+            f"cudaload probe: F.linear {bucket[0]}x{bucket[1]} on {machine.cpu.model}, {after.threads} threads "
+            f"(OMP_NUM_THREADS sets them; torchrun ranks use 1), for {facts.source}",
+            f"  before: {_probe_verdict(before) if before else 'nothing recorded'}",
+            f"  now:    {_probe_verdict(after)} (measured in {after.cost_s:.1f} s)",
+            kept,
+            f"  dtype now planned: {dtype.value}: {dtype.reason}",
+        ]
+    )
 
 
 def _doctor(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
@@ -264,6 +309,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_plan(sub, common)
     _add_bench(sub, common)
     _add_demo(sub, common)
+    probe = sub.add_parser(
+        "probe",
+        parents=[common],
+        help="measure this CPU's dtype speeds again, whatever is cached, and say what changed",
+    )
+    probe.add_argument("model", nargs="?", help="local path or hub id whose shape to measure (default: a 1B shape)")
     return parser
 
 
@@ -276,6 +327,7 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser], common
         action="store_true",
         help="also ask the Hub whether each attention kernel can be fetched now (network)",
     )
+    doctor.add_argument("--remeasure", action="store_true", help="first measure the CPU dtype again (cudaload probe)")
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -611,7 +663,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             from .capability import detect
 
+            if args.remeasure:
+                _emit(_remeasure(None) + "\n", sys.stderr if args.json else None)
             _emit(_doctor(detect(), args.json, args.check_hub))
+        elif args.command == "probe":
+            _emit(_remeasure(args.model))
         elif args.command == "plan":
             _emit(_plan(args, parser))
         elif args.command == "bench":

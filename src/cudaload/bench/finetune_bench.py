@@ -5,7 +5,7 @@ Both variants load the same local checkpoint with `load_for_finetune()` (`quanti
 warm-up training step, then `steps` timed steps on one fixed batch of random tokens (forward with
 labels, backward, optimizer step; the loss's outputs are dropped before the backward, as
 `Trainer.compute_loss` does). The optimizer is the one the plan's `TrainingArguments` name
-(`adamw_torch` on CPU; on CUDA `adamw_torch_fused`, or bitsandbytes' `paged_adamw_8bit` for
+(`adamw_torch_fused`, or on CUDA bitsandbytes' `paged_adamw_8bit` for
 QLoRA), with autocast when the plan's arguments set `bf16`/`fp16`.
 
 Memory, measured from a baseline taken after the warm-up step (the model, the adapters and the
@@ -216,7 +216,7 @@ def _optimizer(torch: Any, name: str, params: list[Any], on_cuda: bool) -> tuple
 
         paged = PagedAdamW8bit(params, lr=LEARNING_RATE, weight_decay=0.0)  # type: ignore[no-untyped-call]
         return paged, "bitsandbytes PagedAdamW8bit"
-    if name == "adamw_torch_fused" and on_cuda:
+    if name == "adamw_torch_fused":  # torch has fused AdamW on the CPU too (policy/training.py cites it)
         return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.0, fused=True), "torch AdamW (fused)"
     used = "torch AdamW" if name == "adamw_torch" else f"torch AdamW ({name} needs CUDA)"
     return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.0), used

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..facts.machine import Machine
 from .cpu import probe_cpu
-from .dtype_probe import cached_dtype_probe, probe_enabled, shape_bucket, torch_threads
+from .dtype_probe import dtype_probe_for, probe_enabled, shape_bucket, torch_threads
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
 from .software import probe_hub, probe_software
@@ -92,17 +92,19 @@ def measure_for(
     The probe is skipped when `probe` is False or CUDALOAD_PROBE=0, when the dtype was chosen
     by the caller (`dtype_chosen`), and when a record of this model matches this machine.
     `on_cpu` says the plan runs on the CPU (default: no GPU seen; the planner also passes True
-    when torch cannot drive the GPUs it sees). Under a distributed launch only a cached probe is
-    used, never a new one: every rank must plan the same dtype, and ranks probing side by side
-    would each measure the others' load (and could disagree).
+    when torch cannot drive the GPUs it sees). Processes that plan at once (N workers, the ranks of a
+    distributed launch) take turns through a lock beside the record: the first measures while the
+    others wait asleep, then they read its record, so they plan the same dtype. A rank measures with
+    its own thread count (torchrun sets OMP_NUM_THREADS=1), the record a single process with the same
+    OMP_NUM_THREADS reads too.
     """
     env = os.environ if env is None else env
     machine = replace(machine, threads=torch_threads(env, machine.cpu.cores))
     records = read_tuning_records(model.shape_key, env)
     matched = any(not machine.fingerprint_differences(r.fingerprint) for r in records)
-    measured = None
+    measured, unmeasured = None, ""
     cpu_plan = not machine.gpus if on_cpu is None else on_cpu
     if probe and probe_enabled(env) and cpu_plan and not dtype_chosen and not matched:
         bucket = shape_bucket(model.hidden_size, model.intermediate_size)
-        measured = cached_dtype_probe(machine, bucket, env, measure=not machine.launch.distributed)
-    return replace(machine, tuning=records, dtype_probe=measured)
+        measured, unmeasured = dtype_probe_for(machine, bucket, env)
+    return replace(machine, tuning=records, dtype_probe=measured, unmeasured=unmeasured)

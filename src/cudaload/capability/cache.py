@@ -1,7 +1,11 @@
 """cudaload's own cache folder: measurements of this machine, as small JSON files.
 
-`$CUDALOAD_CACHE`, else `$XDG_CACHE_HOME/cudaload`, else `~/.cache/cudaload`. Files are written
-atomically (a temporary file renamed into place), so a reader never sees half a file. A reader
+`$CUDALOAD_CACHE`, else `$XDG_CACHE_HOME/cudaload`, else `~/.cache/cudaload` (a leading `~` is the
+home folder, as a shell would expand it). Files are written atomically (a temporary file renamed
+into place, mode 0600), so a reader never sees half a file, in folders created 0700. As ssh does
+for its keys, a folder another user can write to (or that another user owns) is not read: anyone
+could plant measurements there; one warning names it. Writers that must not race (N processes
+measuring the same thing at once) hold `exclusive(...)`, a lock file beside the record. A reader
 states the layout it expects (`conforms`): a file that cannot be parsed, or parses but has a wrong
 type, a NaN, an infinite or a negative number anywhere, is treated as missing, so the caller
 measures (or reads) again and rewrites it. An unwritable folder is not an error: the caller
@@ -10,17 +14,20 @@ measures again next time, and is warned once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
 import os
 import stat
 import tempfile
+import time
 import types
 import typing
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +40,10 @@ __all__ = [
     "cache_key",
     "conforms",
     "decode",
+    "exclusive",
     "read_json",
     "read_regular_file",
+    "untrusted",
     "write_json",
 ]
 
@@ -46,10 +55,18 @@ anything larger is not read."""
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
     if env.get("CUDALOAD_CACHE"):
-        return Path(env["CUDALOAD_CACHE"])
+        return _expand(env["CUDALOAD_CACHE"], env)
     if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]) / "cudaload"
+        return _expand(env["XDG_CACHE_HOME"], env) / "cudaload"
     return Path.home() / ".cache" / "cudaload"
+
+
+def _expand(value: str, env: Mapping[str, str]) -> Path:
+    """A leading `~` as the shell expands it (`~` and `~/x` from this environment's HOME, `~user`
+    from the password database), never a folder literally called `~`."""
+    if value == "~" or value.startswith("~/"):
+        return Path(env.get("HOME") or Path.home()) / value[2:]
+    return Path(value).expanduser()
 
 
 def cache_key(value: str | Mapping[str, Any]) -> str:
@@ -167,9 +184,49 @@ def decode(value: Any, spec: Any) -> Any:
     return value
 
 
+def untrusted(folder: Path) -> str | None:
+    """Why cudaload must not read records from `folder` (None: it may): owned by another user, or
+    writable by the group or others (as ssh refuses such a key folder). A missing folder is fine."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return None
+    if info.st_uid != os.getuid():
+        return f"it is owned by uid {info.st_uid}, not by you (uid {os.getuid()})"
+    writable = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
+    if writable:
+        return f"it is writable by {' and '.join(writable)} (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+_refused: set[str] = set()
+
+
+def _trusted(path: Path) -> bool:
+    """Whether the record's folder and the cache folder above it may be read; one warning per folder."""
+    for folder in (path.parent, path.parent.parent):
+        why = untrusted(folder)
+        if why is None:
+            continue
+        if str(folder) not in _refused:
+            _refused.add(str(folder))
+            warnings.warn(
+                f"cudaload does not read its cache in {folder}: {why}, so anyone could plant measurements there "
+                f"(ssh refuses such folders for the same reason). Run `chmod go-w {folder}` if it is yours, or set "
+                "CUDALOAD_CACHE to a folder only you can write; until then this machine is measured again.",
+                CudaloadWarning,
+                stacklevel=3,
+            )
+        return False
+    return True
+
+
 def read_json(path: Path, spec: Any = None) -> dict[str, Any] | None:
-    """The JSON object in `path`, or None when it is missing, unreadable, not a regular file of at
-    most MAX_READ_BYTES, not a JSON object, or (given a `spec`) does not conform to it."""
+    """The JSON object in `path`, or None when it is missing, unreadable, in a folder others can
+    write (`untrusted`), not a regular file of at most MAX_READ_BYTES, not a JSON object, or (given
+    a `spec`) does not conform to it."""
+    if not _trusted(path):
+        return None
     raw = read_regular_file(path)
     if raw is None:
         return None
@@ -190,10 +247,17 @@ def _no_constant(name: str) -> Any:
 _warned: set[str] = set()
 
 
+def _make_folders(folder: Path) -> None:
+    """`folder` and its parent (the cache folder), created 0700 when missing: only this user's."""
+    for one in (folder.parent, folder):
+        if not one.is_dir():
+            one.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> bool:
     """Write `data` to `path` atomically. False (and one warning per folder) when it cannot."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_folders(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as handle:
@@ -216,3 +280,46 @@ def write_json(path: Path, data: Mapping[str, Any]) -> bool:
             )
         return False
     return True
+
+
+LOCK_TIMEOUT_S = 120.0
+"""How long a process waits for another one's lock: a dtype probe takes 1-5 s on a quiet machine, and
+up to ~50 s (two tries) at load 15 on 2 cores."""
+LOCK_POLL_S = 0.05
+
+
+@contextlib.contextmanager
+def exclusive(path: Path, timeout_s: float | None = None) -> Iterator[str | None]:
+    """Hold an exclusive `fcntl.flock` on `path` (a lock file, created 0600 beside the record it
+    guards) while the block runs, so processes that start together take turns: the first measures,
+    the others wait (asleep, using no CPU) and then read what it wrote. The lock dies with its
+    process, so a killed holder never blocks anyone.
+
+    Yields None while the lock is held, else why it could not be taken: the folder cannot be
+    written (then nothing is cached either), or another process (its pid is written in the file)
+    held it for longer than `timeout_s` (default LOCK_TIMEOUT_S).
+    """
+    try:
+        _make_folders(path.parent)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        yield f"no lock file {path} ({exc.strerror or exc})"
+        return
+    try:
+        timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                    yield f"another process (pid {holder}) has held {path} for more than {timeout_s:.0f} s"
+                    return
+                time.sleep(LOCK_POLL_S)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield None
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -9,11 +9,12 @@ shape; the policy uses one whose fingerprint matches this machine and says why i
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from ..facts.machine import TunedVariant, TuningRecord
-from .cache import cache_dir, cache_key, decode, read_json, write_json
+from .cache import Positive, cache_dir, cache_key, decode, read_json, write_json
 
 __all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
 
@@ -47,8 +48,16 @@ def _to_json(record: TuningRecord) -> dict[str, Any]:
 
 
 # A record's layout, checked field by field before it is used (`cache.conforms`): a wrong type, a
-# NaN or a negative number anywhere makes the file count as missing: it is skipped, and the next
-# `cudaload bench --save` of this model replaces it.
+# NaN, a negative or a zero time anywhere (no load, prefill or decode takes no time: a zero would
+# win every comparison as "est. 0.00 s") makes the file count as missing: it is skipped, and the
+# next `cudaload bench --save` of this model replaces it.
+_VARIANT = {
+    "dtype": str,
+    "attn_implementation": str,
+    "load_s": Positive,
+    "prefill_s": Positive,
+    "decode_tokens_per_s": Positive,
+}
 _LAYOUT = {
     "kind": str,
     "schema": int,
@@ -57,13 +66,23 @@ _LAYOUT = {
     "measured_at": str,
     "prompt_tokens": int,
     "new_tokens": int,
-    "variants": [TunedVariant],
+    "variants": [_VARIANT],
 }
+
+MAX_AGE_DAYS = 180
+"""A record older than this is skipped (a driver, BIOS or kernel update changes speeds without changing
+the fingerprint): `cudaload bench --save` measures it again."""
 
 
 def _from_json(data: Mapping[str, Any], path: Path) -> TuningRecord | None:
     if data["kind"] != "cudaload-tuning-record" or data["schema"] != SCHEMA:
         return None
+    try:
+        when = datetime.fromisoformat(data["measured_at"]).replace(tzinfo=None)
+    except ValueError:
+        return None
+    if not timedelta(days=-1) <= datetime.now(timezone.utc).replace(tzinfo=None) - when <= timedelta(days=MAX_AGE_DAYS):
+        return None  # from the future, or too old to trust
     return TuningRecord(
         model_key=data["model_key"],
         prompt_tokens=data["prompt_tokens"],

@@ -322,6 +322,12 @@ class DtypeProbe:
         rounds: Each measured round's own timings (empty: only the medians are known, e.g. a
             probe built by hand). The policy compares dtypes round by round, so it can tell a
             real difference from timing noise and call a tie a tie.
+        confidence: How far the numbers can be trusted: "quiet" (nothing else competed for the
+            cores while measuring), "busy" (others did, but the rounds and a quick re-run agree:
+            used, kept for a short while), "disturbed" (they did not: not used, the plan keeps the
+            checkpoint's dtype and says so).
+        conditions: What the probe saw while measuring, in words (time its threads waited for a
+            core, steal, load average, a re-run's verdict).
 
     Examples:
         >>> import cudaload
@@ -357,6 +363,10 @@ class DtypeProbe:
     from_cache: bool = False
     rounds: tuple[ProbeRound, ...] = ()
     """Each measured round's timings; the medians above summarise them."""
+    confidence: str = "quiet"
+    """"quiet", "busy" (used, kept briefly) or "disturbed" (not used)."""
+    conditions: str = ""
+    """What the probe saw while measuring (waits for a core, steal, load, the re-run)."""
 
     @property
     def weight_elements(self) -> int:
@@ -455,6 +465,8 @@ class Machine:
         tuning: Bench records for the model being planned's shape, matching this machine or not
             (the policy judges whether each is stale).
         threads: torch CPU threads this process uses (measurements depend on it); None when unknown.
+        unmeasured: Why the CPU dtype was not measured for the model being planned although it could
+            be (e.g. another process held the measurement lock too long); empty otherwise.
 
     Examples:
         >>> import cudaload
@@ -482,6 +494,8 @@ class Machine:
     judges whether each is stale)."""
     threads: int | None = None
     """torch CPU threads this process uses (measurements depend on it); None when unknown."""
+    unmeasured: str = ""
+    """Why the CPU dtype was not measured although it could be; empty otherwise."""
 
     def fingerprint(self) -> dict[str, str]:
         """What a measurement on this machine depends on: if any of it changes, the numbers are stale.

@@ -105,7 +105,7 @@ def lora_parameters(model: ModelFacts, r: int, targets: tuple[str, ...]) -> int:
 def planned_optimizer(quantize: str | None, on_gpu: bool) -> str:
     """The `optim` the plan's TrainingArguments choose (policy/finetune.py, decide_training_arguments)."""
     if not on_gpu:
-        return "adamw_torch"
+        return "adamw_torch_fused"  # torch >= 2.8 (training.py); before it "adamw_torch": the same 8 bytes of state
     return "paged_adamw_8bit" if quantize is not None else "adamw_torch_fused"
 
 

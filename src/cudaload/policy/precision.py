@@ -44,8 +44,9 @@ def _user_dtype(machine: Machine, model: ModelFacts, dtype: str, asked: str) -> 
             "output). Prefer 'bfloat16' on sm80+ or 'float32'."
         )
     reason = "your choice"
-    if gpu is None and machine.dtype_probe is not None and dtype != "float32":
-        ratios = _probe_ratios(machine.dtype_probe, dtype)
+    probe = machine.dtype_probe
+    if gpu is None and probe is not None and probe.confidence == "quiet" and dtype != "float32":
+        ratios = _probe_ratios(probe, dtype)
         reason += f" ({ratios} here)" if ratios else ""
     return Decision("dtype", dtype, reason, source="user"), tuple(warnings)
 
@@ -115,11 +116,13 @@ def decide_dtype(
 _CPU_CANDIDATES = ("float32", "bfloat16")
 
 
-def _speed(time: float, reference: float) -> str:
-    """How `time` compares with `reference`: "2.9x faster" / "1.4x slower"."""
-    if time <= 0 or reference <= 0:
-        return "as fast"
-    return f"{reference / time:.1f}x faster" if time <= reference else f"{time / reference:.1f}x slower"
+def _speed(time: float, reference: float, than: str = "") -> str:
+    """How `time` compares with `reference`: "2.9x faster" / "1.4x slower" (+ " than X"), or "as
+    fast" (+ " as X") when they are equal to the shown digit or either is not a positive time."""
+    if time <= 0 or reference <= 0 or f"{max(time, reference) / min(time, reference):.1f}" == "1.0":
+        return f"as fast as {than}" if than else "as fast"
+    ratio = f"{reference / time:.1f}x faster" if time <= reference else f"{time / reference:.1f}x slower"
+    return f"{ratio} than {than}" if than else ratio
 
 
 def _probe_ratios(probe: DtypeProbe, dtype: str) -> str | None:
@@ -193,7 +196,7 @@ def _measured_choice(
     for dtype, estimate in estimates.items():
         if dtype == best:
             continue
-        cost = f"est. {estimate.total:.2f} s, {_speed(estimate.total, chosen.total)} than {best}"
+        cost = f"est. {estimate.total:.2f} s, {_speed(estimate.total, chosen.total, best)}"
         if rounds is not None and dtype in _CPU_CANDIDATES:
             # The other candidate: its median speed over the rounds, the number the headline judges.
             relative = rounds.median if dtype == "bfloat16" else 1 / rounds.median
@@ -229,18 +232,52 @@ def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decis
             )
             return _measured_choice(estimates, source, workload, ignored)
     probe = machine.dtype_probe
+    if probe is not None and probe.confidence != "quiet":
+        return _kept_checkpoint(
+            model,
+            f"not measured reliably: the CPU dtype probe was disturbed ({probe.conditions}), so its numbers are "
+            "not used",
+            ignored,
+        )
+    if probe is None and machine.unmeasured:
+        return _kept_checkpoint(model, machine.unmeasured, ignored)
     if probe is not None:
         estimates = {d: e for d in DTYPES if (e := probe_estimate(probe, model, d, workload))}
         ratios = _probe_ratios(probe, "bfloat16")
+        threads = f"{probe.threads} thread{'s' if probe.threads != 1 else ''}"
+        if machine.launch.distributed:
+            threads += " per rank (the record a single process with the same OMP_NUM_THREADS reads)"
         source = (
-            f"F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, probed on this CPU on "
-            f"{probe.measured_at}{' (cached)' if probe.from_cache else ''}"
+            f"F.linear {probe.in_features}x{probe.out_features}, {threads}, probed on this CPU on "
+            f"{probe.measured_at}{' (cached)' if probe.from_cache else ''}; `cudaload probe` measures again"
         )
         if ratios:
             source = f"{ratios}; {source}"
         rounds = compare_rounds(probe, model, workload, "bfloat16")
         return _measured_choice(estimates, source, workload, ignored, rounds, model.checkpoint_dtype)
     return _static_cpu_dtype(machine, ignored)
+
+
+REMEASURE = "`cudaload probe MODEL` measures again when the machine is quiet"
+
+
+def _kept_checkpoint(model: ModelFacts, why: str, ignored: tuple[str, ...]) -> Decision:
+    """No trustworthy measurement here (yet): the checkpoint's dtype, as bare `from_pretrained` loads
+    it (float32 for an fp16 or unknown checkpoint: fp16 is never chosen for you on a CPU)."""
+    ckpt = model.checkpoint_dtype
+    kept = ckpt if ckpt in _CPU_CANDIDATES else "float32"
+    whose = f"the checkpoint's {kept}" if kept == ckpt else f"{kept} (the checkpoint is {ckpt or 'of unknown dtype'})"
+    note = "".join(f"; {w}" for w in ignored)
+    other = "bfloat16" if kept == "float32" else "float32"
+    return Decision(
+        "dtype",
+        kept,
+        f"{why}: kept {whose} until a quiet measurement; {REMEASURE}{note}",
+        (
+            Rejected(other, "not measured reliably here"),
+            Rejected("float16", "fp16 overflows in some models; pass dtype='float16' to take that risk"),
+        ),
+    )
 
 
 def _static_cpu_dtype(machine: Machine, ignored: tuple[str, ...]) -> Decision:
@@ -251,9 +288,12 @@ def _static_cpu_dtype(machine: Machine, ignored: tuple[str, ...]) -> Decision:
     but 2.35x faster on a Zen 4 EPYC with AVX512-BF16: flags are a guess, the probe measures.
     """
     cpu = machine.cpu
-    unmeasured = "not measured here (probe off or a simulated machine): static table by ISA flags, " + "".join(
-        f"{why}; " for why in ignored
+    why = (
+        "a simulated machine, never measured"
+        if machine.source == "simulated"
+        else "the probe is off (CUDALOAD_PROBE=0 or probe=False)"
     )
+    unmeasured = f"not measured here ({why}): static table by ISA flags, " + "".join(f"{why}; " for why in ignored)
     fp16 = (
         Rejected(
             "float16",

@@ -11,6 +11,7 @@ from ..errors import DtypeUnsupportedError, FinetuneConfigError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from ..upstream import version_at_least
 
 __all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
 
@@ -192,6 +193,34 @@ def launcher_precision(machine: Machine) -> tuple[Decision, Decision] | None:
     )
 
 
+# torch lists "cpu" among the devices with fused optimizer kernels (`_get_fused_kernels_supported_devices` in
+# torch/utils/_foreach_utils.py, 2.13.0), and transformers defaults `optim` to "adamw_torch_fused" when torch >= 2.8
+# (`default_optim` in TrainingArguments.__post_init__, training_args.py: line 805 in 5.22.2, 811 in 5.25.0).
+CPU_FUSED_ADAMW_SINCE = "2.8"
+
+
+def _cpu_optimizer(machine: Machine) -> tuple[str, str, Rejected, Rejected]:
+    """AdamW on a CPU: transformers' fused default where torch has fused AdamW on the CPU."""
+    torch = machine.software.version("torch")
+    paged = Rejected("paged_adamw_8bit", "paged optimizers need CUDA")
+    if torch is not None and version_at_least(torch, CPU_FUSED_ADAMW_SINCE):
+        return (
+            "adamw_torch_fused",
+            f'torch {torch} has fused AdamW on the CPU (torch/utils/_foreach_utils.py lists "cpu"), and '
+            f"transformers defaults to it from torch {CPU_FUSED_ADAMW_SINCE} (training_args.py, default_optim): "
+            "one kernel per parameter group instead of one op per tensor",
+            Rejected("adamw_torch", "one op per tensor per step: slower than fused AdamW on the same CPU"),
+            paged,
+        )
+    found = f"torch {torch}" if torch else "torch not installed"
+    return (
+        "adamw_torch",
+        f"{found}: transformers uses fused AdamW only from torch {CPU_FUSED_ADAMW_SINCE}, so the unfused one",
+        Rejected("adamw_torch_fused", f"transformers picks it from torch {CPU_FUSED_ADAMW_SINCE}; {found}"),
+        paged,
+    )
+
+
 def decide_training_arguments(
     machine: Machine, dtype: str, quantized: bool, checkpointing: bool
 ) -> tuple[tuple[Decision, ...], dict[str, Any]]:
@@ -227,12 +256,7 @@ def decide_training_arguments(
         else:
             add("bf16", bf16, f"CPU autocast in the plan's dtype ({dtype})" if bf16 else f"the plan's dtype is {dtype}")
             add("fp16", False, "fp16 on CPU is emulated")
-        add(
-            "optim",
-            "adamw_torch",
-            "CPU: paged and fused optimizers are CUDA-only",
-            Rejected("paged_adamw_8bit", "needs CUDA"),
-        )
+        add("optim", *_cpu_optimizer(machine))
         add("dataloader_pin_memory", False, "no GPU to copy to: pinned memory only costs (torch warns)")
         add(
             "use_cpu",
