@@ -443,6 +443,8 @@ def _read_model_facts(
         kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
         tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
         generation=_generation_facts(config, cls, model, revision) if generates(auto_class) else None,
+        # gpt-oss and its kin declare `self.sinks = nn.Parameter(torch.empty(num_attention_heads))` per attention.
+        attention_sinks=any(name.rpartition(".")[2] == "sinks" for name, _ in meta.named_parameters()),
     )
     return facts, dtype_from_weights
 
@@ -593,7 +595,7 @@ def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tupl
 # transformers (its classes and their `_supports_*` flags) and this code; the key holds all four.
 # Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
 # the config): it is then re-read from the safetensors header, which costs no import.
-_FACTS_SCHEMA = 3  # 2: ModelFacts.quantization; 3: ModelFacts.generation
+_FACTS_SCHEMA = 4  # 2: ModelFacts.quantization; 3: ModelFacts.generation; 4: ModelFacts.attention_sinks
 
 
 def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:

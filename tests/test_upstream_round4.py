@@ -1,0 +1,115 @@
+"""Upstream, round 4 (issue 29, and issue 28 item 2): each case is built from upstream's rule (the line
+each cites), not by calling the implementation's helpers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cudaload
+from cudaload import AttentionUnavailableError, Machine
+from cudaload.facts.model import ModelFacts
+from cudaload.policy import Request, decide_plan
+from model_shapes import llama
+
+KERNELS = {"kernels": "0.17.2"}  # transformers 5.22.2 accepts [0.17.2, 0.18.0)
+FA4 = {"flash-attn-4": "4.0.0b40"}
+
+# gpt-oss as transformers declares it: `_compatible_flash_implementations` (modeling_gpt_oss.py:390) and a
+# learnable `sinks` parameter per attention layer (modeling_gpt_oss.py:285).
+GPT_OSS = replace(
+    llama(8),
+    source="gpt-oss-shaped",
+    model_type="gpt_oss",
+    model_class="GptOssForCausalLM",
+    supports_sdpa=False,
+    head_dim=64,
+    head_dims=(64,),
+    compatible_flash=(
+        "kernels-community/vllm-flash-attn3",
+        "flash_attention_4",
+        "kernels-community/metal-flash-sdpa",
+        "kernels-community/aiter-flash-attn",
+    ),
+    attention_sinks=True,
+)
+
+
+def plan(machine: Machine, model: ModelFacts | None = None, **request: Any) -> Any:
+    return decide_plan(machine, model or llama(8), Request(**request))
+
+
+def rejected(result: Any) -> dict[Any, str]:
+    return {r.value: r.reason for r in result.decision("attn_implementation").rejected}
+
+
+# --- items 1-3: attention sinks -------------------------------------------------------------------
+
+
+def test_the_sinks_fact_is_read_from_the_model(tmp_path: Path) -> None:
+    from transformers import GptOssConfig, LlamaConfig
+
+    small = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64, "num_attention_heads": 4}
+    GptOssConfig(**small, num_key_value_heads=2, head_dim=16, num_local_experts=4, vocab_size=128).save_pretrained(
+        tmp_path / "oss"
+    )
+    LlamaConfig(**small, num_key_value_heads=2, vocab_size=128).save_pretrained(tmp_path / "llama")
+    assert cudaload.read_model_facts(str(tmp_path / "oss")).attention_sinks is True
+    assert cudaload.read_model_facts(str(tmp_path / "llama")).attention_sinks is False
+
+
+@pytest.mark.parametrize("gpu", ["A100", "L40S"])
+def test_vllm_flash_attn3_is_not_planned_for_sinks_off_hopper(gpu: str) -> None:
+    # flash_api_stable.cpp: CAPI_CHECK(params.arch == 90, "S aux is currently only supported for Hopper GPUs").
+    result = plan(Machine.simulated(gpu, packages=KERNELS), GPT_OSS, hub_kernels=True)
+    assert "kernels-community/vllm-flash-attn3" not in result.attention_chain
+    reason = rejected(result)["kernels-community/vllm-flash-attn3"]
+    assert "only on Hopper" in reason and "flash_api_stable.cpp" in reason
+    assert "vllm-flash-attn3" not in result.explain().split("attention fallback chain")[1]
+
+
+def test_vllm_flash_attn3_is_planned_for_sinks_on_hopper() -> None:
+    result = plan(Machine.simulated("H100", packages=KERNELS), GPT_OSS, hub_kernels=True)
+    assert result.attention_chain[0] == "kernels-community/vllm-flash-attn3"
+
+
+def test_fa4_is_not_planned_for_sinks_on_sm120() -> None:
+    # flash_attn/cute/flash_fwd.py: the sm80-based forward (sm120's too) asserts "Learnable sink is not supported".
+    result = plan(Machine.simulated("RTX5090", packages={**FA4, **KERNELS}), GPT_OSS, hub_kernels=True)
+    assert "flash_attention_4" not in result.attention_chain
+    assert "Learnable sink is not supported" in rejected(result)["flash_attention_4"]
+    blackwell = plan(Machine.simulated("B200", packages={**FA4, **KERNELS}), GPT_OSS, hub_kernels=True)
+    assert blackwell.attention_chain[0] == "flash_attention_4"
+
+
+def test_sink_kernels_are_not_planned_in_fp16() -> None:
+    # transformers casts s_aux to the query dtype (integrations/flash_attention.py:103); both kernels take bf16 only.
+    result = plan(Machine.simulated("H100", packages={**FA4, **KERNELS}), GPT_OSS, hub_kernels=True, dtype="float16")
+    assert not any(link.startswith(("kernels-community/vllm", "flash_attention")) for link in result.attention_chain)
+    assert "bf16" in rejected(result)["kernels-community/vllm-flash-attn3"]
+    assert "bf16" in rejected(result)["flash_attention_4"]
+    with pytest.raises(AttentionUnavailableError, match="bf16"):
+        plan(
+            Machine.simulated("H100", packages={**FA4, **KERNELS}),
+            GPT_OSS,
+            dtype="float16",
+            attn_implementation="flash_attention_4",
+        )
+
+
+def test_fa2_drops_sinks_so_a_sinks_model_never_gets_it() -> None:
+    # modeling_flash_attention_utils.py:705-709: s_aux goes only to a kernel taking `s_aux` or `learnable_sink`.
+    no_redirect = replace(GPT_OSS, compatible_flash=None)
+    result = plan(Machine.simulated("A100", packages={"flash-attn": "2.8.3"}), no_redirect)
+    assert "flash_attention_2" not in result.attention_chain
+    assert "drop them silently" in rejected(result)["flash_attention_2"]
+    # The same model without sinks gets FA2 there.
+    assert (
+        plan(
+            Machine.simulated("A100", packages={"flash-attn": "2.8.3"}), replace(no_redirect, attention_sinks=False)
+        ).attention_chain[0]
+        == "flash_attention_2"
+    )
