@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import cudaload
-from cudaload import AttentionUnavailableError, Machine
+from cudaload import AttentionUnavailableError, Machine, MissingPackageError, QuantizationError
 from cudaload.facts.model import ModelFacts
 from cudaload.policy import Request, decide_plan
 from model_shapes import llama
@@ -113,3 +113,35 @@ def test_fa2_drops_sinks_so_a_sinks_model_never_gets_it() -> None:
         ).attention_chain[0]
         == "flash_attention_2"
     )
+
+
+# --- item 6: pre-quantized checkpoints transformers refuses -----------------------------------------
+
+
+def _prequantized(method: str) -> ModelFacts:
+    from cudaload.facts.stored_weights import read_quantization_config
+
+    found = read_quantization_config({"quant_method": method})
+    return replace(llama(8), quantized=method, quantization=found)
+
+
+def test_nvfp4_checkpoints_are_refused_with_upstreams_reason() -> None:
+    # quantizer_nvfp4.py:53-54: `if self.pre_quantized: raise ValueError("Loading pre-quantized NVFP4 ...")`.
+    for machine in (Machine.simulated("B200", packages=KERNELS), Machine.simulated()):
+        with pytest.raises(QuantizationError, match="Loading pre-quantized NVFP4 checkpoints is not supported yet"):
+            plan(machine, _prequantized("nvfp4"))
+
+
+@pytest.mark.parametrize(
+    ("gpu", "packages", "error", "match"),
+    [
+        ("A100", {"fbgemm-gpu": "1.4.0"}, QuantizationError, "compute capability >= 9.0"),  # quantizer_fbgemm_fp8.py:71
+        ("H100", {}, MissingPackageError, "requires fbgemm-gpu"),  # quantizer_fbgemm_fp8.py:59-63
+        (None, {"fbgemm-gpu": "1.4.0"}, QuantizationError, "requires a GPU"),  # quantizer_fbgemm_fp8.py:55-56
+    ],
+)
+def test_fbgemm_fp8_is_refused_where_transformers_refuses_it(gpu: str | None, packages, error, match) -> None:
+    with pytest.raises(error, match=match):
+        plan(Machine.simulated(gpu, packages=packages), _prequantized("fbgemm_fp8"))
+    kept = plan(Machine.simulated("H100", packages={"fbgemm-gpu": "1.4.0"}), _prequantized("fbgemm_fp8"))
+    assert kept.decision("checkpoint_quantization") is not None

@@ -56,6 +56,8 @@ PACKAGES = (
     "optimum",
     "gptqmodel",
     "compressed-tensors",
+    "fbgemm-gpu",  # module fbgemm_gpu: transformers' fbgemm_fp8 quantizer needs it on CUDA
+    "fbgemm-gpu-genai",
 )
 
 
