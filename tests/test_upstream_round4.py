@@ -145,3 +145,74 @@ def test_fbgemm_fp8_is_refused_where_transformers_refuses_it(gpu: str | None, pa
         plan(Machine.simulated(gpu, packages=packages), _prequantized("fbgemm_fp8"))
     kept = plan(Machine.simulated("H100", packages={"fbgemm-gpu": "1.4.0"}), _prequantized("fbgemm_fp8"))
     assert kept.decision("checkpoint_quantization") is not None
+
+
+# --- item 4: the quantizer judges the current device: the placed GPU is made current -----------------
+
+MXFP4_OK = {"triton": "3.4.0", "kernels": "0.17.2"}
+
+
+def _gpt_oss_mxfp4() -> ModelFacts:
+    from cudaload.facts.stored_weights import read_quantization_config
+
+    found = read_quantization_config({"quant_method": "mxfp4"})
+    assert found is not None
+    experts = replace(found, quantized_parameters=19_110_297_600)  # gpt-oss-20b's expert weights
+    return replace(GPT_OSS, parameters=20_914_757_184, quantized="mxfp4", quantization=experts)
+
+
+def test_mixed_gpus_plan_the_placed_gpu_as_current() -> None:
+    # V100 is cuda:0: quantizer_mxfp4.py reads torch.cuda.get_device_capability() of the current device (sm70 < 7.5
+    # would dequantize); the plan keeps MXFP4 for the H100 it places the model on, so it makes cuda:1 current.
+    result = plan(Machine.simulated(["V100", "H100"], packages=MXFP4_OK), _gpt_oss_mxfp4())
+    assert result.kwargs["device_map"] == "cuda:1"
+    assert result.decision("checkpoint_quantization").value == "mxfp4"
+    current = result.decision("cuda_device")
+    assert current.value == 1 and "current_device" in current.reason
+    # Uniform GPUs: cuda:0 answers as any other, nothing to set (and nothing new in explain()).
+    uniform = plan(Machine.simulated("H100", count=2, packages=MXFP4_OK), _gpt_oss_mxfp4())
+    assert "cuda_device" not in {d.setting for d in uniform.decisions}
+
+
+def test_a_spread_over_mixed_gpus_makes_the_weakest_current() -> None:
+    # A copy that fits neither GPU alone: judged (and dequantized) on the weakest, which is made current.
+    big = replace(_gpt_oss_mxfp4(), parameters=200_000_000_000)
+    result = plan(Machine.simulated(["H100", "V100"], packages=MXFP4_OK), big)
+    assert result.kwargs["device_map"] == "auto"
+    assert result.decision("checkpoint_quantization").value == "dequantized"
+    assert result.decision("cuda_device").value == 1  # the V100
+
+
+def test_apply_plan_sets_the_current_device_before_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from cudaload import loaders
+
+    result = plan(Machine.simulated(["V100", "H100"], packages=MXFP4_OK), _gpt_oss_mxfp4())
+    events: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def load_with(*_: Any) -> Any:
+        events.append("from_pretrained")
+        raise Stop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: events.append(f"set_device({index})"))
+    monkeypatch.setattr(loaders, "_load_with", load_with)
+    monkeypatch.setattr("cudaload.capability.model_config.resolve_auto_class", lambda name: object)
+    with pytest.raises(Stop):
+        loaders.apply_plan(result, strict=False, verify=False)
+    assert events == ["set_device(1)", "from_pretrained"]
+
+
+def test_without_cuda_set_device_is_not_called(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from cudaload.loaders import set_rank_device
+
+    result = plan(Machine.simulated(["V100", "H100"], packages=MXFP4_OK), _gpt_oss_mxfp4())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail(f"set_device({index}) without CUDA"))
+    assert set_rank_device(result) is None  # this machine has no CUDA: the plan was made for another one

@@ -551,9 +551,12 @@ def _no_fallback(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fal
 
 
 def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
-    """Make the plan's `cuda_device` the current CUDA device (a quantized FSDP / ZeRO-3 rank: its
-    loader places the weights on `torch.cuda.current_device()`); returns the index, or None when the
-    plan has no such decision. `set_device` defaults to `torch.cuda.set_device`."""
+    """Make the plan's `cuda_device` the current CUDA device before from_pretrained (a quantized FSDP /
+    ZeRO-3 rank: its loader places the weights on `torch.cuda.current_device()`; a pre-quantized checkpoint on
+    mixed GPUs: its quantizer judges the current device); returns the index, or None when the plan has no
+    such decision or this process has no CUDA device of that index (a plan made for another machine: the
+    load then fails, or falls back, on its own terms, never on set_device). `set_device` defaults to
+    `torch.cuda.set_device`, called only when CUDA is there; one you pass is always called."""
     try:
         index = int(plan.decision("cuda_device").value)
     except KeyError:
@@ -561,6 +564,8 @@ def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
     if set_device is None:
         import torch
 
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            return None
         set_device = torch.cuda.set_device
     set_device(index)
     return index
@@ -581,7 +586,9 @@ def apply_plan(
     from .upstream_imports import import_transformers
 
     import_transformers()
-    set_rank_device(plan)  # a quantized FSDP / ZeRO-3 rank: before the quantizer picks the current device
+    # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
+    # current device (policy/placement.py, `decide_rank_device` and `decide_current_device`).
+    set_rank_device(plan)
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain
     can_fall_back = not strict and "attn_implementation" not in plan.explicit

@@ -22,6 +22,7 @@ from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import (
+    decide_current_device,
     decide_placement,
     decide_rank_device,
     decide_tensor_parallel,
@@ -262,7 +263,9 @@ def _placement_section(
     )
     decisions = [placement, *([tensor_parallel] if tensor_parallel is not None else [])]
     kwargs: dict[str, Any] = {}
-    rank_device = decide_rank_device(machine, quantized, placement.value)
+    rank_device = decide_rank_device(machine, quantized, placement.value) or decide_current_device(
+        machine, model, placement.value
+    )
     if rank_device is not None:
         decisions.append(rank_device)  # applied by loaders.set_rank_device before from_pretrained
     if placement.value is not None:

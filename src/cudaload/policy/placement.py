@@ -16,6 +16,7 @@ from .fit import HEADROOM, TRAINING_SHARE, Fit, format_bytes, judge_fit, max_mem
 from .memory import weight_bytes
 
 __all__ = [
+    "decide_current_device",
     "decide_placement",
     "decide_rank_device",
     "decide_tensor_parallel",
@@ -81,6 +82,34 @@ def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> De
         "device_map, and bitsandbytes' quantizer then loads onto torch.cuda.current_device(), cuda:0 on every "
         "rank unless set",
         (Rejected(0, "every rank's quantized copy on GPU 0") if index else Rejected(None, "left to chance"),),
+    )
+
+
+def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) -> Decision | None:
+    """The CUDA device to make current before a pre-quantized checkpoint loads on GPUs of different compute
+    capability in one process (None when there is no such question).
+
+    transformers' quantizers judge the *current* device, not the one the weights go on:
+    quantizer_mxfp4.py `validate_environment` (`torch.cuda.get_device_capability()`, 5.22.2 lines 80-102),
+    quantizer_finegrained_fp8.py:48-57, quantizer_fbgemm_fp8.py:68-74, compressed-tensors. cudaload judges the GPU
+    the model goes on (the weakest of a spread), so `load()` makes that GPU current (`torch.cuda.set_device`) and
+    both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other would."""
+    if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
+        return None
+    pinned = pinned_gpu(device_map)
+    if pinned is None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return None  # the CPU, or a map of your own: left as it is
+    gpu = next((g for g in machine.gpus if g.index == pinned), None) or min(
+        machine.gpus, key=lambda g: (g.capability, g.index)
+    )
+    where = "the GPU the model goes on" if pinned is not None else "the weakest GPU the spread may touch"
+    return Decision(
+        "cuda_device",
+        gpu.index,
+        f"torch.cuda.set_device({gpu.index}) before loading: {gpu.name} ({gpu.sm}) is {where}, and transformers' "
+        "quantizers judge torch.cuda.current_device() (quantizer_mxfp4.py, quantizer_finegrained_fp8.py, "
+        "quantizer_fbgemm_fp8.py `validate_environment`: torch.cuda.get_device_capability())",
+        (Rejected(None, "cuda:0 would be judged, whatever GPU the weights go on"),),
     )
 
 
