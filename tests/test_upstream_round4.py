@@ -216,3 +216,66 @@ def test_without_cuda_set_device_is_not_called(monkeypatch: pytest.MonkeyPatch) 
     result = plan(Machine.simulated(["V100", "H100"], packages=MXFP4_OK), _gpt_oss_mxfp4())
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: pytest.fail(f"set_device({index}) without CUDA"))
     assert set_rank_device(result) is None  # this machine has no CUDA: the plan was made for another one
+
+
+# --- consent: no Hub code unasked, whatever machine the plan was made for ----------------------------
+
+_CONSENT_SCRIPT = """
+import dataclasses, json, socket, sys
+contacted = []
+local = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+resolve, connect = socket.getaddrinfo, socket.socket.connect
+def counted_resolve(host, *args, **kwargs):
+    if host not in local:
+        contacted.append(f"resolve {host}")
+    return resolve(host, *args, **kwargs)
+def counted_connect(self, address):
+    if isinstance(address, tuple) and address[0] not in local:
+        contacted.append(f"connect {address[0]}")
+    return connect(self, address)
+socket.getaddrinfo, socket.socket.connect = counted_resolve, counted_connect
+import cudaload
+a100 = cudaload.Machine.simulated("A100", packages={"flash-attn": "2.8.3", "kernels": "0.17.2"})
+planned = cudaload.plan(sys.argv[1], machine=a100)
+assert planned.attention_chain[0] == "flash_attention_2", planned.attention_chain
+# Made for an A100 with flash-attn; loaded on this CPU machine, which has neither (only the placement is made
+# loadable here: the attention chain is the A100's).
+here = dataclasses.replace(planned, kwargs={**planned.kwargs, "device_map": "cpu", "dtype": "float32"})
+model = cudaload.load(here)
+applied = model.cudaload_plan
+print(json.dumps({"contacted": contacted, "attention": applied.attn_implementation,
+                  "fallbacks": [f.error for f in applied.fallbacks]}))
+"""
+
+
+def test_a_plan_for_an_a100_asks_no_hub_code_on_this_machine(tiny_models) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("kernels")
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # online: a fetch would be seen
+    done = subprocess.run(
+        [sys.executable, "-c", _CONSENT_SCRIPT, str(tiny_models["llama"])],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["contacted"] == []
+    assert seen["attention"] == "sdpa"
+    assert any("kernels-community/flash-attn2" in error and "hub_kernels=True" in error for error in seen["fallbacks"])
+
+
+def test_naming_flash_attention_is_not_consent_to_its_hub_kernel() -> None:
+    # Without flash-attn, transformers fetches kernels-community/flash-attn2 for "flash_attention_2".
+    a100 = Machine.simulated("A100", packages=KERNELS)
+    with pytest.raises(AttentionUnavailableError, match="hub_kernels=True"):
+        plan(a100, attn_implementation="flash_attention_2")
+    allowed = plan(a100, attn_implementation="flash_attention_2", hub_kernels=True)
+    assert allowed.attention_chain == ("flash_attention_2",)
+    cached = Machine.simulated("A100", packages=KERNELS, cached_kernels=("kernels-community/flash-attn2",))
+    assert plan(cached, attn_implementation="flash_attention_2").attention_chain == ("flash_attention_2",)

@@ -27,7 +27,7 @@ How it is built:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import AttentionUnavailableError
 from ..facts.machine import Gpu, Machine
@@ -196,7 +196,7 @@ def _sinks_blockers(gpu: Gpu | None, dtype: str, name: str, installed: str | Non
             f'{gpu.sm} (flash_attn/cute/flash_fwd.py: "Learnable sink is not supported in this kernel")'
         )
     if dtype != "bfloat16" and name in ("flash_attention_3", "flash_attention_4"):
-        # transformers casts the sinks to the query dtype (integrations/flash_attention.py:103, `s_aux.to(query.dtype)`).
+        # transformers casts the sinks to the query dtype (integrations/flash_attention.py:103, `s_aux.to(...)`).
         found.append(
             f"the model has attention sinks and the sink kernels take only bf16 sinks; the dtype is {dtype} "
             '(flash_api_stable.cpp: "We only support bf16 dtype for S aux"; FA4 interface.py: '
@@ -349,10 +349,17 @@ def _flex(machine: Machine, model: ModelFacts) -> OptionCheck:
 # --- an explicit choice: the check decides, never replaced ----------------------------------------
 
 
-def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -> tuple[Decision, tuple[str, ...]]:
+def _explicit(
+    machine: Machine, model: ModelFacts, dtype: str, requested: str, hub_code: bool
+) -> tuple[Decision, tuple[str, ...]]:
     """Your `attn_implementation`: refused when anything blocks it (with every reason), else kept,
     with a warning for what it costs."""
     check = check_attention(requested, machine, model, dtype)
+    if not hub_code and check.implementation != requested and _consent_needed(machine, check.implementation):
+        # Naming "flash_attention_2" is not consent to Hub code: without the package transformers fetches its
+        # kernels-community build (modeling_utils.py `_check_and_adjust_attn_implementation`,
+        # FLASH_ATTN_KERNEL_FALLBACK).
+        check = replace(check, blockers=(*check.blockers, f"its Hub kernel {check.implementation} is {NO_CONSENT}"))
     if check.blockers:
         raise AttentionUnavailableError(
             f"attn_implementation={requested!r} was asked, but {'; '.join(check.reasons)}. Use another "
@@ -466,7 +473,7 @@ def decide_attention(
     itself is opt-in. Naming a Hub kernel as `attn_implementation` is consent for that kernel.
     """
     if requested is not None:
-        decision, warnings = _explicit(machine, model, dtype, requested)
+        decision, warnings = _explicit(machine, model, dtype, requested, hub_code)
         return decision, (requested,), warnings
     trace = _with_consent(_flash_trace(machine, model, dtype), machine, hub_code)
     decision, chain = _decision(trace + _portable_trace(machine, model, dtype), machine.weakest_gpu)
