@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import cudaload
-from cudaload import AttentionUnavailableError, Machine, MissingPackageError, QuantizationError
+from cudaload import AttentionUnavailableError, Machine, MissingPackageError, PlacementError, QuantizationError
 from cudaload.facts.model import ModelFacts
 from cudaload.policy import Request, decide_plan
 from model_shapes import llama
@@ -279,3 +279,47 @@ def test_naming_flash_attention_is_not_consent_to_its_hub_kernel() -> None:
     assert allowed.attention_chain == ("flash_attention_2",)
     cached = Machine.simulated("A100", packages=KERNELS, cached_kernels=("kernels-community/flash-attn2",))
     assert plan(cached, attn_implementation="flash_attention_2").attention_chain == ("flash_attention_2",)
+
+
+# --- issue 28 item 2: your max_memory is applied, or refused, never shown and dropped ---------------
+
+GiB = 2**30
+
+
+def test_a_cap_below_the_model_plans_auto_with_the_cap_not_a_single_gpu() -> None:
+    # transformers reads max_memory only for a device_map strategy (integrations/accelerate.py `_get_device_map`):
+    # "cuda:0" with {0: "100MiB"} would put the whole model on the H100 and drop the cap.
+    result = plan(Machine.simulated("H100"), max_memory={0: "100MiB"})
+    assert result.kwargs["device_map"] == "auto"
+    assert result.kwargs["max_memory"] == {0: "100MiB"}
+    assert "ignores it" in result.decision("device_map").reason
+    # No "cpu" key: transformers adds "disk" and sends everything past the GPU cap there.
+    (warning,) = [w for w in result.warnings if "offloaded" in w]
+    spill = result.weight_bytes - 100 * 2**20
+    assert f"~{spill / GiB:.1f} GiB to disk" in warning and "no 'cpu' key" in warning
+
+
+def test_a_cpu_cap_on_a_cpu_machine_is_applied() -> None:
+    tiny = replace(llama(8), parameters=269_000_000)  # ~538 MB in bf16, the size the issue loaded
+    result = plan(Machine.simulated(), tiny, max_memory={"cpu": "100MiB"}, dtype="bfloat16")
+    assert result.kwargs["device_map"] == "auto" and result.kwargs["max_memory"] == {"cpu": "100MiB"}
+    assert any("~100.0 MiB to CPU" in w and "to disk" in w for w in result.warnings)
+
+
+def test_the_offload_warning_uses_your_caps() -> None:
+    # A 70B-shaped copy (~131 GiB in bf16) on 2 H100s capped at 20 GiB each and 100 GiB of CPU: ~91 GiB leave the
+    # GPUs (the issue's "~3.4 GiB" was judged on 80% of the free memory instead).
+    seventy = replace(llama(70), parameters=70_553_706_496)
+    caps = {0: "20GiB", 1: "20GiB", "cpu": "100GiB"}
+    result = plan(Machine.simulated("H100", count=2), seventy, max_memory=caps)
+    off = result.weight_bytes - 40 * GiB
+    assert result.kwargs["max_memory"] == caps
+    assert any(f"~{off / GiB:.1f} GiB to CPU" in w for w in result.warnings)
+
+
+@pytest.mark.parametrize("device_map", ["cuda:0", 0, {"": 0}])
+def test_a_single_device_map_with_max_memory_is_refused(device_map: Any) -> None:
+    with pytest.raises(PlacementError, match="ignores it otherwise"):
+        plan(Machine.simulated("H100"), device_map=device_map, max_memory={0: "10GiB"})
+    kept = plan(Machine.simulated("H100"), device_map="auto", max_memory={0: "10GiB"})
+    assert kept.kwargs["max_memory"] == {0: "10GiB"}

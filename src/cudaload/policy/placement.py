@@ -3,6 +3,7 @@ explicit max_memory when it must, loud about CPU/disk offload; per-rank under to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,17 @@ from ..facts.model import ModelFacts
 from ..plans import Decision, Plan, Rejected
 from ..request import Request
 from .devices import check_device_map
-from .fit import HEADROOM, TRAINING_SHARE, Fit, format_bytes, judge_fit, max_memory_size, percent, pinned_gpu
+from .fit import (
+    HEADROOM,
+    TRAINING_SHARE,
+    Fit,
+    format_bytes,
+    judge_fit,
+    max_memory_size,
+    percent,
+    pinned_gpu,
+    size_bytes,
+)
 from .memory import weight_bytes
 
 __all__ = [
@@ -222,8 +233,13 @@ def decide_placement(
     training_bytes: int | None = None,
     tensor_parallel: Decision | None = None,
     tp_requested: bool = False,
+    caps: Mapping[Any, Any] | None = None,
 ) -> tuple[Decision, dict[Any, str] | None, tuple[str, ...]]:
     """(device_map decision, max_memory or None, warnings).
+
+    `caps` is your max_memory (checked by devices.py `check_max_memory`): a single process places the model
+    within them (`_capped_placement`), and a device_map of one device with them is refused (transformers would
+    ignore them).
 
     Whether the model fits one GPU is judged on `training_bytes` (the whole training estimate,
     against TRAINING_SHARE of free memory) when fine-tuning, else on the weights (against HEADROOM).
@@ -231,7 +247,11 @@ def decide_placement(
     (or distributed_config), which transformers refuses to combine with a device_map.
     """
     if requested is not None:
+        if caps is not None:
+            _refuse_ignored_caps(requested, caps)
         return _user_placement(machine, requested, quantized), None, ()
+    if caps is not None and not machine.launch.distributed:
+        return _capped_placement(machine, weight_bytes, caps)
     if tp_requested or (tensor_parallel is not None and tensor_parallel.value == "auto"):
         return _tensor_parallel_placement(tp_requested), None, ()
     launch = machine.launch
@@ -245,6 +265,59 @@ def decide_placement(
     if not machine.gpus:
         return _cpu_placement(machine, weight_bytes)
     return _gpu_placement(machine, weights, training_bytes, quantized)
+
+
+# transformers reads max_memory only to infer a device_map from one of these strategies (integrations/accelerate.py
+# `_get_device_map`: `if isinstance(device_map, str)` after `check_and_set_device_map` turned "cuda:0", 0 or a
+# torch.device into {"": device}); with any other device_map it is never read.
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+_CAPS_IGNORED = (
+    "transformers reads max_memory only to infer a device_map for 'auto', 'balanced', 'balanced_low_0' or "
+    "'sequential' (integrations/accelerate.py `_get_device_map`) and ignores it otherwise"
+)
+
+
+def _refuse_ignored_caps(device_map: Any, caps: Mapping[Any, Any]) -> None:
+    if isinstance(device_map, str) and device_map in _STRATEGIES:
+        return
+    raise PlacementError(
+        f"max_memory={dict(caps)!r} was given with device_map={device_map!r}: {_CAPS_IGNORED}, so your caps would "
+        "be dropped. Pass device_map='auto' (or leave device_map unset) to have them honoured, or drop max_memory."
+    )
+
+
+def _capped_placement(machine: Machine, weight_bytes: int, caps: Mapping[Any, Any]) -> _Placement:
+    """Your max_memory, applied: device_map "auto" (a single device would ignore the caps) and where the weights
+    land within them. accelerate fills the GPUs named, then the "cpu" cap, then disk: a device not named gets
+    nothing, and without a "cpu" key transformers sends the rest straight to disk (integrations/accelerate.py
+    `_init_infer_auto_device_map`: `if "disk" not in devices: devices.append("disk")`)."""
+    gpus = sum(size_bytes(v) for k, v in caps.items() if isinstance(k, int))
+    cpu = size_bytes(caps["cpu"]) if "cpu" in caps else 0
+    on_gpus = min(weight_bytes, gpus)
+    on_cpu = min(weight_bytes - on_gpus, cpu)
+    on_disk = weight_bytes - on_gpus - on_cpu
+    size = _weights(weight_bytes)
+    landing = ", ".join(
+        f"~{format_bytes(n)} on {where}"
+        for n, where in ((on_gpus, "the GPUs"), (on_cpu, "the CPU"), (on_disk, "disk"))
+        if n or (where == "the GPUs" and machine.gpus)
+    )
+    single = f"cuda:{machine.gpus[0].index}" if machine.gpus else "cpu"
+    decision = Decision(
+        "device_map",
+        "auto",
+        f"your max_memory is applied ({landing}): {_CAPS_IGNORED}",
+        (Rejected(single, "transformers would ignore your max_memory"),),
+    )
+    warnings: tuple[str, ...] = ()
+    if on_cpu or on_disk:
+        where = " and ".join(f"~{format_bytes(n)} to {name}" for n, name in ((on_cpu, "CPU"), (on_disk, "disk")) if n)
+        no_cpu = "" if "cpu" in caps else " (your max_memory has no 'cpu' key: transformers then adds 'disk')"
+        warnings = (
+            f"{size} exceed your max_memory on the GPUs: {where} will be offloaded{no_cpu}, and every forward "
+            "copies them back (very slow). Raise the caps, quantize, or use a smaller model.",
+        )
+    return decision, None, warnings
 
 
 def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decision:
