@@ -323,3 +323,42 @@ def test_a_single_device_map_with_max_memory_is_refused(device_map: Any) -> None
         plan(Machine.simulated("H100"), device_map=device_map, max_memory={0: "10GiB"})
     kept = plan(Machine.simulated("H100"), device_map="auto", max_memory={0: "10GiB"})
     assert kept.kwargs["max_memory"] == {0: "10GiB"}
+
+
+# --- item 5: a spread judged as transformers places it ------------------------------------------------
+
+
+def _qwen3(layers: int) -> Any:
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=151936,
+        hidden_size=5120,
+        intermediate_size=17408,
+        num_hidden_layers=layers,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        head_dim=128,
+        dtype="bfloat16",
+    )
+    config._name_or_path = f"Qwen3-{layers}-layers-shaped config"
+    return config
+
+
+def test_a_spread_that_fits_the_budgets_but_not_upstreams_map_warns() -> None:
+    # ~33.7 GiB under 2 x 17.6 GiB of budget: the budgets' sum says "fits", but transformers' own device_map="auto"
+    # (run here on the meta model) keeps the largest layer's room on GPU 0 and, with no "cpu" key, uses disk.
+    from cudaload.capability.model_config import upstream_placement
+
+    a10g = Machine.simulated("A10G", count=2)
+    result = cudaload.plan(_qwen3(50), machine=a10g)
+    assert result.kwargs["device_map"] == "auto" and "cpu" not in result.kwargs["max_memory"]
+    assert result.weight_bytes < sum(int(float(v[:-3]) * GiB) for v in result.kwargs["max_memory"].values())
+    landed = upstream_placement(_qwen3(50), "AutoModelForCausalLM", "bfloat16", result.kwargs["max_memory"])
+    assert landed is not None and landed["disk"] > 0
+    (warning,) = [w for w in result.warnings if "transformers will put" in w]
+    assert f"~{landed['disk'] / GiB:.1f} GiB on disk" in warning and "infer_auto_device_map" in warning
+    assert "on disk" in result.decision("device_map").reason
+    # A smaller spread upstream keeps on the GPUs: nothing added.
+    fits = cudaload.plan(_qwen3(40), machine=a10g)
+    assert fits.kwargs["device_map"] == "auto" and not any("transformers will put" in w for w in fits.warnings)

@@ -31,6 +31,7 @@ __all__ = [
     "decide_placement",
     "decide_rank_device",
     "decide_tensor_parallel",
+    "judge_upstream_placement",
     "landed_machine",
     "placed_machine",
     "plan_within",
@@ -509,3 +510,29 @@ def _sharder(launch: Launch) -> str:
 def _gpu_max_memory(fit: Fit) -> dict[Any, str]:
     """`fit.spread` as accelerate's max_memory (GPU index -> "12.0GiB"); callers may add "cpu"."""
     return {i: max_memory_size(b) for i, b in fit.spread.items()}
+
+
+def judge_upstream_placement(plan: Plan, landed: Mapping[str, int]) -> Plan:
+    """`plan` judged against where transformers' own device_map="auto" puts the weights (`landed`: bytes per
+    device, capability/model_config.py `upstream_placement`). A plan that spreads over the GPUs without offload,
+    where upstream offloads to CPU or disk, says so in the device_map reason and a warning with upstream's
+    amounts: a budget sum is not upstream's answer, as `infer_auto_device_map` keeps room for the largest layer
+    on the first GPU and `get_balanced_memory` balances the GPUs, and a max_memory without a "cpu" key sends the
+    rest to disk (integrations/accelerate.py). A plan that already warns of an offload keeps its warning."""
+    on_cpu, on_disk = landed.get("cpu", 0), landed.get("disk", 0)
+    if not (on_cpu or on_disk) or any("offloaded" in w for w in plan.warnings):
+        return plan
+    where = " and ".join(f"~{format_bytes(n)} on {name}" for n, name in ((on_cpu, "CPU"), (on_disk, "disk")) if n)
+    why = (
+        "device_map='auto' keeps room for the largest layer on the first GPU and balances the rest, and without a "
+        "'cpu' key in max_memory sends what is left to disk (integrations/accelerate.py `infer_auto_device_map`, "
+        "`get_balanced_memory`)"
+    )
+    placed = plan.decision("device_map")
+    decision = replace(placed, reason=f"{placed.reason}; but transformers puts {where}: {why}")
+    warning = (
+        f"transformers will put {where} although the weights fit the GPUs' budgets: {why}. Every forward copies "
+        "them back (very slow): raise max_memory (with a 'cpu' key), quantize, or use more GPUs."
+    )
+    decisions = tuple(decision if d is placed else d for d in plan.decisions)
+    return replace(plan, decisions=decisions, warnings=(*plan.warnings, warning))
