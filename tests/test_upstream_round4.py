@@ -362,3 +362,61 @@ def test_a_spread_that_fits_the_budgets_but_not_upstreams_map_warns() -> None:
     # A smaller spread upstream keeps on the GPUs: nothing added.
     fits = cudaload.plan(_qwen3(40), machine=a10g)
     assert fits.kwargs["device_map"] == "auto" and not any("transformers will put" in w for w in fits.warnings)
+
+
+# --- not modelled before: now modelled, or said in the plan -------------------------------------------
+
+
+def _generation(machine: Machine, facts: Any, **kw: Any) -> Any:
+    from cudaload.policy.generation import decide_generation
+
+    args: dict[str, Any] = dict(dtype="bfloat16", attention="sdpa", weight_bytes=16 * GiB, device_map="cuda:0")
+    return decide_generation(machine, facts, **{**args, **kw})
+
+
+def _facts(*layers: Any) -> Any:
+    from cudaload.facts.kv_cache import GenerationFacts, KvLayers
+
+    return GenerationFacts(layers=tuple(KvLayers(*layer) for layer in layers), max_positions=262144)
+
+
+def test_linear_attention_state_is_said_not_counted() -> None:
+    # Qwen3-Next: 12 full-attention layers, 36 Gated DeltaNet layers with a fixed per-sequence state.
+    hybrid = _generation(
+        Machine.simulated("H100"), _facts(("full_attention", 12, 2 * 2 * 256), ("linear_attention", 36, 0))
+    )
+    assert any("36 layer(s) keep a fixed-size" in w and "not modelled" in w for w in hybrid.warnings)
+    plain = _generation(Machine.simulated("H100"), _facts(("full_attention", 48, 2 * 2 * 256)))
+    assert not any("fixed-size" in w for w in plain.warnings)
+
+
+def test_a_quantized_cache_says_it_is_sized_at_full_width() -> None:
+    chosen = _generation(
+        Machine.simulated("H100"), _facts(("full_attention", 32, 2048)), cache_implementation="quantized"
+    )
+    assert any("full width" in w and "optimum-quanto" in w for w in chosen.warnings)
+
+
+@pytest.mark.parametrize(("transformers", "devices"), [("5.22.2", "cuda/xpu/neuron/tpu;"), ("5.25.0", "tpu/mps;")])
+def test_the_compile_reason_follows_the_installed_transformers(transformers: str, devices: str) -> None:
+    # generation/utils.py `_valid_auto_compile_criteria`: 5.25.0 adds "mps" to the device types it compiles on.
+    machine = Machine.simulated(packages={"transformers": transformers, "kernels": "0.19.1"})
+    generation = _generation(
+        machine, _facts(("full_attention", 32, 2048)), device_map="cpu", cache_implementation="static"
+    )
+    assert devices in generation.decision("generation.compile").reason
+
+
+def test_zero3_ranks_each_loading_a_full_cpu_copy_warn_on_ram() -> None:
+    from cudaload.facts.machine import Launch
+    from cudaload.request import TrainingRequest
+
+    launch = Launch(
+        "accelerate", rank=0, local_rank=0, world_size=8, local_world_size=8, strategy="deepspeed", zero_stage=3
+    )
+    node = Machine.simulated("H100", count=8, packages={"peft": "0.21.2"}, launch=launch, cpu_memory_gib=64)
+    result = plan(node, llama(8), training=TrainingRequest(quantize=None))
+    (warning,) = [w for w in result.warnings if "into CPU RAM" in w]
+    assert "8 ranks" in warning and "OOM" in warning
+    roomy = Machine.simulated("H100", count=8, packages={"peft": "0.21.2"}, launch=launch, cpu_memory_gib=1024)
+    assert not any("into CPU RAM" in w for w in plan(roomy, llama(8), training=TrainingRequest(quantize=None)).warnings)

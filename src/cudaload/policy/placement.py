@@ -257,7 +257,7 @@ def decide_placement(
         return _tensor_parallel_placement(tp_requested), None, ()
     launch = machine.launch
     if launch.distributed and launch.shards_parameters:
-        return _sharded_placement(machine)
+        return _sharded_placement(machine, weight_bytes)
     weights = judge_fit(machine, weight_bytes, HEADROOM)
     if launch.distributed and tensor_parallel is not None and not weights.fits:
         return _rank_spread_placement(machine, weights, tensor_parallel)
@@ -348,14 +348,27 @@ def _tensor_parallel_placement(tp_requested: bool) -> Decision:
     )
 
 
-def _sharded_placement(machine: Machine) -> _Placement:
+def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     """FSDP / DeepSpeed ZeRO-3: the framework places the shards, so no device_map."""
     what = _sharder(machine.launch)
     cpu_notes: tuple[str, ...] = ()
+    ranks = max(machine.launch.local_world_size, 1)
+    ram = machine.cpu.memory_available
+    if ram is not None and weight_bytes * ranks > ram * HEADROOM:
+        # cudaload loads before TrainingArguments exists (the documented order), so transformers sees no ZeRO-3
+        # context (`is_deepspeed_zero3_enabled()` False: no zero.Init partitioning, modeling_utils.py) and FSDP's
+        # cpu_ram_efficient_loading never applies: every rank of the node builds a full copy in CPU RAM first.
+        cpu_notes = (
+            f"{what} loading: each of the {ranks} ranks on this node loads a full ~{format_bytes(weight_bytes)} copy "
+            f"into CPU RAM before {what} shards it (the model is built before TrainingArguments, so no ZeRO-3 "
+            f"partitioning at load and no FSDP cpu_ram_efficient_loading): ~{format_bytes(weight_bytes * ranks)} "
+            f"against {format_bytes(ram)} of RAM: expect an OOM kill. Create TrainingArguments (with the {what} "
+            "config) before loading, or use fewer ranks per node.",
+        )
     if not machine.gpus:
         # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
         # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
-        cpu_notes = (
+        cpu_notes += (
             f"{what} on a CPU-only machine: accelerate (and so Trainer) applies its {what} plugin only on GPUs "
             "and runs plain DDP here without a word. To shard on CPU, wrap the model with "
             "torch.distributed.fsdp.fully_shard yourself (see cudaload's distributed docs).",
