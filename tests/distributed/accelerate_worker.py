@@ -13,9 +13,8 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
 from accelerate import Accelerator
-from adapters import identical_across_ranks, snapshot, trainable, unchanged
+from adapters import identical_across_ranks, lora_optimizer, lora_report, snapshot, train_steps, trainable
 from worker_exit import exit_without_teardown
 
 import cudaload
@@ -31,21 +30,12 @@ def main(model_path: str, out_dir: str) -> None:
     # DistributedType.NO under a multi-process launch and every rank trains alone (accelerate/state.py).
     accelerator = Accelerator(cpu=cudaload.training_arguments(model).get("use_cpu", False))
     params = trainable(model)
-    optimizer = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.0)  # a change is a gradient step
-    prepared, optimizer = accelerator.prepare(model, optimizer)
+    prepared, optimizer = accelerator.prepare(model, lora_optimizer(params))
     # After prepare (DDP's broadcast made the ranks equal): lora_A starts random and non-zero, so
     # "changed" compares with this snapshot, not with zero.
     before = snapshot(params)
     rank = accelerator.process_index
-    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
-    losses = []
-    for _ in range(3):
-        loss = prepared(input_ids=ids, labels=ids).loss
-        accelerator.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    still = unchanged(before, params)
+    losses = train_steps(prepared, optimizer, rank, backward=accelerator.backward)
     report = {
         "rank": rank,
         "launch": vars(machine.launch),
@@ -60,9 +50,7 @@ def main(model_path: str, out_dir: str) -> None:
         "applied": {"device": applied.device, "device_map": applied.device_map},
         "warnings": [str(w.message) for w in caught if issubclass(w.category, cudaload.CudaloadWarning)],
         "losses": losses,
-        "lora_tensors": len(params),
-        "lora_unchanged": still,
-        "lora_changed": len(still) < len(params),
+        **lora_report(before, params),
         "lora_identical_across_ranks": identical_across_ranks(params),
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))

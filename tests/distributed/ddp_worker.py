@@ -11,9 +11,8 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
-from adapters import identical_across_ranks, snapshot, trainable, unchanged
+from adapters import identical_across_ranks, lora_optimizer, lora_report, snapshot, train_steps, trainable
 from torch.nn.parallel import DistributedDataParallel
 from worker_exit import exit_without_teardown
 
@@ -33,19 +32,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
     # lora_A starts random and non-zero, and DDP made the ranks equal at construction: "changed"
     # compares with this snapshot, taken after DDP's broadcast, not with zero.
     before = snapshot(params)
-    # No weight decay: it would move the non-zero lora_A even with no gradient, so a change is a
-    # gradient step.
-    optimizer = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.0)
-    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
-    losses = []
-    for _ in range(3):
-        loss = ddp(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-
-    still = unchanged(before, params)
+    losses = train_steps(ddp, lora_optimizer(params), rank)
     report = {
         "rank": rank,
         "launch": vars(machine.launch) if hasattr(machine.launch, "__dict__") else None,
@@ -54,9 +41,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         "applied_device": model.cudaload_plan.device,
         "training_arguments": args,
         "losses": losses,
-        "lora_tensors": len(params),
-        "lora_unchanged": still,
-        "lora_changed": len(still) < len(params),
+        **lora_report(before, params),
         "lora_identical_across_ranks": identical_across_ranks(params),
         "quantized": "quantization_config" in plan.kwargs,
         # The same launch on a node with 2 GPUs: the device must follow LOCAL_RANK, not RANK.

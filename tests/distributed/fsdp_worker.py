@@ -13,9 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-import torch
 from accelerate import Accelerator
-from adapters import snapshot, trainable, unchanged
+from adapters import lora_optimizer, lora_report, snapshot, train_steps, trainable
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from worker_exit import exit_without_teardown
@@ -34,17 +33,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         fully_shard(layer)
     fully_shard(model)
     params = trainable(model)  # the sharded DTensors now; compared whole (gathered) after training
-    optimizer = torch.optim.AdamW(params.values(), lr=1e-2, weight_decay=0.0)  # a change is a gradient step
-    # The same batch every step: its loss must fall.
-    ids = torch.randint(2, 256, (2, 16), generator=torch.Generator().manual_seed(100 + rank))
-    losses = []
-    for _ in range(3):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    still = unchanged(before, params)
+    losses = train_steps(model, lora_optimizer(params), rank)  # the same batch every step: its loss must fall
     whole = sum(p.numel() for p in params.values())
     shard = sum(p.to_local().numel() for p in params.values() if isinstance(p, DTensor))
     report = {
@@ -57,9 +46,7 @@ def main(model_path: str, quantize: str, out_dir: str) -> None:
         "sharded": all(isinstance(p, DTensor) for p in params.values()),
         "local_share": shard / whole,
         "losses": losses,
-        "lora_tensors": len(params),
-        "lora_unchanged": still,
-        "lora_changed": len(still) < len(params),
+        **lora_report(before, params),
     }
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps(report, default=str))
     accelerator.wait_for_everyone()
