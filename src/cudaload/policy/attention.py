@@ -355,7 +355,8 @@ def _explicit(
     """Your `attn_implementation`: refused when anything blocks it (with every reason), else kept,
     with a warning for what it costs."""
     check = check_attention(requested, machine, model, dtype)
-    if not hub_code and check.implementation != requested and _consent_needed(machine, check.implementation):
+    fetched = check.implementation != requested and _consent_needed(machine, check.implementation)
+    if not hub_code and fetched and not check.blockers:  # a blocked choice is refused for its blockers already
         # Naming "flash_attention_2" is not consent to Hub code: without the package transformers fetches its
         # kernels-community build (modeling_utils.py `_check_and_adjust_attn_implementation`,
         # FLASH_ATTN_KERNEL_FALLBACK).
