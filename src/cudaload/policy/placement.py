@@ -535,6 +535,8 @@ def judge_upstream_placement(plan: Plan, landed: Mapping[str, int]) -> Plan:
     on_cpu, on_disk = landed.get("cpu", 0), landed.get("disk", 0)
     if not (on_cpu or on_disk) or any("offloaded" in w for w in plan.warnings):
         return plan
+    if "device_map" in plan.explicit or "max_memory" in plan.explicit or not plan.kwargs.get("max_memory"):
+        return plan  # only cudaload's own spread is judged: your caps are judged by `_capped_placement`
     where = " and ".join(f"~{format_bytes(n)} on {name}" for n, name in ((on_cpu, "CPU"), (on_disk, "disk")) if n)
     why = (
         "device_map='auto' keeps room for the largest layer on the first GPU and balances the rest, and without a "
