@@ -93,9 +93,11 @@ def test_transformers_refusing_flash_attention_at_load_falls_back(
     # A plan for an A100 with flash-attn, applied on this CPU without it: transformers'
     # _flash_attn_import_error raises ImportError while the model is built, and sdpa is loaded.
     # (As in a fresh process: no earlier Hub-kernel attempt has left flash-attn half-registered.)
+    # hub_kernels=True: transformers is asked (its Hub-kernel fallback fails offline); without it cudaload
+    # refuses the link before asking (tests/test_upstream_round4.py).
     monkeypatch.setattr(flash_utils, "_loaded_implementation", None)
     a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
-    model = cudaload.load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16")
+    model = cudaload.load(str(tiny_models["llama"]), machine=a100, hub_kernels=True, device_map="cpu", dtype="bfloat16")
     (fallback,) = model.cudaload_plan.fallbacks
     assert (fallback.option, fallback.phase) == ("flash_attention_2", "load")
     assert fallback.error.startswith("ImportError: FlashAttention2 has been toggled on")
@@ -110,7 +112,9 @@ def test_a_strict_load_names_the_refused_option_without_trying_another(
     monkeypatch.setattr(flash_utils, "_loaded_implementation", None)
     a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
     with pytest.raises(LoadFailedError, match=r"'flash_attention_2' failed at load: ImportError: .*\(strict=True\)"):
-        cudaload.load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16", strict=True)
+        cudaload.load(
+            str(tiny_models["llama"]), machine=a100, hub_kernels=True, device_map="cpu", dtype="bfloat16", strict=True
+        )
     assert from_pretrained_calls == ["flash_attention_2"]
 
 
@@ -126,7 +130,7 @@ def test_an_unregistered_flash_kernel_fails_at_the_forward_and_is_switched_in_pl
     # then finds the kernel missing from AttentionInterface (get_interface raises KeyError).
     monkeypatch.setattr(flash_utils, "_loaded_implementation", "kernels-community/flash-attn2")
     a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
-    model = cudaload.load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16")
+    model = cudaload.load(str(tiny_models["llama"]), machine=a100, hub_kernels=True, device_map="cpu", dtype="bfloat16")
     (fallback,) = model.cudaload_plan.fallbacks
     assert (fallback.option, fallback.phase) == ("flash_attention_2", "verify")
     assert fallback.error.startswith("KeyError:") and "AttentionInterface" in fallback.error

@@ -32,6 +32,8 @@ PACKAGES = (
     "optimum",
     "gptqmodel",
     "compressed-tensors",
+    "fbgemm-gpu",  # module fbgemm_gpu: transformers' fbgemm_fp8 quantizer needs it on CUDA
+    "fbgemm-gpu-genai",
 )
 """The distributions cudaload cares about: what `detect()` reports and a simulated machine takes from here."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import traceback
 import warnings
@@ -601,9 +602,12 @@ def _planned_quantize(plan: Plan) -> Any:
 
 
 def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
-    """Make the plan's `cuda_device` the current CUDA device (a quantized FSDP / ZeRO-3 rank: its
-    loader places the weights on `torch.cuda.current_device()`); returns the index, or None when the
-    plan has no such decision. `set_device` defaults to `torch.cuda.set_device`."""
+    """Make the plan's `cuda_device` the current CUDA device before from_pretrained (a quantized FSDP /
+    ZeRO-3 rank: its loader places the weights on `torch.cuda.current_device()`; a pre-quantized checkpoint on
+    mixed GPUs: its quantizer judges the current device); returns the index, or None when the plan has no
+    such decision or this process has no CUDA device of that index (a plan made for another machine: the
+    load then fails, or falls back, on its own terms, never on set_device). `set_device` defaults to
+    `torch.cuda.set_device`, called only when CUDA is there; one you pass is always called."""
     try:
         index = int(plan.decision("cuda_device").value)
     except KeyError:
@@ -611,9 +615,67 @@ def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
     if set_device is None:
         import torch
 
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            return None
         set_device = torch.cuda.set_device
     set_device(index)
     return index
+
+
+def _hub_code_allowed(plan: Plan, option: str) -> bool:
+    """The plan's consent to Hub code: hub_kernels=True or use_kernels=True when it was made, or `option` is
+    the Hub kernel you named as attn_implementation (naming one is consent for it). A plan without its inputs
+    (rebuilt from JSON) carries no consent."""
+    request = plan.inputs.request if plan.inputs is not None else None
+    if plan.kwargs.get("use_kernels") is True or (
+        request is not None and True in (request.hub_kernels, request.use_kernels)
+    ):
+        return True
+    return "attn_implementation" in plan.explicit and plan.decision("attn_implementation").value == option
+
+
+def _hub_repo_here(option: str) -> str | None:
+    """The Hub repository transformers in this process would fetch code from for attention `option`: a Hub
+    kernel named as such, or a FlashAttention whose package is not usable here while `kernels` is, which
+    transformers swaps for its kernels-community build (modeling_utils.py `_check_and_adjust_attn_implementation`:
+    `FLASH_ATTENTION_COMPATIBILITY_MATRIX[v]["general_availability_check"]`, then FLASH_ATTN_KERNEL_FALLBACK when
+    `is_kernels_available()`); None when it fetches nothing."""
+    kind = attention_kind(option)
+    if kind == "hub_kernel":
+        return re.split("[@:]", option, maxsplit=1)[0]
+    if kind != "flash":
+        return None
+    from transformers.modeling_flash_attention_utils import (
+        FLASH_ATTENTION_COMPATIBILITY_MATRIX,
+        FLASH_ATTN_KERNEL_FALLBACK,
+    )
+    from transformers.utils.import_utils import is_kernels_available
+
+    entry = FLASH_ATTENTION_COMPATIBILITY_MATRIX.get(int(option.rsplit("_", 1)[1]))
+    if entry is None or entry["general_availability_check"]() or not is_kernels_available():
+        return None
+    return FLASH_ATTN_KERNEL_FALLBACK.get(option)
+
+
+def _unasked_hub_code(plan: Plan, option: str, phase: _Phase) -> _Failure | None:
+    """A failure, before transformers is asked, when `option` would make it download and run Hub code here that
+    the plan did not allow (a plan made for another machine, where the package was installed or the kernel
+    cached); None when it fetches nothing, the kernel is in this machine's cache, or Hub code was allowed."""
+    if _hub_code_allowed(plan, option):
+        return None
+    repo = _hub_repo_here(option)
+    if repo is None:
+        return None
+    from .capability import detect
+
+    kernel = detect().hub.kernel(repo)
+    if kernel is not None and kernel.cached:
+        return None  # fetched before: the same rule as the plan's (policy/attention.py `_consent_needed`)
+    return _Failure(
+        phase,
+        f"transformers would download and run {repo} from the Hub here, and this plan does not allow Hub code "
+        "(pass hub_kernels=True to plan() or load() to allow it)",
+    )
 
 
 def apply_plan(
@@ -631,7 +693,9 @@ def apply_plan(
     from .upstream_imports import import_transformers
 
     import_transformers()
-    set_rank_device(plan)  # a quantized FSDP / ZeRO-3 rank: before the quantizer picks the current device
+    # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
+    # current device (policy/placement.py, `decide_rank_device` and `decide_current_device`).
+    set_rank_device(plan)
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
@@ -644,12 +708,14 @@ def apply_plan(
     weight_notes: tuple[str, ...] = ()
     for index, option in enumerate(chain):
         start = time.perf_counter()
-        if model is None:
+        # A link that would fetch Hub code the plan did not allow fails before transformers is asked.
+        failure: _Failure | None = _unasked_hub_code(plan, option, "load" if model is None else "switch")
+        if failure is None and model is None:
             model, report, failure = _load_with(auto, plan, option)
             timings["load" if failure is None else f"load[{option}]"] = time.perf_counter() - start
             if failure is None:
                 weight_notes = _check_weights(plan, model, report, allow_missing_weights)
-        else:  # the loaded model failed its test forward: switch it in place, no weights read again
+        elif failure is None:  # the loaded model failed its test forward: switch it in place, no weights read again
             failure = _switch_to(model, option)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
         if failure is None and verify:

@@ -258,6 +258,8 @@ def plan(
     if detected:
         machine = _measured(machine, facts, probe, request)
     result = decide_plan(machine, facts, request)
+    if not isinstance(model, ModelFacts):
+        result = _judged_upstream(model, result, overrides)
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
@@ -439,6 +441,30 @@ def _bitsandbytes_bits(config: Any) -> str:
     if get("load_in_8bit") is True:
         return "8bit"
     return "other"
+
+
+def _judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Plan:
+    """A spread (device_map "auto" with max_memory) of an unquantized model, judged as transformers itself will
+    place it (capability/model_config.py `upstream_placement`, then policy/placement.py `judge_upstream_placement`)."""
+    from .capability.model_config import upstream_placement
+    from .policy.placement import judge_upstream_placement
+
+    kwargs = result.kwargs
+    if kwargs.get("device_map") != "auto" or "max_memory" not in kwargs or "quantization_config" in kwargs:
+        return result
+    if any(overrides.get(key) not in (None, "") for key in (*SOURCE_KWARGS, "config")):
+        return result  # a subfolder, GGUF file, cache or config of yours: the meta model is built from the root's
+    if any(d.setting == "checkpoint_quantization" for d in result.decisions):
+        return result  # a quantizer sizes its own weights (and adjusts max_memory): not modelled here
+    landed = upstream_placement(
+        str(model) if isinstance(model, os.PathLike) else model,
+        result.auto_class,
+        str(kwargs["dtype"]),
+        kwargs["max_memory"],
+        trust_remote_code=overrides.get("trust_remote_code", False) is True,
+        revision=overrides.get("revision"),
+    )
+    return result if landed is None else judge_upstream_placement(result, landed)
 
 
 def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from transformers import PretrainedConfig
 
-__all__ = ["default_auto_class", "model_class_name", "read_model_facts", "resolve_auto_class"]
+__all__ = ["default_auto_class", "model_class_name", "read_model_facts", "resolve_auto_class", "upstream_placement"]
 
 
 def _normalise_dtype(value: Any) -> str | None:
@@ -378,6 +378,50 @@ def _meta_model(cls: type, config: Any) -> Any:
             return cls(config)
 
 
+def upstream_placement(
+    model: Any,
+    auto_class: str,
+    dtype: str,
+    max_memory: Mapping[Any, Any],
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+) -> dict[str, int] | None:
+    """Bytes per device ("0", "1", "cpu", "disk") where transformers' own `device_map="auto"` puts `model` in
+    `dtype` under `max_memory`: its `_get_device_map` (integrations/accelerate.py: `get_balanced_memory`, then
+    `infer_auto_device_map`, which keeps room for the largest layer on the first GPU and adds "disk" when
+    max_memory has no "cpu" key) run on a meta model built from the config, sized by its `compute_module_sizes`.
+    None when transformers cannot compute it here (the plan then keeps its own estimate)."""
+    import logging
+    import warnings
+
+    import torch
+    from transformers.integrations.accelerate import _get_device_map, compute_module_sizes
+
+    try:
+        config = _load_config(model, trust_remote_code, revision)
+        meta = _meta_model(_model_class(config, auto_class, trust_remote_code, str(model), revision), config)
+        meta = meta.to(getattr(torch, dtype))
+        quiet = [logging.getLogger(name) for name in ("accelerate", "transformers")]
+        levels = [logger.level for logger in quiet]
+        try:
+            for logger in quiet:  # "Device 0 is not available": planning for GPUs this machine lacks is the point
+                logger.setLevel(logging.ERROR)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                device_map = _get_device_map(meta, "auto", dict(max_memory), None)
+                sizes, _ = compute_module_sizes(meta, None)
+        finally:
+            for logger, level in zip(quiet, levels, strict=True):
+                logger.setLevel(level)
+    except Exception:  # a config this transformers cannot build or map: no upstream answer
+        return None
+    landed: dict[str, int] = {}
+    for name, device in device_map.items():
+        landed[str(device)] = landed.get(str(device), 0) + int(sizes[name])
+    return landed
+
+
 def read_model_facts(
     model: str | os.PathLike[str] | PretrainedConfig,
     *,
@@ -517,6 +561,8 @@ def _read_model_facts(
         kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
         tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
         generation=_generation_facts(config, cls, model, revision, config_kwargs) if generates(auto_class) else None,
+        # gpt-oss and its kin declare `self.sinks = nn.Parameter(torch.empty(num_attention_heads))` per attention.
+        attention_sinks=any(name.rpartition(".")[2] == "sinks" for name, _ in meta.named_parameters()),
     )
     return facts, dtype_from_weights
 
@@ -680,7 +726,7 @@ def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tupl
 # transformers (its classes and their `_supports_*` flags) and this code; the key holds all four.
 # Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
 # the config): it is then re-read from the safetensors header, which costs no import.
-_FACTS_SCHEMA = 3  # 2: ModelFacts.quantization; 3: ModelFacts.generation
+_FACTS_SCHEMA = 4  # 2: ModelFacts.quantization; 3: ModelFacts.generation; 4: ModelFacts.attention_sinks
 
 
 def _facts_cache_file(model: Any, auto_class: str | None) -> Path | None:

@@ -70,6 +70,8 @@ class ModelFacts:
             for the backward (counted by the training-memory estimate). None without it.
         generation: The KV-cache layout and generation flags (`GenerationFacts`), read from the
             same config; None when cudaload cannot read one from it, or in facts built by hand.
+        attention_sinks: The attention layers hold learnable sinks (a `sinks` parameter per layer, gpt-oss):
+            a FlashAttention kernel must take them (`s_aux` / `learnable_sink`), in bf16 only.
 
     Examples:
         >>> import tempfile, cudaload
@@ -133,6 +135,10 @@ class ModelFacts:
     the backward (policy/memory.py counts it). None without it."""
     generation: GenerationFacts | None = None
     """The KV-cache layout and generation flags (facts/kv_cache.py), read from the same config."""
+    attention_sinks: bool = False
+    """Learnable attention sinks (gpt-oss's `self.sinks = nn.Parameter(...)`, modeling_gpt_oss.py:285): transformers
+    hands them to a FlashAttention kernel as `s_aux` or `learnable_sink` and silently drops them for a kernel that
+    takes neither (modeling_flash_attention_utils.py:705-709, 5.22.2)."""
 
     @property
     def generates(self) -> bool:

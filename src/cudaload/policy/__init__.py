@@ -22,6 +22,7 @@ from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import (
+    decide_current_device,
     decide_placement,
     decide_rank_device,
     decide_tensor_parallel,
@@ -285,6 +286,7 @@ def _placement_section(
     tensor_parallel = decide_tensor_parallel(
         machine, model, size, request.training is not None, tp_requested or request.device_map is not None
     )
+    caps = check_max_memory(machine, request.max_memory) if request.max_memory is not None else None
     placement, max_memory, warnings = decide_placement(
         machine,
         size,
@@ -293,19 +295,22 @@ def _placement_section(
         training_bytes=training_bytes,
         tensor_parallel=tensor_parallel,
         tp_requested=tp_requested,
+        caps=caps,
     )
     decisions = [placement, *([tensor_parallel] if tensor_parallel is not None else [])]
     kwargs: dict[str, Any] = {}
-    rank_device = decide_rank_device(machine, quantized, placement.value)
+    rank_device = decide_rank_device(machine, quantized, placement.value) or decide_current_device(
+        machine, model, placement.value
+    )
     if rank_device is not None:
         decisions.append(rank_device)  # applied by loaders.set_rank_device before from_pretrained
     if placement.value is not None:
         kwargs["device_map"] = placement.value
     if tensor_parallel is not None and tensor_parallel.value is not None:
         kwargs["tp_plan"] = tensor_parallel.value
-    if request.max_memory is not None:
-        kwargs["max_memory"] = check_max_memory(machine, request.max_memory)
-        decisions.append(Decision("max_memory", kwargs["max_memory"], "your choice", source="user"))
+    if caps is not None:
+        kwargs["max_memory"] = caps
+        decisions.append(Decision("max_memory", caps, "your choice", source="user"))
     elif max_memory is not None:
         kwargs["max_memory"] = max_memory
         reason = f"{percent(HEADROOM)} of each device's free memory (total memory when free is unknown)"

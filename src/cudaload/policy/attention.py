@@ -27,7 +27,7 @@ How it is built:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import AttentionUnavailableError
 from ..facts.machine import Gpu, Machine
@@ -163,8 +163,46 @@ def _flash_blockers(
         None if model.supports_flash else f"{model.model_class} does not support FlashAttention",
         *_version_blockers(model, name, installed),
         _head_dim_blocker(gpu, model, name, installed),
+        *(_sinks_blockers(gpu, dtype, name, installed) if model.attention_sinks else ()),
     )
     return tuple(reason for reason in found if reason)
+
+
+# Majors whose FlashAttention-4 forward takes learnable sinks: FlashAttentionForwardSm80 asserts "Learnable sink is
+# not supported in this kernel" (flash_attn/cute/flash_fwd.py, flash-attn-4 4.0.0b40), and the sm120 forward is
+# built on it; the sm90 and sm100 forwards take them, and the backward takes them on sm90-sm110 only.
+FA4_SINK_MAJORS = frozenset({9, 10, 11})
+
+
+def _sinks_blockers(gpu: Gpu | None, dtype: str, name: str, installed: str | None) -> tuple[str, ...]:
+    """Why FlashAttention `name` cannot run a model with learnable attention sinks (gpt-oss) here."""
+    if gpu is None or dtype == "float32":
+        return ()  # already blocked: no GPU, or fp32
+    found: list[str] = []
+    major = gpu.capability[0]
+    if name == "flash_attention_2":
+        found.append(
+            "the model has attention sinks and FlashAttention-2 takes neither `s_aux` nor `learnable_sink`: "
+            "transformers would drop them silently (modeling_flash_attention_utils.py:705-709)"
+        )
+    elif name == "flash_attention_3" and installed is None and major != 9:
+        found.append(
+            f"the model has attention sinks and {FLASH_OPTIONS[name].hub_repo} takes them only on Hopper: "
+            f'{gpu.name} is {gpu.sm} (flash_api_stable.cpp: "S aux is currently only supported for Hopper GPUs")'
+        )
+    elif name == "flash_attention_4" and major not in FA4_SINK_MAJORS:
+        found.append(
+            f"the model has attention sinks and FlashAttention-4 takes them only on sm90-sm110: {gpu.name} is "
+            f'{gpu.sm} (flash_attn/cute/flash_fwd.py: "Learnable sink is not supported in this kernel")'
+        )
+    if dtype != "bfloat16" and name in ("flash_attention_3", "flash_attention_4"):
+        # transformers casts the sinks to the query dtype (integrations/flash_attention.py:103, `s_aux.to(...)`).
+        found.append(
+            f"the model has attention sinks and the sink kernels take only bf16 sinks; the dtype is {dtype} "
+            '(flash_api_stable.cpp: "We only support bf16 dtype for S aux"; FA4 interface.py: '
+            '"learnable_sink must be bfloat16")'
+        )
+    return tuple(found)
 
 
 def _generation_blocker(gpu: Gpu, name: str, installed: str | None) -> str | None:
@@ -311,10 +349,18 @@ def _flex(machine: Machine, model: ModelFacts) -> OptionCheck:
 # --- an explicit choice: the check decides, never replaced ----------------------------------------
 
 
-def _explicit(machine: Machine, model: ModelFacts, dtype: str, requested: str) -> tuple[Decision, tuple[str, ...]]:
+def _explicit(
+    machine: Machine, model: ModelFacts, dtype: str, requested: str, hub_code: bool
+) -> tuple[Decision, tuple[str, ...]]:
     """Your `attn_implementation`: refused when anything blocks it (with every reason), else kept,
     with a warning for what it costs."""
     check = check_attention(requested, machine, model, dtype)
+    fetched = check.implementation != requested and _consent_needed(machine, check.implementation)
+    if not hub_code and fetched and not check.blockers:  # a blocked choice is refused for its blockers already
+        # Naming "flash_attention_2" is not consent to Hub code: without the package transformers fetches its
+        # kernels-community build (modeling_utils.py `_check_and_adjust_attn_implementation`,
+        # FLASH_ATTN_KERNEL_FALLBACK).
+        check = replace(check, blockers=(*check.blockers, f"its Hub kernel {check.implementation} is {NO_CONSENT}"))
     if check.blockers:
         raise AttentionUnavailableError(
             f"attn_implementation={requested!r} was asked, but {'; '.join(check.reasons)}. Use another "
@@ -428,7 +474,7 @@ def decide_attention(
     itself is opt-in. Naming a Hub kernel as `attn_implementation` is consent for that kernel.
     """
     if requested is not None:
-        decision, warnings = _explicit(machine, model, dtype, requested)
+        decision, warnings = _explicit(machine, model, dtype, requested, hub_code)
         return decision, (requested,), warnings
     trace = _with_consent(_flash_trace(machine, model, dtype), machine, hub_code)
     decision, chain = _decision(trace + _portable_trace(machine, model, dtype), machine.weakest_gpu)

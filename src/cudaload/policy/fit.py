@@ -23,7 +23,17 @@ from ..errors import PlacementError
 from ..facts.machine import GiB, Gpu, Machine
 from .devices import cuda_index
 
-__all__ = ["HEADROOM", "TRAINING_SHARE", "Fit", "format_bytes", "judge_fit", "max_memory_size", "percent", "pinned_gpu"]
+__all__ = [
+    "HEADROOM",
+    "TRAINING_SHARE",
+    "Fit",
+    "format_bytes",
+    "judge_fit",
+    "max_memory_size",
+    "percent",
+    "pinned_gpu",
+    "size_bytes",
+]
 
 HEADROOM = 0.8
 """Weights may use at most this share of a device's free memory: the rest holds activations, the
@@ -57,6 +67,25 @@ def max_memory_size(n: float) -> str:
         '12.0GiB'
     """
     return f"{n / GiB:.1f}GiB"
+
+
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def size_bytes(value: int | str) -> int:
+    """A `max_memory` value in bytes, as accelerate reads it (`convert_file_size_to_int`: "GB" is 10**9,
+    "GiB" 2**30); the value was checked by devices.py `check_max_memory`.
+
+    Examples:
+        >>> size_bytes("100MiB"), size_bytes("1.5GB"), size_bytes(1024)
+        (104857600, 1500000000, 1024)
+    """
+    if isinstance(value, int):
+        return value
+    text = value.strip().upper()
+    unit = next(u for u in sorted(_UNITS, key=len, reverse=True) if text.endswith(u))
+    return int(float(text[: -len(unit)]) * _UNITS[unit])
 
 
 def percent(share: float) -> str:

@@ -34,7 +34,7 @@ from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision, GenerationPlan, Rejected
 from ..request import Workload, check_padding_side
-from ..upstream import COMPILEABLE_QUANT_METHODS
+from ..upstream import COMPILEABLE_QUANT_METHODS, version_at_least
 from .attention import is_flash_attention
 from .devices import gpu_indices
 from .fit import format_bytes
@@ -195,10 +195,37 @@ def _cache_decision(
     )
 
 
+def _transformers_at_least(machine: Machine, minimum: str) -> bool:
+    return version_at_least(machine.software.version("transformers") or "0", minimum)
+
+
+def _not_modelled(facts: GenerationFacts, cache: Decision, max_batch: int | None) -> list[str]:
+    """What the KV estimate leaves out, said in the plan rather than silently overstated."""
+    notes: list[str] = []
+    if facts.state_layers and max_batch:
+        # e.g. Qwen3-Next's Gated DeltaNet layers: a recurrent state + a convolution state per sequence
+        # (transformers cache_utils.py:1158 `LinearAttentionLayer`), ~74 MiB in fp32 at its sizes, whatever the length.
+        notes.append(
+            f"generation: {facts.state_layers} layer(s) keep a fixed-size recurrent/convolution state per sequence "
+            f"(linear attention) that max_batch={max_batch} does not count (not modelled): the real limit is lower, "
+            "by as much as 6x for Qwen3-Next at short contexts."
+        )
+    if cache.value == "quantized":
+        notes.append(
+            "generation: cache_implementation='quantized' is sized at full width here (not modelled: the quantized "
+            "cache keeps only its recent residual tokens in full precision), and its backend (optimum-quanto, or "
+            "hqq) is not checked: generate() raises without it."
+        )
+    return notes
+
+
 def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: str | None, offloaded: bool) -> str | None:
     """Why generate() will not auto-compile on this plan (None when it would with a static cache)."""
     if not machine.gpus:
-        return "no CUDA GPU (generate() compiles only on cuda/xpu/neuron/tpu)"
+        # `_valid_auto_compile_criteria` (generation/utils.py): `self.device.type in ["cuda", "xpu", "neuron", "tpu"]`
+        # in 5.22-5.24; 5.25.0 adds "mps" (line 2450). A CPU never qualifies.
+        devices = "cuda/xpu/neuron/tpu/mps" if _transformers_at_least(machine, "5.25") else "cuda/xpu/neuron/tpu"
+        return f"no CUDA GPU (generate() compiles only on {devices}; never on a CPU)"
     if quantized is not None and quantized not in COMPILEABLE_QUANT_METHODS:
         return f"{quantized}-quantized models are not compileable (their `HfQuantizer.is_compileable` is False)"
     if offloaded:
@@ -311,6 +338,7 @@ def decide_generation(
     if cache.value is not None and (cache.source == "user" or cache.value in ("static", "offloaded")):
         generate_kwargs["cache_implementation"] = cache.value
     warnings += [f"generation: {note}" for note in facts.notes]
+    warnings += _not_modelled(facts, cache, fit.max_batch)
     decisions = (
         _kv_decision(facts, dtype, per_token),
         fit.decision,

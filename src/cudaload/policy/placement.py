@@ -3,6 +3,7 @@ explicit max_memory when it must, loud about CPU/disk offload; per-rank under to
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -12,13 +13,25 @@ from ..facts.model import ModelFacts
 from ..plans import Decision, Plan, Rejected
 from ..request import Request
 from .devices import check_device_map
-from .fit import HEADROOM, TRAINING_SHARE, Fit, format_bytes, judge_fit, max_memory_size, percent, pinned_gpu
+from .fit import (
+    HEADROOM,
+    TRAINING_SHARE,
+    Fit,
+    format_bytes,
+    judge_fit,
+    max_memory_size,
+    percent,
+    pinned_gpu,
+    size_bytes,
+)
 from .memory import weight_bytes
 
 __all__ = [
+    "decide_current_device",
     "decide_placement",
     "decide_rank_device",
     "decide_tensor_parallel",
+    "judge_upstream_placement",
     "landed_machine",
     "placed_machine",
     "plan_within",
@@ -81,6 +94,34 @@ def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> De
         "device_map, and bitsandbytes' quantizer then loads onto torch.cuda.current_device(), cuda:0 on every "
         "rank unless set",
         (Rejected(0, "every rank's quantized copy on GPU 0") if index else Rejected(None, "left to chance"),),
+    )
+
+
+def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) -> Decision | None:
+    """The CUDA device to make current before a pre-quantized checkpoint loads on GPUs of different compute
+    capability in one process (None when there is no such question).
+
+    transformers' quantizers judge the *current* device, not the one the weights go on:
+    quantizer_mxfp4.py `validate_environment` (`torch.cuda.get_device_capability()`, 5.22.2 lines 80-102),
+    quantizer_finegrained_fp8.py:48-57, quantizer_fbgemm_fp8.py:68-74, compressed-tensors. cudaload judges the GPU
+    the model goes on (the weakest of a spread), so `load()` makes that GPU current (`torch.cuda.set_device`) and
+    both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other would."""
+    if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
+        return None
+    pinned = pinned_gpu(device_map)
+    if pinned is None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return None  # the CPU, or a map of your own: left as it is
+    gpu = next((g for g in machine.gpus if g.index == pinned), None) or min(
+        machine.gpus, key=lambda g: (g.capability, g.index)
+    )
+    where = "the GPU the model goes on" if pinned is not None else "the weakest GPU the spread may touch"
+    return Decision(
+        "cuda_device",
+        gpu.index,
+        f"torch.cuda.set_device({gpu.index}) before loading: {gpu.name} ({gpu.sm}) is {where}, and transformers' "
+        "quantizers judge torch.cuda.current_device() (quantizer_mxfp4.py, quantizer_finegrained_fp8.py, "
+        "quantizer_fbgemm_fp8.py `validate_environment`: torch.cuda.get_device_capability())",
+        (Rejected(None, "cuda:0 would be judged, whatever GPU the weights go on"),),
     )
 
 
@@ -193,8 +234,13 @@ def decide_placement(
     training_bytes: int | None = None,
     tensor_parallel: Decision | None = None,
     tp_requested: bool = False,
+    caps: Mapping[Any, Any] | None = None,
 ) -> tuple[Decision, dict[Any, str] | None, tuple[str, ...]]:
     """(device_map decision, max_memory or None, warnings).
+
+    `caps` is your max_memory (checked by devices.py `check_max_memory`): a single process places the model
+    within them (`_capped_placement`), and a device_map of one device with them is refused (transformers would
+    ignore them).
 
     Whether the model fits one GPU is judged on `training_bytes` (the whole training estimate,
     against TRAINING_SHARE of free memory) when fine-tuning, else on the weights (against HEADROOM).
@@ -202,12 +248,16 @@ def decide_placement(
     (or distributed_config), which transformers refuses to combine with a device_map.
     """
     if requested is not None:
+        if caps is not None:
+            _refuse_ignored_caps(requested, caps)
         return _user_placement(machine, requested, quantized), None, ()
+    if caps is not None and not machine.launch.distributed:
+        return _capped_placement(machine, weight_bytes, caps)
     if tp_requested or (tensor_parallel is not None and tensor_parallel.value == "auto"):
         return _tensor_parallel_placement(tp_requested), None, ()
     launch = machine.launch
     if launch.distributed and launch.shards_parameters:
-        return _sharded_placement(machine)
+        return _sharded_placement(machine, weight_bytes)
     weights = judge_fit(machine, weight_bytes, HEADROOM)
     if launch.distributed and tensor_parallel is not None and not weights.fits:
         return _rank_spread_placement(machine, weights, tensor_parallel)
@@ -216,6 +266,59 @@ def decide_placement(
     if not machine.gpus:
         return _cpu_placement(machine, weight_bytes)
     return _gpu_placement(machine, weights, training_bytes, quantized)
+
+
+# transformers reads max_memory only to infer a device_map from one of these strategies (integrations/accelerate.py
+# `_get_device_map`: `if isinstance(device_map, str)` after `check_and_set_device_map` turned "cuda:0", 0 or a
+# torch.device into {"": device}); with any other device_map it is never read.
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+_CAPS_IGNORED = (
+    "transformers reads max_memory only to infer a device_map for 'auto', 'balanced', 'balanced_low_0' or "
+    "'sequential' (integrations/accelerate.py `_get_device_map`) and ignores it otherwise"
+)
+
+
+def _refuse_ignored_caps(device_map: Any, caps: Mapping[Any, Any]) -> None:
+    if isinstance(device_map, str) and device_map in _STRATEGIES:
+        return
+    raise PlacementError(
+        f"max_memory={dict(caps)!r} was given with device_map={device_map!r}: {_CAPS_IGNORED}, so your caps would "
+        "be dropped. Pass device_map='auto' (or leave device_map unset) to have them honoured, or drop max_memory."
+    )
+
+
+def _capped_placement(machine: Machine, weight_bytes: int, caps: Mapping[Any, Any]) -> _Placement:
+    """Your max_memory, applied: device_map "auto" (a single device would ignore the caps) and where the weights
+    land within them. accelerate fills the GPUs named, then the "cpu" cap, then disk: a device not named gets
+    nothing, and without a "cpu" key transformers sends the rest straight to disk (integrations/accelerate.py
+    `_init_infer_auto_device_map`: `if "disk" not in devices: devices.append("disk")`)."""
+    gpus = sum(size_bytes(v) for k, v in caps.items() if isinstance(k, int))
+    cpu = size_bytes(caps["cpu"]) if "cpu" in caps else 0
+    on_gpus = min(weight_bytes, gpus)
+    on_cpu = min(weight_bytes - on_gpus, cpu)
+    on_disk = weight_bytes - on_gpus - on_cpu
+    size = _weights(weight_bytes)
+    landing = ", ".join(
+        f"~{format_bytes(n)} on {where}"
+        for n, where in ((on_gpus, "the GPUs"), (on_cpu, "the CPU"), (on_disk, "disk"))
+        if n or (where == "the GPUs" and machine.gpus)
+    )
+    single = f"cuda:{machine.gpus[0].index}" if machine.gpus else "cpu"
+    decision = Decision(
+        "device_map",
+        "auto",
+        f"your max_memory is applied ({landing}): {_CAPS_IGNORED}",
+        (Rejected(single, "transformers would ignore your max_memory"),),
+    )
+    warnings: tuple[str, ...] = ()
+    if on_cpu or on_disk:
+        where = " and ".join(f"~{format_bytes(n)} to {name}" for n, name in ((on_cpu, "CPU"), (on_disk, "disk")) if n)
+        no_cpu = "" if "cpu" in caps else " (your max_memory has no 'cpu' key: transformers then adds 'disk')"
+        warnings = (
+            f"{size} exceed your max_memory on the GPUs: {where} will be offloaded{no_cpu}, and every forward "
+            "copies them back (very slow). Raise the caps, quantize, or use a smaller model.",
+        )
+    return decision, None, warnings
 
 
 def _user_placement(machine: Machine, device_map: Any, quantized: bool) -> Decision:
@@ -245,14 +348,27 @@ def _tensor_parallel_placement(tp_requested: bool) -> Decision:
     )
 
 
-def _sharded_placement(machine: Machine) -> _Placement:
+def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     """FSDP / DeepSpeed ZeRO-3: the framework places the shards, so no device_map."""
     what = _sharder(machine.launch)
     cpu_notes: tuple[str, ...] = ()
+    ranks = max(machine.launch.local_world_size, 1)
+    ram = machine.cpu.memory_available
+    if ram is not None and weight_bytes * ranks > ram * HEADROOM:
+        # cudaload loads before TrainingArguments exists (the documented order), so transformers sees no ZeRO-3
+        # context (`is_deepspeed_zero3_enabled()` False: no zero.Init partitioning, modeling_utils.py) and FSDP's
+        # cpu_ram_efficient_loading never applies: every rank of the node builds a full copy in CPU RAM first.
+        cpu_notes = (
+            f"{what} loading: each of the {ranks} ranks on this node loads a full ~{format_bytes(weight_bytes)} copy "
+            f"into CPU RAM before {what} shards it (the model is built before TrainingArguments, so no ZeRO-3 "
+            f"partitioning at load and no FSDP cpu_ram_efficient_loading): ~{format_bytes(weight_bytes * ranks)} "
+            f"against {format_bytes(ram)} of RAM: expect an OOM kill. Create TrainingArguments (with the {what} "
+            "config) before loading, or use fewer ranks per node.",
+        )
     if not machine.gpus:
         # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
         # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
-        cpu_notes = (
+        cpu_notes += (
             f"{what} on a CPU-only machine: accelerate (and so Trainer) applies its {what} plugin only on GPUs "
             "and runs plain DDP here without a word. To shard on CPU, wrap the model with "
             "torch.distributed.fsdp.fully_shard yourself (see cudaload's distributed docs).",
@@ -407,3 +523,31 @@ def _sharder(launch: Launch) -> str:
 def _gpu_max_memory(fit: Fit) -> dict[Any, str]:
     """`fit.spread` as accelerate's max_memory (GPU index -> "12.0GiB"); callers may add "cpu"."""
     return {i: max_memory_size(b) for i, b in fit.spread.items()}
+
+
+def judge_upstream_placement(plan: Plan, landed: Mapping[str, int]) -> Plan:
+    """`plan` judged against where transformers' own device_map="auto" puts the weights (`landed`: bytes per
+    device, capability/model_config.py `upstream_placement`). A plan that spreads over the GPUs without offload,
+    where upstream offloads to CPU or disk, says so in the device_map reason and a warning with upstream's
+    amounts: a budget sum is not upstream's answer, as `infer_auto_device_map` keeps room for the largest layer
+    on the first GPU and `get_balanced_memory` balances the GPUs, and a max_memory without a "cpu" key sends the
+    rest to disk (integrations/accelerate.py). A plan that already warns of an offload keeps its warning."""
+    on_cpu, on_disk = landed.get("cpu", 0), landed.get("disk", 0)
+    if not (on_cpu or on_disk) or any("offloaded" in w for w in plan.warnings):
+        return plan
+    if "device_map" in plan.explicit or "max_memory" in plan.explicit or not plan.kwargs.get("max_memory"):
+        return plan  # only cudaload's own spread is judged: your caps are judged by `_capped_placement`
+    where = " and ".join(f"~{format_bytes(n)} on {name}" for n, name in ((on_cpu, "CPU"), (on_disk, "disk")) if n)
+    why = (
+        "device_map='auto' keeps room for the largest layer on the first GPU and balances the rest, and without a "
+        "'cpu' key in max_memory sends what is left to disk (integrations/accelerate.py `infer_auto_device_map`, "
+        "`get_balanced_memory`)"
+    )
+    placed = plan.decision("device_map")
+    decision = replace(placed, reason=f"{placed.reason}; but transformers puts {where}: {why}")
+    warning = (
+        f"transformers will put {where} although the weights fit the GPUs' budgets: {why}. Every forward copies "
+        "them back (very slow): raise max_memory (with a 'cpu' key), quantize, or use more GPUs."
+    )
+    decisions = tuple(decision if d is placed else d for d in plan.decisions)
+    return replace(plan, decisions=decisions, warnings=(*plan.warnings, warning))

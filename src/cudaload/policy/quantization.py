@@ -312,6 +312,40 @@ def _dequantized_why(machine: Machine, checkpoint: CheckpointQuantization, use_k
     return None
 
 
+def _refuse_unloadable(machine: Machine, model: ModelFacts, checkpoint: CheckpointQuantization) -> None:
+    """Raise, with upstream's own reason, for a pre-quantized checkpoint transformers refuses to load here
+    (its quantizer's `validate_environment` raises): planning a "dequantized" copy would be a plan that never loads."""
+    what = f"{model.source} is a pre-quantized {checkpoint.label} checkpoint"
+    if checkpoint.method == "nvfp4":
+        raise QuantizationError(
+            f'{what}, and transformers refuses to load one: "Loading pre-quantized NVFP4 checkpoints is not '
+            'supported yet." (quantizers/quantizer_nvfp4.py:53-54, `validate_environment`, 5.22.2 and 5.25.0). '
+            "Use the unquantized checkpoint (NVFP4 can quantize it at load on sm100+), or another format."
+        )
+    if checkpoint.method != "fbgemm_fp8":
+        return
+    if not machine.gpus:
+        raise QuantizationError(
+            f'{what}, and transformers refuses it without a GPU: "Using fbgemm fp8 quantization requires a GPU or '
+            'XPU" (quantizers/quantizer_fbgemm_fp8.py:55-56). Plan it for a GPU with compute capability >= 9.0.'
+        )
+    # The quantizer reads torch.cuda.get_device_capability() of the current device (quantizer_fbgemm_fp8.py:68-74):
+    # cudaload makes the GPU it places the model on current (the `cuda_device` decision), the weakest of a spread.
+    gpu = min(machine.gpus, key=lambda g: g.capability)
+    if gpu.capability < (9, 0):
+        raise QuantizationError(
+            f'{what}, and {gpu.name} is {gpu.sm}: transformers refuses it, "FP8 quantized models is only supported '
+            'on GPUs with compute capability >= 9.0 (e.g H100)" (quantizers/quantizer_fbgemm_fp8.py:68-74). '
+            "Use a Hopper or newer GPU, or the unquantized checkpoint."
+        )
+    if not any(machine.software.version(d) for d in ("fbgemm-gpu", "fbgemm-gpu-genai")):
+        raise MissingPackageError(
+            f'{what}, and fbgemm-gpu is not installed: transformers raises "Loading an FP8 fbgemm quantized model '
+            'on CUDA requires fbgemm-gpu library" (quantizers/quantizer_fbgemm_fp8.py:59-63). Install fbgemm-gpu '
+            "(https://pytorch.org/FBGEMM/fbgemm_gpu-development/InstallationInstructions.html)."
+        )
+
+
 @dataclass(frozen=True)
 class CheckpointPlan:
     """What happens to an already-quantized checkpoint here.
@@ -341,6 +375,7 @@ def decide_checkpoint_quantization(
     checkpoint = model.quantization
     if checkpoint is None:
         return None
+    _refuse_unloadable(machine, model, checkpoint)
     why = "your quantization_config asks for dequantize=True" if dequantize else None
     why = why or _dequantized_why(machine, checkpoint, use_kernels)
     missing = _missing_packages(machine, checkpoint)
