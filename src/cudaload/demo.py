@@ -92,19 +92,38 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
 QUESTION = "What is the capital of France? Answer in one sentence."
 
 
-def run_demo(directory: str | Path, *, tiny: bool = False, progress: Callable[[str], None] | None = None) -> str:
+TINY_DIR = "cudaload-demo-model"
+"""Where the tiny model is built when no folder is named."""
+
+
+def run_demo(
+    directory: str | Path | None = None, *, tiny: bool = False, progress: Callable[[str], None] | None = None
+) -> str:
     """Load the real model (converted once into cudaload's cache) through `cudaload.load`, ask it
     `QUESTION`, return the explanation and its answer. With `tiny=True`, or when the real model is
     not installed (the output says what installs it), a tiny random-weight model built (once) in
-    `directory` generates a few tokens instead. `progress` hears about a first conversion."""
+    `directory` (default `TINY_DIR`) generates a few tokens instead. `progress` hears about a first
+    conversion.
+
+    Raises:
+        SettingError: `directory` named while the real model runs (it lives in cudaload's cache, so
+            the folder would be dropped without a word).
+    """
     from . import smollm2
 
     why = None if tiny else smollm2.missing()
     if not tiny and why is None:
+        if directory is not None:
+            raise SettingError(
+                f"A folder was named ({str(directory)!r}), but it is where the tiny random-weight model is built; "
+                f"the real model ({smollm2.DESCRIPTION}) is converted into cudaload's cache "
+                f"({smollm2.converted_folder()}; CUDALOAD_CACHE moves it). Add --tiny to build the tiny model "
+                "there, or drop --dir."
+            )
         return _run_real(smollm2.converted(progress))
     if why is not None:
         logging.getLogger(__name__).warning("demo: %s; running a tiny random-weight model instead", why)
-    text = _run_tiny(directory)
+    text = _run_tiny(TINY_DIR if directory is None else directory)
     if why is None:
         return text
     return (
