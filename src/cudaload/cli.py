@@ -96,8 +96,9 @@ def _probe_verdict(probe: DtypeProbe) -> str:
 def _remeasure(model: str | None) -> str:
     """`cudaload probe [MODEL]`, `doctor --remeasure`: measure the CPU dtype again, say what changed."""
     from .capability import detect
-    from .capability.dtype_probe import probe_path, remeasure, shape_bucket, torch_threads
+    from .capability.dtype_probe import remeasure, shape_bucket, torch_threads
     from .capability.model_config import read_model_facts
+    from .capability.probe_record import probe_path
     from .facts.model import reference_model
     from .planner import plan
     from .policy.devices import usable_machine
