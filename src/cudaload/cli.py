@@ -551,7 +551,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     kind = ""
     if args.finetune:
-        from .bench.finetune_bench import format_finetune_report, run_finetune_bench
+        from .bench.finetune_bench import run_finetune_bench
+        from .bench.finetune_report import format_finetune_report
         from .bench.models import resolve_model
 
         with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:
