@@ -64,16 +64,16 @@ def _quiet_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The CPU dtype probe judges whether other processes disturbed it (`confidence_of`) and then
     refuses its numbers; a test's outcome must not hang on what else the CI box runs, so in this
     process every measurement counts as quiet (the words still say what it saw). Tests of the
-    judgement call it directly (`dtype_probe.confidence_of.__wrapped__`) or patch it themselves."""
-    from cudaload.capability import dtype_probe
+    judgement call it directly (`dtype_timing.confidence_of.__wrapped__`) or patch it themselves."""
+    from cudaload.capability import dtype_timing
 
-    real = getattr(dtype_probe.confidence_of, "__wrapped__", dtype_probe.confidence_of)
+    real = getattr(dtype_timing.confidence_of, "__wrapped__", dtype_timing.confidence_of)
 
     def quiet(rounds: Any, rerun: Any, conditions: Any) -> tuple[str, str]:
         return "quiet", real(rounds, rerun, conditions)[1]
 
     quiet.__wrapped__ = real  # type: ignore[attr-defined]
-    monkeypatch.setattr(dtype_probe, "confidence_of", quiet)
+    monkeypatch.setattr(dtype_timing, "confidence_of", quiet)
     yield
 
 

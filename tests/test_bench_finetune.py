@@ -9,15 +9,9 @@ from typing import Any
 
 import pytest
 
-from cudaload.bench.finetune_bench import (
-    _row,
-    estimate_parts,
-    format_finetune_report,
-    ratio,
-    run_finetune_bench,
-    step_statistics,
-    summarise,
-)
+from cudaload.bench.finetune_bench import _row, run_finetune_bench
+from cudaload.bench.finetune_child import estimate_parts
+from cudaload.bench.finetune_report import format_finetune_report, ratio, step_statistics, summarise
 
 
 def test_ratio_is_none_without_both_numbers() -> None:

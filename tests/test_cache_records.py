@@ -20,7 +20,8 @@ import pytest
 from cudaload.capability import detect, dtype_probe
 from cudaload.capability.cache import MAX_READ_BYTES, Positive, conforms, decode, read_json, read_regular_file
 from cudaload.capability.dtype_probe import cached_dtype_probe
-from cudaload.capability.model_config import _cached_facts, _facts_cache_file, read_model_facts
+from cudaload.capability.facts_cache import cached_facts, facts_cache_file
+from cudaload.capability.model_config import read_model_facts
 from cudaload.capability.tuning_records import read_tuning_records, write_tuning_record
 from cudaload.facts.machine import TunedVariant, TuningRecord
 
@@ -200,7 +201,7 @@ def test_a_hostile_model_facts_record_is_read_again_and_replaced(tiny_models, tm
     fresh = read_model_facts(folder)
     (path,) = (tmp_path / "cache" / "model-facts").glob("*.json")
     good = json.loads(path.read_text())
-    assert _cached_facts(path, folder) == fresh
+    assert cached_facts(path, folder) == fresh
     facts = good["facts"]
     for name, bad in {
         "linear_names is a number": {**good, "facts": {**facts, "linear_names": 5}},
@@ -214,11 +215,11 @@ def test_a_hostile_model_facts_record_is_read_again_and_replaced(tiny_models, tm
         "dtype_from_weights a string": {**good, "dtype_from_weights": "yes"},
     }.items():
         path.write_text(json.dumps(bad))
-        assert _cached_facts(path, folder) is None, name
+        assert cached_facts(path, folder) is None, name
         assert read_model_facts(folder) == fresh, name
         assert json.loads(path.read_text()) == json.loads(json.dumps({**good, "facts": asdict(fresh)})), name
     path.write_text(json.dumps(good)[:100])  # truncated
-    assert read_model_facts(folder) == fresh and _cached_facts(path, folder) == fresh
+    assert read_model_facts(folder) == fresh and cached_facts(path, folder) == fresh
 
 
 # ---- files that are not small regular files ---------------------------------------------------
@@ -245,13 +246,13 @@ def test_a_fifo_or_device_config_is_not_hashed_and_does_not_hang(tmp_path: Path)
     (fine / "config.json").write_text('{"model_type": "qwen3"}')
     out = _in_a_subprocess(
         f"""
-        from cudaload.capability.model_config import _facts_cache_file
+        from cudaload.capability.facts_cache import facts_cache_file
         for name in ("fifo", "device", "huge", "fine"):
-            print(name, _facts_cache_file({str(tmp_path)!r} + "/" + name, "AutoModelForCausalLM") is not None)
+            print(name, facts_cache_file({str(tmp_path)!r} + "/" + name, "AutoModelForCausalLM") is not None)
         """
     )
     assert out.splitlines() == ["fifo False", "device False", "huge False", "fine True"]
-    assert _facts_cache_file(str(fine), "AutoModelForCausalLM") is not None
+    assert facts_cache_file(str(fine), "AutoModelForCausalLM") is not None
 
 
 def test_read_regular_file_reads_only_small_regular_files(tmp_path: Path) -> None:

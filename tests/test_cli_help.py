@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from cudaload.cli import _parser, main
+from cudaload.cli import main
+from cudaload.cli.parser import build_parser
 from cudaload.version import __version__
 
 
@@ -22,7 +23,7 @@ def _options(parser: argparse.ArgumentParser, command: str) -> list[tuple[str, a
 
 
 def test_every_flag_says_what_it_does() -> None:
-    options = _options(_parser(), "cudaload")
+    options = _options(build_parser(), "cudaload")
     assert len(options) > 40
     assert [name for name, action in options if not (action.help or "").strip()] == []
 

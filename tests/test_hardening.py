@@ -161,11 +161,11 @@ def test_demo_refuses_a_folder_it_would_not_use(tmp_path: Path, capsys: pytest.C
 
 
 def test_doctor_flags_gpus_this_torch_cannot_use() -> None:
-    from cudaload.cli import _doctor
+    from cudaload.cli.doctor_command import doctor_report
 
     a100 = Machine.simulated("A100")
     cpu_torch = replace(a100, software=replace(a100.software, torch_cuda=None), source="nvml")
-    report = _doctor(cpu_torch, as_json=False)
+    report = doctor_report(cpu_torch, as_json=False)
     assert "CPU-only build: planned for the CPU" in report.split("Warnings:")[1]
     assert "attention: sdpa -> eager" in report  # what you get here is the CPU's, not the A100's
 
@@ -250,9 +250,9 @@ def test_valid_max_memory_is_honoured() -> None:
 def test_doctor_json_has_lists_not_python_reprs() -> None:
     import json
 
-    from cudaload.cli import _doctor
+    from cudaload.cli.doctor_command import doctor_report
 
-    report = json.loads(_doctor(Machine.simulated(None, cpu_flags=("avx2", "avx512f")), as_json=True))
+    report = json.loads(doctor_report(Machine.simulated(None, cpu_flags=("avx2", "avx512f")), as_json=True))
     assert report["machine"]["cpu"]["flags"] == ["avx2", "avx512f"]
     assert "frozenset" not in json.dumps(report)
 

@@ -13,7 +13,8 @@ import pytest
 import cudaload
 from cudaload import CudaloadWarning, DtypeProbe, Machine, TuningRecord, Workload, WorkloadError
 from cudaload.capability import detect, measure_for
-from cudaload.capability.dtype_probe import cached_dtype_probe, measure_dtypes, shape_bucket
+from cudaload.capability.dtype_probe import cached_dtype_probe, shape_bucket
+from cudaload.capability.dtype_timing import measure_dtypes
 from cudaload.capability.tuning_records import read_tuning_records, write_tuning_record
 from cudaload.facts.dtypes import DTYPES
 from cudaload.facts.machine import TunedVariant

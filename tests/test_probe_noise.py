@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 
 from cudaload import DtypeProbe, Machine, Workload
-from cudaload.capability.dtype_probe import FLOOR_ROUNDS, MAX_ROUNDS, _disagree, measure_dtypes
+from cudaload.capability.dtype_timing import FLOOR_ROUNDS, MAX_ROUNDS, measure_dtypes
+from cudaload.capability.probe_confidence import rounds_disagree
 from cudaload.facts.dtypes import DTYPES
 from cudaload.facts.machine import ProbeRound
 from cudaload.facts.model import any_model
@@ -165,8 +166,8 @@ def test_the_verdict_is_the_same_whatever_order_the_rounds_came_in() -> None:
 
 def test_the_probe_re_measures_only_while_its_rounds_disagree() -> None:
     agree = [one_round(2.0), one_round(1.9), one_round(2.1), one_round(0.2), one_round(2.0)]
-    assert not _disagree(agree)  # one outlier round is outvoted
-    assert _disagree([one_round(s) for s in (1.5, 0.6, 1.4, 0.7, 1.5)])
+    assert not rounds_disagree(agree)  # one outlier round is outvoted
+    assert rounds_disagree([one_round(s) for s in (1.5, 0.6, 1.4, 0.7, 1.5)])
     measured = measure_dtypes(256, 256)
     assert FLOOR_ROUNDS <= len(measured.rounds) <= MAX_ROUNDS
     for dtype in DTYPES:  # the reported numbers are the medians of the rounds kept

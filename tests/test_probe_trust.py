@@ -19,21 +19,17 @@ from pathlib import Path
 import pytest
 
 from cudaload import CudaloadWarning, DtypeProbe, Machine, TuningRecord
-from cudaload.capability import cache, detect, dtype_probe, measure_for
-from cudaload.capability.dtype_probe import (
-    Conditions,
-    dtype_probe_for,
-    probe_path,
-    read_probe,
-    time_slice_plateau,
-)
+from cudaload.capability import cache, detect, dtype_probe, dtype_timing, measure_for
+from cudaload.capability.dtype_probe import dtype_probe_for
+from cudaload.capability.probe_confidence import Conditions, time_slice_plateau
+from cudaload.capability.probe_record import DISTURBED_TTL_S, probe_path, read_probe
 from cudaload.capability.tuning_records import read_tuning_records, write_tuning_record
 from cudaload.facts.dtypes import DTYPES
 from cudaload.facts.machine import ProbeRound, TunedVariant
 from cudaload.facts.model import any_model
 from cudaload.policy import Request, decide_plan
 
-judge = getattr(dtype_probe.confidence_of, "__wrapped__", dtype_probe.confidence_of)  # the real one (conftest)
+judge = getattr(dtype_timing.confidence_of, "__wrapped__", dtype_timing.confidence_of)  # the real one (conftest)
 QUIET = Conditions(wait_share=0.01, steal_share=0.0, load_1min=0.3, cores=2, threads=2)
 BF16_CKPT = replace(
     any_model(),
@@ -167,7 +163,7 @@ import json, sys, time
 from dataclasses import replace
 from cudaload.capability import detect, dtype_probe
 from cudaload.facts.dtypes import DTYPES
-from cudaload.facts.machine import ProbeRound
+from cudaload.facts.machine import DtypeProbe, ProbeRound
 
 count = sys.argv[1]
 def measure(k, n):  # the probe boundary: counts its calls and takes as long as a real probe
@@ -176,7 +172,7 @@ def measure(k, n):  # the probe boundary: counts its calls and takes as long as 
     time.sleep(0.5)
     r = ProbeRound(tuple((d, 1e-3) for d in DTYPES), tuple((d, 1e-4) for d in DTYPES),
                    tuple((a, b, 1e-4) for a in DTYPES for b in DTYPES if a != b))
-    return dtype_probe.DtypeProbe(k, n, 128, r.prefill_s, r.decode_s, r.cast_s, 2,
+    return DtypeProbe(k, n, 128, r.prefill_s, r.decode_s, r.cast_s, 2,
                                   time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), rounds=(r,) * 5)
 dtype_probe.measure_dtypes = measure
 machine = replace(detect(), threads=2)
@@ -244,7 +240,7 @@ def test_a_disturbed_probe_is_held_briefly_so_waiting_processes_agree_then_measu
     assert again.from_cache and again.confidence == "disturbed" and again.prefill_s == first.prefill_s
     path = probe_path(machine, (256, 512), env)
     held = json.loads(path.read_text())
-    path.write_text(json.dumps({**held, "measured_at": stamp(dtype_probe.DISTURBED_TTL_S / 60 + 1)}))
+    path.write_text(json.dumps({**held, "measured_at": stamp(DISTURBED_TTL_S / 60 + 1)}))
     dtype_probe_for(machine, (256, 512), env)  # the hold expired: measured again
     assert len(calls) == 2
     # Whatever the record says, a disturbed probe's numbers never choose the dtype.

@@ -1,0 +1,193 @@
+"""Reads a model's config as transformers does, and turns each way that can fail into an error that
+says what the folder really holds and what to do (`load_config`, `check_sizes`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import MissingPackageError, ModelConfigError, RemoteCodeError, describe_error
+
+__all__ = ["check_sizes", "load_config"]
+
+
+def load_config(
+    model: Any, trust_remote_code: bool, revision: str | None, config_kwargs: Mapping[str, Any] | None = None
+) -> Any:
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):
+        return model
+    name = str(model)
+    extra = dict(config_kwargs or {})
+    _check_config_file(name)
+    try:
+        return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, revision=revision, **extra)
+    except ImportError as exc:
+        if "gguf_file" in extra:  # transformers reads a GGUF file's metadata with the `gguf` package
+            raise MissingPackageError(
+                f"gguf_file={extra['gguf_file']!r}: transformers reads a GGUF file with the gguf package, which is "
+                f"not installed here ({describe_error(exc)}). Install it (pip install gguf), or load a "
+                "safetensors checkpoint."
+            ) from exc
+        raise
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise RemoteCodeError(
+                f"{name!r} needs custom code from its repository to build its config, and "
+                "trust_remote_code was not passed. cudaload never enables remote code for you: read the "
+                "repository's code, then pass trust_remote_code=True yourself if you trust it."
+            ) from exc
+        raise ModelConfigError(
+            f"Could not read the config of {name!r}: {str(exc).rstrip('.')}. {_what_the_folder_holds(name, extra)}"
+        ) from exc
+    except _config_validation_errors() as exc:
+        # transformers 5 configs are strict dataclasses: huggingface_hub names the field and the value.
+        raise ModelConfigError(f"{name!r}: config.json has a value its config class refuses: {exc}") from exc
+    except (AttributeError, TypeError, KeyError) as exc:
+        # transformers fails inside the config class on values it cannot take (e.g. "dtype": "auto"
+        # in config.json makes 5.22 look up torch.auto): the file is the problem, not the network.
+        raise ModelConfigError(
+            f"transformers could not build the config of {name!r} from its config.json: "
+            f'{type(exc).__name__}: {exc}. Fix that value in config.json (a "dtype" key can be removed: '
+            "the weights' dtype is then used)."
+        ) from exc
+    except OSError as exc:
+        if os.path.isdir(name):
+            folder = os.path.join(name, str(extra.get("subfolder") or ""))
+            if os.path.isfile(os.path.join(folder, "config.json")) and not extra.get("gguf_file"):
+                raise ModelConfigError(
+                    f"{name!r} is a local folder, but its config.json is missing or unreadable: "
+                    f"{str(exc).rstrip('.')}. Save the model there with save_pretrained(), or pass the folder that "
+                    "holds config.json."
+                ) from exc
+            raise ModelConfigError(
+                f"{name!r} is a local folder, but transformers could not read its config: {str(exc).rstrip('.')}. "
+                f"{_what_the_folder_holds(name, extra)}"
+            ) from exc
+        raise ModelConfigError(
+            f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
+            "could not be fetched from the Hub (offline, not cached, or a wrong id). Pass a local path, "
+            f"or download it first while online. Cause: {exc}"
+        ) from exc
+
+
+def _what_the_folder_holds(name: str, config_kwargs: Mapping[str, Any]) -> str:
+    """What to do, from what a local folder really holds: a PEFT adapter, GGUF files, models in subfolders,
+    a config.json that is there but not valid, or no config.json at all (never "check config.json is valid
+    JSON" when there is none)."""
+    folder = os.path.join(name, str(config_kwargs.get("subfolder") or ""))
+    if not os.path.isdir(folder):
+        return "Check the path (and subfolder=), or the Hub id."
+    entries = sorted(os.listdir(folder))
+    config = os.path.join(folder, "config.json")
+    if os.path.isfile(os.path.join(folder, "adapter_config.json")) and not os.path.isfile(config):
+        base = _adapter_base(os.path.join(folder, "adapter_config.json"))
+        return (
+            f"It is a PEFT adapter (adapter_config.json{f', base model {base!r}' if base else ''}), not a model: "
+            "cudaload plans and loads the base model. Load the base with cudaload.load(base) (or "
+            "load_for_finetune(base) to train on), then attach the adapter: "
+            f"peft.PeftModel.from_pretrained(model, {folder!r})."
+        )
+    if config_kwargs.get("gguf_file"):
+        return (
+            f"transformers read the config from gguf_file={config_kwargs['gguf_file']!r}'s metadata: check that it "
+            "is a complete GGUF file of a model type transformers converts, and that it is in this folder."
+        )
+    gguf = [e for e in entries if e.endswith(".gguf")]
+    if gguf:
+        return f"It holds GGUF file(s) {gguf[:3]}: pass gguf_file={gguf[0]!r} to read one."
+    inner = [e for e in entries if os.path.isfile(os.path.join(folder, e, "config.json"))]
+    if inner and not os.path.isfile(config):
+        return f"It has no config.json, but {inner[:3]} do: pass subfolder={inner[0]!r} to read that model."
+    if os.path.isfile(config):
+        return "Check that its config.json is valid JSON with a model_type, as save_pretrained() writes it."
+    shown = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "") if entries else "nothing"
+    return (
+        f"It has no config.json (it holds {shown}). Save the model there with save_pretrained(), or pass the "
+        "folder that holds config.json."
+    )
+
+
+def _adapter_base(path: str) -> str | None:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            base = json.load(handle).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return base if isinstance(base, str) else None
+
+
+def _check_config_file(name: str) -> None:
+    """A local folder's config.json must be a regular file of sane size before transformers opens
+    it: a FIFO would block the read forever and a symlink to /dev/zero would fill memory."""
+    import stat
+
+    from .cache import MAX_READ_BYTES
+
+    path = os.path.join(name, "config.json")
+    if not os.path.isdir(name) or not os.path.lexists(path):
+        return  # a Hub id, or a folder without one: transformers' own error says so
+    try:
+        info = os.stat(path)  # stat opens nothing, so a FIFO does not block it
+    except OSError:
+        return
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_READ_BYTES:
+        kind = "is not a regular file" if not stat.S_ISREG(info.st_mode) else f"is {info.st_size:,} bytes"
+        raise ModelConfigError(
+            f"{path} {kind}: cudaload reads only a regular config.json of at most {MAX_READ_BYTES >> 20} MiB "
+            "(a FIFO or a device would hang or fill memory). Save the model with save_pretrained()."
+        )
+
+
+def _config_validation_errors() -> tuple[type[Exception], ...]:
+    """huggingface_hub's strict-dataclass validation errors (transformers 5 configs), when it has them."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: configs are not validated there
+        return ()
+    return (StrictDataclassError,)
+
+
+# Config sizes the meta model is built from: each an int > 0 (a bool is not one). Bounds far above
+# any real model (layers and heads: 65,536; widths and vocabularies: 2**26) keep a typo such as
+# 10**12 from building a model for minutes or exhausting memory.
+_SIZE_FIELDS = {
+    "num_hidden_layers": 1 << 16,
+    "n_layer": 1 << 16,
+    "num_attention_heads": 1 << 16,
+    "n_head": 1 << 16,
+    "num_key_value_heads": 1 << 16,
+    "num_local_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "hidden_size": 1 << 26,
+    "n_embd": 1 << 26,
+    "intermediate_size": 1 << 26,
+    "moe_intermediate_size": 1 << 26,
+    "head_dim": 1 << 26,
+    "vocab_size": 1 << 26,
+    "max_position_embeddings": 1 << 26,
+    "n_positions": 1 << 26,
+}
+
+
+def check_sizes(config: Any, name: str) -> None:
+    """Raise ModelConfigError naming the first config size that is not a positive int in bounds."""
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config:
+        configs.append(text)
+    for part in configs:
+        for field, bound in _SIZE_FIELDS.items():
+            value = getattr(part, field, None)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+                where = "" if part is config else f" (in {type(part).__name__})"
+                raise ModelConfigError(
+                    f"{name!r}: config.json has {field}={value!r}{where}; it must be a whole number from 1 to "
+                    f"{bound:,}. Fix that value in config.json (save_pretrained() writes a valid one)."
+                )

@@ -1,0 +1,191 @@
+"""Whether a CPU dtype measurement can be trusted: what the machine did while it ran, and the verdict.
+
+The time the probe's threads spent runnable but waiting for a core (the kernel's per-thread
+`schedstat`), the steal time (/proc/stat), a quick re-run that must reach the same verdict, and the
+plateau a time slice leaves (`time_slice_plateau`) make a measurement "quiet" or "disturbed"
+(`confidence_of`). `dtype_probe.py` says what is done with each.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..facts.machine import ProbeRound
+from ..facts.spread import TIE_MARGIN, spread
+
+__all__ = ["Conditions", "Watch", "confidence_of", "rounds_disagree", "time_slice_plateau"]
+
+WAIT_SHARE_LIMIT = 0.15
+"""Share of its threads' time the probe may spend runnable but waiting for a core. Measured on the
+2-core AVX2 EPYC (2026-12-05): 2 threads of F.linear waited 75-82% of the time while other processes
+ran, so a threshold anywhere between "almost never" and that separates the cases."""
+STEAL_SHARE_LIMIT = 0.05
+"""Share of the CPU time the hypervisor may steal while measuring (a neighbour VM running)."""
+PLATEAU_MIN_S = 2e-3
+"""Time slices the Linux scheduler hands out are milliseconds long (3-24 ms with CFS/EEVDF defaults)."""
+
+
+def rounds_disagree(rounds: list[ProbeRound]) -> bool:
+    """Whether the rounds disagree on bf16 against fp32, at prefill or at decode."""
+    for phase in ("prefill_s", "decode_s"):
+        ratios = [dict(getattr(r, phase))["float32"] / dict(getattr(r, phase))["bfloat16"] for r in rounds]
+        summary = spread(ratios)
+        if summary is None or summary.disagrees:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What the machine did while the probe measured.
+
+    wait_share: share of the probe threads' time spent runnable but not running (waiting for a
+        core), from /proc/self/task/*/schedstat; None where the kernel does not keep it.
+    steal_share: share of all CPU time stolen by the hypervisor (/proc/stat); None when unknown.
+    load_1min: the 1-minute load average at the end (recorded, not judged: it lags).
+    cores: usable cores (sched_getaffinity).
+    threads: torch threads the probe ran with.
+    """
+
+    wait_share: float | None
+    steal_share: float | None
+    load_1min: float
+    cores: int
+    threads: int
+
+
+def _schedstat_wait_ns() -> int | None:
+    total, seen = 0, False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as handle:
+                total += int(handle.read().split()[1])
+                seen = True
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return total if seen else None
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot, from /proc/stat's first line."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7], sum(fields)) if len(fields) == 8 else None
+
+
+class Watch:
+    """Samples the wait and steal counters around a measurement."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = max(1, threads)
+        self.wait0, self.ticks0, self.start = _schedstat_wait_ns(), _cpu_ticks(), time.perf_counter()
+
+    def conditions(self) -> Conditions:
+        wall = time.perf_counter() - self.start
+        wait1, ticks1 = _schedstat_wait_ns(), _cpu_ticks()
+        wait = None
+        if self.wait0 is not None and wait1 is not None and wall > 0:
+            wait = min(1.0, max(0.0, (wait1 - self.wait0) / 1e9 / (wall * self.threads)))
+        steal = None
+        if self.ticks0 is not None and ticks1 is not None and ticks1[1] > self.ticks0[1]:
+            steal = (ticks1[0] - self.ticks0[0]) / (ticks1[1] - self.ticks0[1])
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+        return Conditions(wait, steal, os.getloadavg()[0], cores, self.threads)
+
+
+def time_slice_plateau(values: Mapping[str, Sequence[float]], min_s: float = PLATEAU_MIN_S) -> float | None:
+    """The length of a scheduler time slice that several different timings sit on, if they do.
+
+    `values` maps a quantity ("decode bfloat16", "cast float32->bfloat16", ...) to its timings.
+    Kernels of different kinds (a GEMV, a cast) do not take the same milliseconds by chance, but a
+    process that loses its core waits a whole time slice, whatever it was doing: four or more
+    quantities of at least two kinds (the word before the space) within 3% of one value of at least
+    `min_s` are a plateau (one record showed bf16 decode and all six casts at 11.96-12.03 ms, fp32
+    decode at 0.42 ms).
+    """
+    points = sorted((v, name) for name, seq in values.items() for v in seq if math.isfinite(v) and v >= min_s)
+    for low, _ in points:
+        inside = {name for v, name in points if low <= v <= low * 1.06}
+        if len(inside) >= 4 and len({name.split(" ")[0] for name in inside}) >= 2:
+            return statistics.median(v for v, name in points if low <= v <= low * 1.06)
+    return None
+
+
+def _verdicts(rounds: Sequence[ProbeRound]) -> dict[str, float] | None:
+    """bf16's median speed against fp32 (> 1 faster) at prefill and decode over `rounds`."""
+    out = {}
+    for phase in ("prefill_s", "decode_s"):
+        summary = spread([dict(getattr(r, phase))["float32"] / dict(getattr(r, phase))["bfloat16"] for r in rounds])
+        if summary is None:
+            return None
+        out[phase.removesuffix("_s")] = summary.median
+    return out
+
+
+def _side(ratio: float) -> int:
+    """-1 bf16 slower, 0 within the tie margin, 1 faster."""
+    return 0 if abs(math.log(ratio)) < math.log1p(TIE_MARGIN) else (1 if ratio > 1 else -1)
+
+
+def confidence_of(rounds: Sequence[ProbeRound], rerun: Sequence[ProbeRound], conditions: Conditions) -> tuple[str, str]:
+    """("quiet" or "disturbed", what the probe saw in words) for a measurement.
+
+    Disturbed: its threads waited for a core more than WAIT_SHARE_LIMIT of the time, the hypervisor
+    stole more than STEAL_SHARE_LIMIT, the main rounds still disagree, the quick re-run reaches
+    another verdict (bf16 faster / tie / slower, at prefill or decode), or the timings sit on a
+    time-slice plateau while the threads did wait.
+    """
+    c = conditions
+    seen = []
+    problems = []
+    if c.wait_share is not None:
+        seen.append(f"its threads waited for a core {c.wait_share:.0%} of the time")
+        if c.wait_share > WAIT_SHARE_LIMIT:
+            problems.append(f"other processes held the cores (waited {c.wait_share:.0%} of the time)")
+    if c.steal_share is not None:
+        seen.append(f"steal {c.steal_share:.0%}")
+        if c.steal_share > STEAL_SHARE_LIMIT:
+            problems.append(f"the hypervisor stole {c.steal_share:.0%} of the CPU time")
+    seen.append(f"load {c.load_1min:.2f} on {c.cores} usable cores, {c.threads} threads")
+    main, again = _verdicts(rounds), _verdicts(rerun) if rerun else None
+    if main is None or rounds_disagree(list(rounds)):
+        problems.append("its rounds disagree on bf16 against fp32")
+    elif again is not None:
+        moved = [p for p in main if _side(main[p]) != _side(again[p])]
+        if moved:
+            problems.append(
+                "a re-run disagreed ("
+                + ", ".join(f"{p} bf16 {main[p]:.2f}x then {again[p]:.2f}x fp32's speed" for p in moved)
+                + ")"
+            )
+        else:
+            seen.append("a re-run agreed")
+    timings: dict[str, list[float]] = {}
+    for r in (*rounds, *rerun):
+        for d, v in r.prefill_s:
+            timings.setdefault(f"prefill {d}", []).append(v)
+        for d, v in r.decode_s:
+            timings.setdefault(f"decode {d}", []).append(v)
+        for a, b, v in r.cast_s:
+            timings.setdefault(f"cast {a}->{b}", []).append(v)
+    plateau = time_slice_plateau(timings)
+    if plateau is not None and (c.wait_share is None or c.wait_share > 0.02):
+        problems.append(f"several timings sit at {plateau * 1e3:.1f} ms, a scheduler time slice")
+    if problems:
+        return "disturbed", "; ".join(problems) + f" ({', '.join(seen)})"
+    return "quiet", ", ".join(seen)

@@ -1,0 +1,104 @@
+"""`cudaload doctor | plan | bench | demo | probe` (also `python -m cudaload`): runs the command the
+arguments name, and turns its errors into one line and an exit status (`main`).
+
+The parser is in `parser.py`, each command in its `*_command.py`, the printing in `output.py`."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+
+from ..errors import CudaloadError
+from .bench_command import bench_command
+from .doctor_command import doctor_report, remeasure_report
+from .output import OutputClosed, emit, silence
+from .parser import DEBUG_ENV, build_parser
+from .plan_command import plan_command
+
+__all__ = ["main"]
+
+_PATH_ERRNOS = frozenset(
+    {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENOSPC, errno.EEXIST}
+)
+"""An OSError about a path itself (permissions, a read-only or full disk, a missing folder)."""
+
+
+def _describe(exc: BaseException) -> str:
+    """A foreign exception in one line: its type and the start of its message (a validation error
+    names the field on its first line and the problem on the next)."""
+    text = " ".join(line.strip() for line in str(exc).splitlines()[:3] if line.strip())
+    return f"{type(exc).__name__}: {text if len(text) <= 300 else text[:299] + '…'}"
+
+
+def _doing(args: argparse.Namespace) -> str:
+    """What the command was doing, for the line that reports an unexpected error."""
+    if args.command == "plan":
+        return f"planning {args.model!r}"
+    if args.command == "bench":
+        return f"benchmarking {args.model!r}" if args.model else "benchmarking the default model"
+    if args.command == "demo":
+        return f"the demo in {args.dir!r}" if args.dir else "the demo"
+    return "looking at this machine"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; the exit status: 0 done, 2 an error (one `cudaload: error: ...` line on stderr,
+    no traceback unless --debug or CUDALOAD_DEBUG=1), 130 Ctrl-C, 141 stdout closed early (a pipe to
+    `head`, as a process killed by SIGPIPE reports it)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    try:
+        if args.command == "doctor":
+            from ..capability import detect
+
+            if args.remeasure:
+                emit(remeasure_report(None) + "\n", sys.stderr if args.json else None)
+            emit(doctor_report(detect(), args.json, args.check_hub))
+        elif args.command == "probe":
+            emit(remeasure_report(args.model))
+        elif args.command == "plan":
+            emit(plan_command(args, parser))
+        elif args.command == "bench":
+            return bench_command(args)
+        elif args.command == "demo":
+            from ..demo import run_demo
+
+            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(f"[demo] {line}", sys.stderr)))
+    except OutputClosed as closed:
+        silence(closed.stream)
+        return 141
+    except KeyboardInterrupt:
+        nothing = " before anything was measured" if args.command == "bench" else ""
+        _report(f"cudaload: interrupted (Ctrl-C){nothing}")
+        return 130
+    except CudaloadError as exc:
+        _report(f"cudaload: error: {exc}")
+        return 2
+    except OSError as exc:  # a file that cannot be read or written: the message names it
+        if debug:
+            raise
+        hint = " (check that path and its permissions)" if exc.errno in _PATH_ERRNOS else ""
+        _report(f"cudaload: error: {_doing(args)} failed: {_describe(exc)}{hint}")
+        return 2
+    except Exception as exc:
+        if debug:
+            raise
+        _report(
+            f"cudaload: error: {_doing(args)} failed: {_describe(exc)}\n"
+            "cudaload: cudaload did not expect this error (it is not one of its own messages): if the model and "
+            f"options are right, please report it with the traceback that --debug (or {DEBUG_ENV}=1) shows."
+        )
+        return 2
+    return 0
+
+
+def _report(message: str) -> None:
+    """The error line on stderr; nothing more to do when stderr itself is a closed pipe."""
+    try:
+        emit(message, sys.stderr)
+    except OutputClosed as closed:
+        silence(closed.stream)

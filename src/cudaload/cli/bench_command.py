@@ -1,0 +1,100 @@
+"""`cudaload bench`: runs the inference or fine-tuning benchmark, prints its table, and files the JSON
+(and PNG) where asked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..errors import MissingPackageError
+from .output import emit
+
+__all__ = ["bench_command"]
+
+
+def _failed(model: str, variants: list[dict[str, Any]], finetune: bool) -> str | None:
+    """The error line when no variant of a benchmark ran at all (a broken checkpoint), else None."""
+    if any(row.get("ok", row.get("error") is None) for row in variants):
+        return None
+    reasons = [row["error"] for row in variants if row.get("error")]
+    found = reasons[0] if reasons else "nothing was measured"
+    kind = "fine-tuning benchmark" if finetune else "benchmark"
+    return (
+        f"no variant of {model} could run in the {kind} ({found}). The table above lists each failure: check "
+        "the checkpoint (re-save it with save_pretrained(), or pass --random-weights to time its shape)."
+    )
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    """`cudaload bench`: run, print the table, then file JSON (and PNG) where asked. Exit 130 after
+    Ctrl-C (with what was measured), 2 when no variant could run at all."""
+    import tempfile
+    from pathlib import Path
+
+    from ..bench import format_report, result_path, run_bench, write_chart, write_result
+
+    def log(line: str) -> None:
+        emit(f"[bench] {line}", sys.stderr)
+
+    kind = ""
+    if args.finetune:
+        from ..bench.finetune_bench import run_finetune_bench
+        from ..bench.finetune_report import format_finetune_report
+        from ..bench.models import resolve_model
+
+        with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:
+            model = resolve_model(
+                args.model, Path(args.model_dir or tmp), quick=args.quick, random_weights=args.random_weights
+            )
+            result = run_finetune_bench(
+                model.path,
+                steps=args.steps,
+                seq_len=args.seq_len,
+                batch_size=args.batch or 1,
+                quick=args.quick,
+                threads=args.threads,
+                log=log,
+            )
+        kind, report = "finetune", format_finetune_report(result)
+    else:
+        result = run_bench(
+            args.model,
+            quick=args.quick,
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            batch=args.batch,
+            repeats=args.repeats,
+            threads=args.threads,
+            generation=args.generation,
+            generation_batch=args.generation_batch,
+            random_weights=args.random_weights,
+            model_dir=args.model_dir,
+            save=args.save,
+            overhead=args.overhead,
+            progress=sys.stderr.isatty(),
+            log=log,
+        )
+        report = format_report(result)
+    emit(report)  # first: a file that cannot be written below does not lose the measurements
+    if args.out:
+        emit(f"written: {write_result(result, args.out)}")
+    if args.results:
+        from ..capability import detect
+
+        filed = result_path(args.results, detect(), kind)
+        emit(f"written: {write_result(result, filed)}")
+        if not args.chart:  # the chart beside the JSON, when matplotlib is there to draw it
+            try:
+                emit(f"written: {write_chart(result, filed.with_suffix('.png'))}")
+            except MissingPackageError as exc:
+                emit(f"no chart: {exc}")
+    if args.chart:
+        emit(f"written: {write_chart(result, args.chart)}")
+    if result.get("interrupted"):
+        return 130
+    failed = _failed(args.model or "the default model", result["variants"], finetune=bool(args.finetune))
+    if failed is not None:
+        emit(f"cudaload: error: {failed}", sys.stderr)
+        return 2
+    return 0

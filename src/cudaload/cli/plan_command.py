@@ -1,0 +1,106 @@
+"""`cudaload plan`: the machine planned for (this one, or one simulated from the flags) and the plan,
+as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from ..facts.machine import Launch, Machine
+
+__all__ = ["plan_command"]
+
+
+def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
+    if args.world_size <= 1:
+        if args.strategy or args.zero_stage is not None:
+            parser.error("--strategy and --zero-stage describe a distributed launch: add --world-size N (N > 1)")
+        return None
+    if args.zero_stage is not None and args.strategy != "deepspeed":
+        parser.error("--zero-stage goes with --strategy deepspeed")
+    return Launch(
+        launcher="torchrun",
+        world_size=args.world_size,
+        local_world_size=args.world_size,
+        strategy=args.strategy or "ddp",
+        zero_stage=args.zero_stage,
+    )
+
+
+def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machine | None:
+    """The machine to plan for: simulated when any simulation flag is given, this one under a
+    simulated launch with only --world-size, else None (this machine as detected)."""
+    launch = _launch(args, parser)
+    gpus = None if args.gpu is None else [name.strip() for name in args.gpu.split(",")]
+    if gpus is not None and not all(gpus):
+        parser.error(
+            f"--gpu {args.gpu!r} {'has an empty name in its list' if len(gpus) > 1 else 'names no GPU'}: pass a GPU "
+            "name (e.g. T4, A100, 'H100 PCIe', custom:sm90:80GiB) or a comma list of them (drop --gpu to plan for "
+            "this machine)"
+        )
+    if args.count < 1:
+        parser.error(f"--count {args.count}: a simulated machine has at least one GPU (drop --gpu for a CPU)")
+    if args.count != 1 and not args.gpu:
+        parser.error("--count needs --gpu: it repeats a simulated GPU")
+    if args.count != 1 and gpus is not None and len(gpus) > 1:
+        parser.error(
+            f"--count {args.count} with the GPU list --gpu {args.gpu!r}: a list names every GPU, --count repeats a "
+            f"single one (e.g. --gpu {gpus[0]} --count {args.count}, or repeat the name in the list)"
+        )
+    simulated = args.packages or args.without or args.default_packages
+    if not (gpus or args.cpu_flags is not None or simulated or args.offline or args.cached_kernel):
+        if launch is None:
+            return None
+        from ..capability import detect
+
+        return dataclasses.replace(detect(), launch=launch)
+    packages: dict[str, str | None] = dict.fromkeys(args.without)
+    for spec in args.packages:
+        name, sep, version = spec.partition("==")
+        if not sep or not name:
+            parser.error(f"--with expects PKG==VERSION, got {spec!r}")
+        try:
+            Version(version)
+        except InvalidVersion:
+            parser.error(f"--with {spec!r}: {version!r} is not a version (e.g. flash-attn==2.8.3)")
+        packages[name] = version
+    return Machine.simulated(
+        gpus if gpus is None or len(gpus) > 1 else gpus[0],
+        count=args.count,
+        packages=packages,
+        installed_packages=not args.default_packages,
+        offline=args.offline,
+        cached_kernels=args.cached_kernel,
+        cpu_flags=args.cpu_flags.split(",") if args.cpu_flags else ("avx2",),
+        launch=launch or Launch(),
+    )
+
+
+def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    from ..planner import plan
+
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
+    if args.hub_kernels:
+        overrides["hub_kernels"] = True
+    if args.context is not None and not args.generate:
+        parser.error("--context goes with --generate")
+    if args.generate:
+        overrides |= {"generate": True, "context": args.context}
+    given = [f"--{name}" for name in ("quantize", "seq-len", "batch-size") if getattr(args, name.replace("-", "_"))]
+    if given and not args.finetune:
+        parser.error(
+            f"{' and '.join(given)} describe{'s' if len(given) == 1 else ''} a fine-tuning plan: add --finetune"
+        )
+    if args.finetune:
+        quantize = args.quantize or "auto"
+        overrides |= {
+            "finetune": True,
+            "quantize": None if quantize == "none" else quantize,
+            "seq_len": args.seq_len or 2048,
+            "batch_size": args.batch_size or 1,
+        }
+    result = plan(args.model, machine=_machine(args, parser), **overrides)
+    return result.to_json() if args.json else result.explain()
