@@ -111,8 +111,9 @@ class AppliedPlan:
 
     @property
     def generation(self) -> GenerationPlan | None:
-        """The generation settings as applied: decided again with the attention and dtype the loaded
-        model really has (a fallback can change them). None for models that do not generate."""
+        """The generation settings as applied: the plan's section for the attention the loaded model
+        really has (the policy decided one per link of the chain; a fallback selects another). None for
+        models that do not generate."""
         return self.plan.generation
 
     def explain(self) -> str:
@@ -416,7 +417,8 @@ def _warn_once(message: str) -> None:
 
 
 def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -> Plan:
-    """The plan as applied: the attention that worked, with the failed links among its rejections."""
+    """The plan as applied: the attention that worked, with the failed links among its rejections, and the
+    generation section the policy decided for that attention (`Plan.generation_for`: selected, not decided)."""
     if not fallbacks:
         return plan
     planned = plan.decision("attn_implementation")
@@ -428,7 +430,12 @@ def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -
         planned.source,
     )
     decisions = tuple(applied if d is planned else d for d in plan.decisions)
-    return replace(plan.with_attention(chain[0]), attention_chain=chain, decisions=decisions)
+    return replace(
+        plan.with_attention(chain[0]),
+        attention_chain=chain,
+        decisions=decisions,
+        generation=plan.generation_for(chain[0]),
+    )
 
 
 def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
@@ -624,12 +631,9 @@ def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
 
 def _hub_code_allowed(plan: Plan, option: str) -> bool:
     """The plan's consent to Hub code: hub_kernels=True or use_kernels=True when it was made, or `option` is
-    the Hub kernel you named as attn_implementation (naming one is consent for it). A plan without its inputs
-    (rebuilt from JSON) carries no consent."""
-    request = plan.inputs.request if plan.inputs is not None else None
-    if plan.kwargs.get("use_kernels") is True or (
-        request is not None and True in (request.hub_kernels, request.use_kernels)
-    ):
+    the Hub kernel you named as attn_implementation (naming one is consent for it). A plan rebuilt without
+    `hub_code` (e.g. from JSON) carries no consent beyond its kwargs."""
+    if plan.kwargs.get("use_kernels") is True or plan.hub_code:
         return True
     return "attn_implementation" in plan.explicit and plan.decision("attn_implementation").value == option
 
@@ -740,13 +744,6 @@ def apply_plan(
         )
 
     applied_plan = _as_applied(plan, chain[index:], fallbacks)
-    if plan.generation is not None:
-        from .planner import generation_as_applied
-
-        dtype = str(model.dtype).removeprefix("torch.")
-        applied_plan = replace(
-            applied_plan, generation=generation_as_applied(plan, applied_plan.attn_implementation, dtype)
-        )
     device_map = getattr(model, "hf_device_map", None)
     offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
     notes = [*plan.warnings, *weight_notes]

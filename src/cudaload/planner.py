@@ -17,11 +17,10 @@ from .errors import (
     QuantizationError,
     SettingError,
 )
-from .facts.dtypes import BYTES
 from .facts.machine import Machine
 from .facts.model import ModelFacts
-from .plans import GenerationPlan, Plan
-from .policy import decide_plan, decide_plan_generation
+from .plans import Plan
+from .policy import decide_plan
 from .request import (
     GenerationRequest,
     Request,
@@ -37,7 +36,7 @@ from .upstream_imports import import_transformers
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["check_count", "check_flag", "generation_as_applied", "plan", "planned_elsewhere", "split_overrides"]
+__all__ = ["check_count", "check_flag", "plan", "planned_elsewhere", "split_overrides"]
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
@@ -484,17 +483,3 @@ def planned_elsewhere(plan: Plan) -> str | None:
 
     here = usable_machine(detect())[0].describe()
     return None if here == plan.machine else here
-
-
-def generation_as_applied(plan: Plan, attention: str, dtype: str) -> GenerationPlan | None:
-    """`plan.generation` planned again for what `load()` really applied: the attention it fell back to
-    and the dtype the model has. The same policy call as `plan()`'s, from the plan's own inputs."""
-    if plan.generation is None or plan.inputs is None:
-        return plan.generation
-    if dtype not in BYTES:  # e.g. a quantized model's storage dtype: the KV cache keeps the planned one
-        dtype = plan.dtype
-    if (attention, dtype) == (plan.attn_implementation, plan.dtype):
-        return plan.generation
-    applied = replace(plan, kwargs={**plan.kwargs, "attn_implementation": attention, "dtype": dtype})
-    inputs = plan.inputs
-    return decide_plan_generation(inputs.machine, inputs.model, applied, inputs.request)

@@ -10,15 +10,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 from .facts.dtypes import BYTES
 from .facts.kv_cache import GenerationFacts
-
-if TYPE_CHECKING:
-    from .facts.machine import Machine
-    from .facts.model import ModelFacts
-    from .request import Request
 
 __all__ = [
     "Decision",
@@ -26,7 +21,6 @@ __all__ = [
     "FinetunePlan",
     "GenerationPlan",
     "Plan",
-    "PlanInputs",
     "ReadOnlyDict",
     "Rejected",
     "decision_lines",
@@ -238,8 +232,9 @@ class GenerationPlan:
     - `padding_side`: the tokenizer padding side for batched inputs ("left" for decoder-only).
     - `kv_bytes_per_token`, `max_batch`, `max_context`: the KV-cache arithmetic behind the decisions.
 
-    Built by `plan(..., generate=True)` (and by `load()` for a causal or seq2seq LM; after an
-    attention fallback, planned again with the attention and dtype really applied); `explain()`
+    Built by `plan(..., generate=True)` (and by `load()` for a causal or seq2seq LM; the policy
+    decides one for each link of the attention chain, and after a fallback `load()` keeps the one
+    of the attention really applied); `explain()`
     shows its decisions.
 
     Attributes:
@@ -347,17 +342,6 @@ class GenerationPlan:
 
 
 @dataclass(frozen=True)
-class PlanInputs:
-    """The policy's inputs for one plan: the machine as planned for (its usable GPUs), the model's
-    facts and the request. Kept on the Plan so that generation can be planned again for what
-    `load()` really applied (another attention after a fallback)."""
-
-    machine: Machine
-    model: ModelFacts
-    request: Request
-
-
-@dataclass(frozen=True)
 class Plan:
     """What `plan()` decided: the exact from_pretrained keyword arguments and the reason for each.
 
@@ -386,8 +370,12 @@ class Plan:
             (not cached).
         generation: Generation settings (`GenerationPlan`); None for plans that do not generate
             (fine-tuning, encoders, `generate=False`).
-        inputs: What the policy decided from (`PlanInputs`: the machine, the model's facts, the
-            request); not part of the plan's value (equality, hash, `to_dict()`).
+        generation_fallbacks: The generation section decided for each later link of the
+            attention chain, as (attention, GenerationPlan) pairs: `load()` takes the one of the
+            attention it really applied (`generation_for`); not part of the plan's value
+            (equality, hash, `to_dict()`).
+        hub_code: The caller consented to Hub code when planning (hub_kernels=True or
+            use_kernels=True); not part of the plan's value.
         assumed_packages: For a simulated machine, the packages planned with and where they come
             from (`Software.assumed`: "as installed here", or the defaults, and what you changed);
             None for this machine.
@@ -430,9 +418,13 @@ class Plan:
     padding side), each a Decision; None for plans that do not generate (fine-tuning, encoders)."""
     assumed_packages: str | None = None
     """For a simulated machine, its packages and where they come from; None for a detected machine."""
-    inputs: PlanInputs | None = field(default=None, compare=False, repr=False)
-    """What the policy decided from (not part of the plan's value, not in `to_dict()`): `load()`
-    plans generation again from it when an attention fallback changed what was applied."""
+    generation_fallbacks: tuple[tuple[str, GenerationPlan], ...] = field(default=(), compare=False, repr=False)
+    """The generation section the policy decided for each later link of `attention_chain` (not part of
+    the plan's value, not in `to_dict()`): `load()` selects the one of the attention it applied. A plan
+    rebuilt without them (e.g. from its JSON) keeps `generation` whatever it falls back to."""
+    hub_code: bool = field(default=False, compare=False, repr=False)
+    """The caller consented to Hub code (hub_kernels=True or use_kernels=True) when planning; a plan
+    rebuilt without it (e.g. from its JSON) carries no consent beyond its kwargs."""
 
     def __post_init__(self) -> None:
         # Frozen means frozen: kwargs is what load() applies, so it must not change behind the decisions.
@@ -470,6 +462,13 @@ class Plan:
         if self.weight_bytes is not None:
             out["weight_bytes"] = self.weight_bytes
         return out
+
+    def generation_for(self, attention: str) -> GenerationPlan | None:
+        """The generation section for `attention`: `generation` for the first link of the chain, the
+        policy's own entry for a later link (`generation_fallbacks`), else `generation` unchanged."""
+        if attention == self.kwargs.get("attn_implementation"):
+            return self.generation
+        return dict(self.generation_fallbacks).get(attention, self.generation)
 
     def with_attention(self, implementation: str) -> Plan:
         """This plan with another attention implementation (used when falling back)."""
