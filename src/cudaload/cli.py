@@ -100,10 +100,9 @@ def _remeasure(model: str | None) -> str:
     from .capability.model_config import read_model_facts
     from .facts.model import reference_model
     from .planner import plan
-    from .policy.devices import usable_machine
 
     machine = detect()
-    if usable_machine(machine)[0].gpus:
+    if machine.usable().gpus:
         return "cudaload probe: a GPU decides the dtype here; the CPU dtype probe is not used"
     facts = reference_model() if model is None else read_model_facts(model)
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))

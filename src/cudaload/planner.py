@@ -28,7 +28,6 @@ from .request import (
     Workload,
     check_count,
     check_flag,
-    check_padding_side,
     workload_from,
 )
 from .upstream_imports import import_transformers
@@ -371,8 +370,6 @@ def _generation_request(
         )
     if generate is False or finetune:
         return None
-    if padding_side is not None:
-        check_padding_side(padding_side)
     return GenerationRequest(generate is True, context, cache_implementation, padding_side)
 
 
@@ -469,9 +466,8 @@ def _judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Pla
 def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:
     """This machine with the measurements that apply to `facts` (tuning records, the CPU dtype probe)."""
     from .capability import measure_for
-    from .policy.devices import usable_machine
 
-    on_cpu = not usable_machine(machine)[0].gpus
+    on_cpu = not machine.usable().gpus
     return measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
 
 
@@ -479,7 +475,6 @@ def planned_elsewhere(plan: Plan) -> str | None:
     """This machine as a plan describes one (`Machine.describe()` of its usable part) when `plan` was made
     for another (a simulated GPU, another host); None when it was made for this one. Detects this machine."""
     from .capability import detect
-    from .policy.devices import usable_machine
 
-    here = usable_machine(detect())[0].describe()
+    here = detect().usable().describe()
     return None if here == plan.machine else here

@@ -467,6 +467,9 @@ class Machine:
         threads: torch CPU threads this process uses (measurements depend on it); None when unknown.
         unmeasured: Why the CPU dtype was not measured for the model being planned although it could
             be (e.g. another process held the measurement lock too long); empty otherwise.
+        gpus_unusable: Why torch in this process cannot drive `gpus` (a CPU-only build, a driver too
+            old for its CUDA build); None when it can or there are none. Found once by `detect()`;
+            `usable()` is the machine a plan may use.
 
     Examples:
         >>> import cudaload
@@ -496,6 +499,14 @@ class Machine:
     """torch CPU threads this process uses (measurements depend on it); None when unknown."""
     unmeasured: str = ""
     """Why the CPU dtype was not measured although it could be; empty otherwise."""
+    gpus_unusable: str | None = None
+    """Why torch in this process cannot drive `gpus`; None when it can (found once by `detect()`)."""
+
+    def usable(self) -> Machine:
+        """This machine as torch here can use it: without its GPUs when `gpus_unusable` says why not."""
+        if self.gpus_unusable is None or not self.gpus:
+            return self
+        return replace(self, gpus=(), gpus_unusable=None)
 
     def fingerprint(self) -> dict[str, str]:
         """What a measurement on this machine depends on: if any of it changes, the numbers are stale.

@@ -33,7 +33,7 @@ from ..facts.dtypes import BYTES
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision, GenerationPlan, Rejected
-from ..request import Workload, check_padding_side
+from ..request import Workload
 from ..upstream import COMPILEABLE_QUANT_METHODS, version_at_least
 from .attention import is_flash_attention
 from .devices import gpu_indices
@@ -248,8 +248,7 @@ def _padding_decision(facts: GenerationFacts, requested: str | None) -> tuple[De
     # attempting to perform batched generation with padding_side='right'") was 4.x modeling code (Mistral, Qwen2)
     # and no 5.x model raises it, so the reasons no longer claim FlashAttention raises.
     decoder_only = not facts.encoder_decoder
-    if requested is not None:
-        check_padding_side(requested)
+    if requested is not None:  # a valid side: GenerationRequest checked it
         warnings: tuple[str, ...] = ()
         if decoder_only and requested == "right":
             warnings = (
