@@ -35,7 +35,7 @@ from .upstream_imports import import_transformers
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-__all__ = ["check_count", "check_flag", "plan", "planned_elsewhere", "split_overrides"]
+__all__ = ["check_count", "check_flag", "plan", "split_overrides"]
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
@@ -469,12 +469,3 @@ def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request
 
     on_cpu = not machine.usable().gpus
     return measure_for(machine, facts, probe=probe, dtype_chosen=request.dtype is not None, on_cpu=on_cpu)
-
-
-def planned_elsewhere(plan: Plan) -> str | None:
-    """This machine as a plan describes one (`Machine.describe()` of its usable part) when `plan` was made
-    for another (a simulated GPU, another host); None when it was made for this one. Detects this machine."""
-    from .capability import detect
-
-    here = detect().usable().describe()
-    return None if here == plan.machine else here
