@@ -256,6 +256,10 @@ def plan(
     if detected:
         machine = _measured(machine, facts, probe, request)
     result = decide_plan(machine, facts, request)
+    if result.finetune is not None:
+        from .capability.transformers_api import check_lora_settings
+
+        check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
     if not isinstance(model, ModelFacts):
         result = _judged_upstream(model, result, overrides)
     measured = machine.dtype_probe

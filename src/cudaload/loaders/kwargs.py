@@ -48,11 +48,13 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
 
         kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
     if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
+        from ..capability.transformers_api import tensor_parallel_argument
+
         # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
-        try:
-            from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
-        except ImportError:  # older 5.x: tp_plan= is the API
+        if tensor_parallel_argument() == "tp_plan":  # older 5.x: tp_plan= is the API
             return kwargs
+        from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
+
         kwargs["distributed_config"] = DistributedConfig(tp_plan=kwargs.pop("tp_plan"))
     return kwargs
 
