@@ -22,7 +22,7 @@ from .decision import (
     read_only,
 )
 from .plan import Plan
-from .sections import FinetunePlan, GenerationPlan
+from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
 
 __all__ = [
     "VALUE_WIDTH",
@@ -33,6 +33,7 @@ __all__ = [
     "Plan",
     "ReadOnlyDict",
     "Rejected",
+    "TokenizerPlan",
     "decision_lines",
     "jsonable",
     "mutable",

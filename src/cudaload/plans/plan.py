@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .decision import Decision, ReadOnlyDict, decision_lines, jsonable, read_only
-from .sections import FinetunePlan, GenerationPlan
+from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
 
 __all__ = ["Plan"]
 
@@ -46,6 +46,7 @@ class Plan:
             attention chain, as (attention, GenerationPlan) pairs: `load()` takes the one of the
             attention it really applied (`generation_for`); not part of the plan's value
             (equality, hash, `to_dict()`).
+        tokenizer: How the model's tokenizer is set up (`TokenizerPlan`); not part of the plan's value.
         hub_code: The caller consented to Hub code when planning (hub_kernels=True or
             use_kernels=True); not part of the plan's value.
         assumed_packages: For a simulated machine, the packages planned with and where they come
@@ -94,6 +95,9 @@ class Plan:
     """The generation section the policy decided for each later link of `attention_chain` (not part of
     the plan's value, not in `to_dict()`): `load()` selects the one of the attention it applied. A plan
     rebuilt without them (e.g. from its JSON) keeps `generation` whatever it falls back to."""
+    tokenizer: TokenizerPlan | None = field(default=None, compare=False, repr=False)
+    """How the model's tokenizer is set up (padding sides, pad token), applied by `tokenizer_for()`; not part
+    of the plan's value, not in `to_dict()`. None for a plan rebuilt without it (e.g. from its JSON)."""
     hub_code: bool = field(default=False, compare=False, repr=False)
     """The caller consented to Hub code (hub_kernels=True or use_kernels=True) when planning; a plan
     rebuilt without it (e.g. from its JSON) carries no consent beyond its kwargs."""

@@ -12,7 +12,7 @@ from ..facts.dtypes import BYTES
 from ..facts.kv_cache import GenerationFacts
 from .decision import Decision, decision_lines, jsonable
 
-__all__ = ["FinetunePlan", "GenerationPlan"]
+__all__ = ["FinetunePlan", "GenerationPlan", "TokenizerPlan"]
 
 
 @dataclass(frozen=True)
@@ -184,3 +184,31 @@ class GenerationPlan:
 
     def __str__(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+
+@dataclass(frozen=True)
+class TokenizerPlan:
+    """How the model's tokenizer is set up (`Plan.tokenizer`), each a Decision: `tokenizer_for()` applies it.
+
+    Attributes:
+        padding_side: The padding side for inference: "left" for a generating model (the generation
+            section's decision when the plan has one), None for another model (the tokenizer's own).
+        training_padding_side: The padding side for training ("right").
+        pad_token: What pads when the tokenizer has no pad token ("eos").
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> tokenizer = cudaload.plan(build_tiny_model(tempfile.mkdtemp())).tokenizer
+        >>> tokenizer.side(training=False), tokenizer.side(training=True), tokenizer.pad_token.value
+        ('left', 'right', 'eos')
+    """
+
+    padding_side: Decision
+    training_padding_side: Decision
+    pad_token: Decision
+
+    def side(self, training: bool) -> str | None:
+        """The padding side to set: for training or inference; None keeps the tokenizer's own."""
+        value = (self.training_padding_side if training else self.padding_side).value
+        return None if value is None else str(value)

@@ -32,6 +32,7 @@ from .placement import (
 )
 from .precision import decide_dtype
 from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
+from .tokenizer import decide_tokenizer
 from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu
 
@@ -78,6 +79,7 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         plan,
         generation=generation,
         generation_fallbacks=fallbacks,
+        tokenizer=decide_tokenizer(model, generation),
         hub_code=request.hub_kernels is True or request.use_kernels is True,
     )
 
