@@ -19,7 +19,7 @@ import transformers.modeling_flash_attention_utils as flash_utils
 
 import cudaload
 from cudaload import LoadFailedError, Machine
-from cudaload.loaders import _is_attention_failure
+from cudaload.loaders.attribution import _is_attention_failure
 
 # Every word the old text match took for an attention failure.
 ATTENTION_WORDS = "flash_attention_2-kernel-attn-sdpa"

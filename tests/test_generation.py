@@ -290,8 +290,13 @@ def test_padding_side() -> None:
     yours = _decide(H100, padding_side="right")
     assert yours.padding_side == "right" and yours.decision("generation.padding_side").source == "user"
     assert any("right-padding" in w for w in yours.warnings)
+    # Checked once per plan, where the request is made (plan() builds it before reading anything).
+    from cudaload.request import GenerationRequest
+
     with pytest.raises(SettingError, match="'middle'"):
-        _decide(H100, padding_side="middle")
+        GenerationRequest(True, padding_side="middle")
+    with pytest.raises(SettingError, match="'middle'"):
+        cudaload.plan("/nonexistent/folder", generate=True, padding_side="middle")
 
 
 def test_max_batch_follows_memory_and_context() -> None:

@@ -25,9 +25,17 @@ def plan_for(machine: Machine, **request):
     return decide_plan(machine, MODEL, Request(**request))
 
 
+def _with_software(machine: Machine, **software: object) -> Machine:
+    """`machine` with other software, and the usable-GPU fact detect() would find for it."""
+    from cudaload.capability.usable_gpus import gpus_unusable
+
+    changed = replace(machine, software=replace(machine.software, **software), source="nvml")
+    return replace(changed, gpus_unusable=gpus_unusable(changed.gpus, changed.software))
+
+
 def test_gpus_a_cpu_only_torch_cannot_drive_are_planned_around_loudly() -> None:
     a100 = Machine.simulated("A100")
-    cpu_torch = replace(a100, software=replace(a100.software, torch_cuda=None), source="nvml")
+    cpu_torch = _with_software(a100, torch_cuda=None)
     plan = plan_for(cpu_torch)
     assert plan.kwargs["device_map"] == "cpu"
     (warning,) = [w for w in plan.warnings if "CPU-only build" in w]
@@ -39,12 +47,36 @@ def test_gpus_a_cpu_only_torch_cannot_drive_are_planned_around_loudly() -> None:
 
 def test_a_torch_cuda_build_newer_than_the_driver_is_planned_around() -> None:
     a100 = Machine.simulated("A100")
-    old_driver = replace(a100, software=replace(a100.software, torch_cuda="12.8", driver="470.82.01"))
+    old_driver = _with_software(a100, torch_cuda="12.8", driver="470.82.01")
     plan = plan_for(old_driver)
     assert plan.kwargs["device_map"] == "cpu"
     assert any("needs NVIDIA driver >= 525.60.13, and this machine has 470.82.01" in w for w in plan.warnings)
-    fine = replace(a100, software=replace(a100.software, torch_cuda="12.8", driver="550.54.15"))
+    fine = _with_software(a100, torch_cuda="12.8", driver="550.54.15")
     assert plan_for(fine).kwargs["device_map"] == "cuda:0"
+
+
+def test_which_gpus_torch_can_drive_is_found_once_by_detection(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cudaload.capability as capability
+    from cudaload.capability.usable_gpus import gpus_unusable
+    from cudaload.cli.doctor_command import doctor_report
+    from test_detection import A100, FakeProbe, node
+
+    calls: list[object] = []
+
+    def counted(*args: object) -> str | None:
+        calls.append(args)
+        return gpus_unusable(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(capability, "gpus_unusable", counted)
+    machine = capability.detect_uncached(env={}, probes=(lambda: FakeProbe(node(A100)),))
+    assert len(calls) == 1 and len(machine.gpus) == 1
+    # The planner, the policy and the CLI read the fact; none works it out again.
+    plan_for(machine)
+    doctor_report(machine, as_json=False)
+    assert len(calls) == 1
+    # A fact says so, not the software: the same machine told its GPUs are usable plans for them.
+    told = replace(machine, software=replace(machine.software, torch_cuda=None), gpus_unusable=None)
+    assert plan_for(told).kwargs["device_map"] == "cuda:0"
 
 
 @pytest.mark.parametrize("device_map", ["cuda:5", 5, {"": 5}, torch.device("cuda", 5), {"model": "cuda:1"}])
@@ -163,8 +195,7 @@ def test_demo_refuses_a_folder_it_would_not_use(tmp_path: Path, capsys: pytest.C
 def test_doctor_flags_gpus_this_torch_cannot_use() -> None:
     from cudaload.cli.doctor_command import doctor_report
 
-    a100 = Machine.simulated("A100")
-    cpu_torch = replace(a100, software=replace(a100.software, torch_cuda=None), source="nvml")
+    cpu_torch = _with_software(Machine.simulated("A100"), torch_cuda=None)
     report = doctor_report(cpu_torch, as_json=False)
     assert "CPU-only build: planned for the CPU" in report.split("Warnings:")[1]
     assert "attention: sdpa -> eager" in report  # what you get here is the CPU's, not the A100's

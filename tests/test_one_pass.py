@@ -1,6 +1,6 @@
 """plan() decides everything in one pass: the config is read once into ModelFacts (KV-cache layout
-included), the policy composes the generation section with every other decision, and load() plans
-generation again through the planner, from the plan's own inputs, when a fallback changed the attention."""
+included), the policy composes the generation section with every other decision, one per link of the
+attention chain, and load() only selects the one of the attention it applied."""
 
 from __future__ import annotations
 
@@ -74,14 +74,26 @@ def test_an_encoder_has_no_generation_section(tmp_path: Path) -> None:
         cudaload.plan(str(tmp_path), machine=H100, generate=True)
 
 
-def test_generation_is_planned_again_for_the_attention_a_fallback_applied(tiny_models) -> None:
+def test_generation_is_selected_for_the_attention_a_fallback_applied(tiny_models, monkeypatch) -> None:
     # A machine that plans FlashAttention-2 while this one has no flash-attn: load() falls back to SDPA.
     a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
     path = str(tiny_models["llama"])
     planned = cudaload.plan(path, machine=a100, device_map="cpu", dtype="bfloat16", generate=True)
     assert planned.attn_implementation == "flash_attention_2"
     assert planned.generation.decision("generation.continuous_batching").value == "CUDA graphs, no compile"
-    model = load(path, machine=a100, device_map="cpu", dtype="bfloat16", generate=True)
+    assert [link for link, _ in planned.generation_fallbacks] == list(planned.attention_chain[1:])
+
+    # load() does not go back to the policy once the weights are read: it selects the plan's entry.
+    def no_policy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the policy was asked again while applying the plan")
+
+    from cudaload import policy
+
+    real_plan = cudaload.plan(path, machine=a100, device_map="cpu", dtype="bfloat16", generate=True)
+    monkeypatch.setattr(policy, "decide_plan_generation", no_policy)
+    monkeypatch.setattr(policy, "decide_generation", no_policy)
+    model = load(real_plan)
+    monkeypatch.undo()
     applied = model.cudaload_plan
     assert applied.attn_implementation == "sdpa"
     batching = applied.generation.decision("generation.continuous_batching")
@@ -91,15 +103,41 @@ def test_generation_is_planned_again_for_the_attention_a_fallback_applied(tiny_m
         path, machine=a100, device_map="cpu", dtype="bfloat16", attn_implementation="sdpa", generate=True
     )
     assert applied.generation == for_sdpa.generation
+    # A plan rebuilt without the per-link sections (e.g. from its JSON) still loads, and keeps its own section.
+    rebuilt = replace(real_plan, generation_fallbacks=())
+    assert load(rebuilt).cudaload_plan.generation == real_plan.generation
 
 
-def test_a_plan_is_a_hashable_value_without_its_inputs(tiny_models) -> None:
+def test_a_plan_rebuilt_from_its_json_still_loads(tiny_models) -> None:
+    from cudaload.plans import Decision, Plan, Rejected
+
+    planned = cudaload.plan(str(tiny_models["llama"]), dtype="float32", generate=True)
+    data = json.loads(planned.to_json())
+    rebuilt = Plan(
+        model=data["model"],
+        machine=data["machine"],
+        kwargs=data["kwargs"],
+        attention_chain=tuple(data["attention_chain"]),
+        decisions=tuple(
+            Decision(d["setting"], d["value"], d["reason"], tuple(Rejected(**r) for r in d["rejected"]), d["source"])
+            for d in data["decisions"]
+        ),
+        warnings=tuple(data["warnings"]),
+        model_class=data["extras"]["model_class"],
+        auto_class=planned.auto_class,
+    )
+    assert not rebuilt.hub_code and rebuilt.generation_fallbacks == ()
+    applied = load(rebuilt).cudaload_plan
+    assert applied.attn_implementation == planned.attn_implementation and applied.generation is None
+
+
+def test_a_plan_is_a_hashable_value_without_its_per_link_sections(tiny_models) -> None:
     path = str(tiny_models["qwen3"])
-    first, again = cudaload.plan(path, machine=H100), cudaload.plan(path, machine=H100)
-    assert first.inputs is not None and first.inputs.model.source == path
+    first, again = cudaload.plan(path, machine=H100, generate=True), cudaload.plan(path, machine=H100, generate=True)
+    assert first.generation_fallbacks  # sdpa is planned first; eager has its own section
     assert first == again and hash(first) == hash(again) and len({first, again}) == 1
-    assert replace(first, inputs=None) == first  # the inputs are not part of the value
-    assert "inputs" not in first.to_dict()
+    assert replace(first, generation_fallbacks=(), hub_code=True) == first  # not part of the value
+    assert "generation_fallbacks" not in first.to_dict() and "hub_code" not in first.to_dict()
     assert first != cudaload.plan(path, machine=Machine.simulated("T4"))
 
 

@@ -186,7 +186,7 @@ def test_a_spread_over_mixed_gpus_makes_the_weakest_current() -> None:
 def test_apply_plan_sets_the_current_device_before_from_pretrained(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from cudaload import loaders
+    from cudaload.loaders import apply as loaders
 
     result = plan(Machine.simulated(["V100", "H100"], packages=MXFP4_OK), _gpt_oss_mxfp4())
     events: list[str] = []

@@ -19,7 +19,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 # public name -> the private module that defines it
 _EXPORTS = {
     "plan": "cudaload.planner",
-    "load": "cudaload.loaders",
+    "load": "cudaload.facade",
     "from_pretrained_kwargs": "cudaload.loaders",
     "load_for_finetune": "cudaload.finetune",
     "training_arguments": "cudaload.finetune",
@@ -125,10 +125,11 @@ if TYPE_CHECKING:
         UnknownGpuError,
         WorkloadError,
     )
+    from .facade import load
     from .facts.machine import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
     from .facts.model import ModelFacts
     from .finetune import load_for_finetune, training_arguments
-    from .loaders import AppliedPlan, Fallback, from_pretrained_kwargs, load
+    from .loaders import AppliedPlan, Fallback, from_pretrained_kwargs
     from .pipelines import pipeline
     from .planner import plan
     from .plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected

@@ -136,7 +136,7 @@ def _run_real(path: Path) -> str:
     import torch
 
     from . import smollm2
-    from .loaders import load
+    from .facade import load
     from .tokenizer import tokenizer_for
 
     model: Any = load(str(path))
@@ -157,7 +157,7 @@ def _run_tiny(directory: str | Path) -> str:
     """Build (once), load through `cudaload.load`, generate a few tokens, return the explanation."""
     import torch
 
-    from .loaders import load
+    from .facade import load
     from .tokenizer import tokenizer_for
 
     path = build_tiny_model(directory)

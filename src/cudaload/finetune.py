@@ -34,11 +34,11 @@ def _prepare(model: Any, finetune: FinetunePlan) -> None:
     for param in model.parameters():
         param.requires_grad_(False)
     if finetune.gradient_checkpointing:
-        kwargs = dict(finetune.checkpointing_kwargs)
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.23
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:  # the old name, deprecated (FutureWarning) since 5.23
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        from .capability.transformers_api import checkpointing_method
+
+        # transformers >= 5.23 names it activation_checkpointing (the old name warns FutureWarning there).
+        name = checkpointing_method()
+        getattr(model, f"{name}_enable")(**{f"{name}_kwargs": dict(finetune.checkpointing_kwargs)})
         # With the embeddings frozen, the checkpointed blocks' inputs need grads for the
         # backward to reach the adapters.
         model.enable_input_require_grads()
@@ -130,7 +130,9 @@ def load_for_finetune(
             f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}."
         ) from exc
     from .capability.model_config import model_class_name
-    from .planner import check_flag, plan
+    from .capability.transformers_api import check_lora_settings
+    from .planner import plan
+    from .request import check_flag
 
     for name, value in (("strict", strict), ("allow_missing_weights", allow_missing_weights)):
         check_flag(name, value, allow_none=False)
@@ -163,14 +165,9 @@ def load_for_finetune(
         )
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
-    try:  # before any weight is read: a LoRA setting peft refuses fails in a second, not after loading
-        lora_config = LoraConfig(**the_plan.finetune.lora)
-    except (TypeError, ValueError) as exc:
-        raise FinetuneConfigError(
-            f"peft's LoraConfig refuses these LoRA settings ({dict(lora or {})!r} over the planned ones): "
-            f"{type(exc).__name__}: {exc}. Pass LoraConfig keyword arguments (r, lora_alpha, lora_dropout, "
-            "target_modules, ...)."
-        ) from exc
+    if isinstance(model, Plan):  # plan() checked its LoRA settings where it was made, if peft was there
+        check_lora_settings(the_plan.finetune.lora, lora)
+    lora_config = LoraConfig(**the_plan.finetune.lora)
     base = apply_plan(the_plan, strict=strict, verify=True, training=True, allow_missing_weights=allow_missing_weights)
     _prepare(base, the_plan.finetune)
     with warnings.catch_warnings():

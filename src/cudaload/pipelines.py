@@ -133,7 +133,7 @@ def pipeline(
                 f"pipeline({task!r}) chooses {key} itself ({TASK_MODEL_CLASSES[task]}"
                 f"{', generating' if task in _GENERATING else ''}): drop {key}={overrides[key]!r}."
             )
-    from .loaders import load
+    from .facade import load
     from .tokenizer import tokenizer_for
 
     generating = task in _GENERATING

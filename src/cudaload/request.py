@@ -136,6 +136,11 @@ class GenerationRequest:
     cache_implementation: str | None = None
     padding_side: str | None = None
 
+    def __post_init__(self) -> None:
+        # Checked once, where the request is made: the policy decides from a valid one.
+        if self.padding_side is not None:
+            check_padding_side(self.padding_side)
+
 
 @dataclass(frozen=True)
 class TrainingRequest:

@@ -117,15 +117,17 @@ def tokenizer_for(
             f"{type(tokenizer).__name__} with only its {len(tokenizer)} special tokens, which cannot encode text. "
             "Save the tokenizer next to the model (tokenizer.save_pretrained(path))."
         )
-    if padding_side is not None:
-        tokenizer.padding_side = padding_side
-    elif training:
-        tokenizer.padding_side = "right"
-    elif generation is not None:
-        tokenizer.padding_side = generation.padding_side
-    elif can_generate:
-        tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
+    side = padding_side  # yours; else the plan's decision (policy/tokenizer.py `decide_tokenizer`)
+    if side is None and planned is not None and planned.tokenizer is not None:
+        side = generation.padding_side if generation is not None and not training else planned.tokenizer.side(training)
+    elif side is None:
+        # A model cudaload did not plan (or a plan rebuilt without its tokenizer section): no decision to
+        # apply, so the plan's own rules, from what the model says (policy/tokenizer.py).
+        side = "right" if training else generation.padding_side if generation is not None else None
+        side = "left" if side is None and can_generate else side
+    if side is not None:
+        tokenizer.padding_side = side
+    if tokenizer.pad_token is None:  # the plan's pad_token decision: EOS pads (`TokenizerPlan.pad_token`)
         if tokenizer.eos_token is None:
             raise ModelConfigError(
                 f"The tokenizer of {source!r} has neither a pad nor an EOS token to pad with. Add one: "

@@ -19,6 +19,7 @@ from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
 from .software import probe_hub, probe_software
 from .tuning_records import read_tuning_records
+from .usable_gpus import gpus_unusable
 
 if TYPE_CHECKING:
     from ..facts.model import ModelFacts
@@ -47,6 +48,7 @@ def detect_uncached(
         source=report.source,
         warnings=report.warnings,
         gpu_notes=report.notes,
+        gpus_unusable=gpus_unusable(report.gpus, software),
     )
 
 

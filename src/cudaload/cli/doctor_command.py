@@ -95,10 +95,9 @@ def remeasure_report(model: str | None) -> str:
     from ..capability.probe_record import probe_path
     from ..facts.model import reference_model
     from ..planner import plan
-    from ..policy.devices import usable_machine
 
     machine = detect()
-    if usable_machine(machine)[0].gpus:
+    if machine.usable().gpus:
         return "cudaload probe: a GPU decides the dtype here; the CPU dtype probe is not used"
     facts = reference_model() if model is None else read_model_facts(model)
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
+from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention
 from .devices import check_max_memory, usable_machine
@@ -32,6 +32,7 @@ from .placement import (
 )
 from .precision import decide_dtype
 from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
+from .tokenizer import decide_tokenizer
 from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu
 
@@ -64,17 +65,29 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
         # neither GPU of a T4 + A100): that GPU decides, as long as the plan stays on it.
         again = _compose(machine, landed, model, request, warnings)
         plan = again if plan_within(again, landed) else plan
+    generation = decide_plan_generation(machine, model, plan, request)
+    # Each later link of the attention chain gets its own generation section now, so that load() only selects
+    # the one of the attention it applied (a fallback changes compile, continuous batching, ...).
+    fallbacks = tuple(
+        (link, linked)
+        for link in plan.attention_chain
+        if generation is not None
+        and link != plan.attn_implementation
+        and (linked := decide_plan_generation(machine, model, plan.with_attention(link), request)) is not None
+    )
     return replace(
         plan,
-        generation=decide_plan_generation(machine, model, plan, request),
-        inputs=PlanInputs(machine, model, request),
+        generation=generation,
+        generation_fallbacks=fallbacks,
+        tokenizer=decide_tokenizer(model, generation),
+        hub_code=request.hub_kernels is True or request.use_kernels is True,
     )
 
 
 def decide_plan_generation(machine: Machine, model: ModelFacts, plan: Plan, request: Request) -> GenerationPlan | None:
     """The plan's generation section, decided for its dtype, attention and placement; None when the
     request asks for none, or asks "if the model generates" (generate=None) of a model that does not or
-    whose config gives no KV-cache layout. `planner.generation_as_applied` calls it again after a fallback."""
+    whose config gives no KV-cache layout. `decide_plan` calls it once per link of the attention chain."""
     wanted = request.generation
     if wanted is None or (not wanted.required and (not model.generates or model.generation is None)):
         return None

@@ -1,25 +1,19 @@
 """Which GPUs a plan may use, and whether a device_map the user gave names devices that exist.
 
 Pure: every fact comes from the Machine. A GPU that NVML sees but this torch cannot drive (a
-CPU-only torch build, or a CUDA build newer than the driver supports) is planned around, loudly.
+CPU-only torch build, or a CUDA build newer than the driver supports: `Machine.gpus_unusable`,
+found by capability/usable_gpus.py) is planned around, loudly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
-
-from packaging.version import InvalidVersion, Version
 
 from ..errors import PlacementError
 from ..facts.machine import Machine
 
 __all__ = ["check_device_map", "check_max_memory", "cuda_index", "gpu_indices", "usable_machine"]
-
-# The oldest Linux driver each CUDA major runs on with minor-version compatibility (NVIDIA's
-# "CUDA Compatibility" guide, table "CUDA Toolkit and Minimum Required Driver Version").
-MIN_DRIVER = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 
 INSTALL_CUDA_TORCH = (
     "install a CUDA build of torch that this driver supports (https://pytorch.org/get-started/locally/, e.g. "
@@ -27,38 +21,14 @@ INSTALL_CUDA_TORCH = (
 )
 
 
-def _gpu_unusable(machine: Machine) -> str | None:
-    """Why this torch cannot use the GPUs NVML sees (None when it can, or there are none)."""
-    if not machine.gpus:
-        return None
-    software = machine.software
-    names = ", ".join(sorted({g.name for g in machine.gpus}))
-    torch = software.version("torch") or "?"
-    if software.torch_cuda is None:
-        return f"{len(machine.gpus)} NVIDIA GPU(s) ({names}) are present, but torch {torch} is a CPU-only build"
-    if software.driver is None:
-        return None
-    try:
-        major = Version(software.torch_cuda).release[0]
-        needed = MIN_DRIVER.get(major)
-        too_old = needed is not None and Version(software.driver) < Version(needed)
-    except InvalidVersion:
-        return None
-    if too_old:
-        return (
-            f"torch {torch} is built for CUDA {software.torch_cuda}, which needs NVIDIA driver >= {needed}, and "
-            f"this machine has {software.driver}"
-        )
-    return None
-
-
 def usable_machine(machine: Machine) -> tuple[Machine, tuple[str, ...]]:
-    """`machine` as the plan may use it: without GPUs torch cannot drive (plus the warning why)."""
-    why = _gpu_unusable(machine)
+    """`machine` as the plan may use it: without GPUs torch cannot drive (plus the warning why). Which ones
+    torch can drive is a fact `detect()` found once (`Machine.gpus_unusable`, capability/usable_gpus.py)."""
+    why = machine.gpus_unusable if machine.gpus else None
     if why is None:
         return machine, ()
     warning = f"{why}: planned for the CPU. To use the GPU, {INSTALL_CUDA_TORCH}."
-    return replace(machine, gpus=()), (warning,)
+    return machine.usable(), (warning,)
 
 
 def cuda_index(value: Any, where: str) -> int | None:

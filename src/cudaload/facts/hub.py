@@ -1,0 +1,61 @@
+"""What the Hugging Face Hub side allows, as frozen data: offline mode and the attention kernels cached here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Hub", "HubKernel"]
+
+
+@dataclass(frozen=True)
+class HubKernel:
+    """Local availability of one Hub attention kernel repository.
+
+    Attributes:
+        repo: The Hub repository, e.g. "kernels-community/flash-attn2".
+        version: The kernel version transformers asks for with this torch; None when unknown.
+        cached_variant: The build variant found in the local cache for this torch/CUDA, if any
+            ("simulated" when `Machine.simulated(cached_kernels=...)` names it); None: not cached.
+        detail: A human note on what was found (e.g. "not in the local cache").
+
+    Examples:
+        >>> import cudaload
+        >>> machine = cudaload.Machine.simulated("H100", cached_kernels=["kernels-community/flash-attn2"])
+        >>> machine.hub.kernel("kernels-community/flash-attn2").cached
+        True
+    """
+
+    repo: str
+    version: int | None
+    cached_variant: str | None = None
+    """The build variant found in the local cache for this torch/CUDA, if any."""
+    detail: str = ""
+
+    @property
+    def cached(self) -> bool:
+        return self.cached_variant is not None
+
+
+@dataclass(frozen=True)
+class Hub:
+    """What the Hugging Face Hub side allows: offline mode and the attention kernels in the cache.
+
+    Attributes:
+        offline: True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set: nothing can be fetched.
+        kernels: One `HubKernel` per Hub attention kernel repository cudaload knows.
+
+    Examples:
+        >>> import cudaload
+        >>> hub = cudaload.Machine.simulated(offline=True).hub
+        >>> hub.offline, hub.kernel("kernels-community/flash-attn2").cached
+        (True, False)
+    """
+
+    offline: bool = False
+    kernels: tuple[HubKernel, ...] = ()
+
+    def kernel(self, repo: str) -> HubKernel | None:
+        for kernel in self.kernels:
+            if kernel.repo == repo:
+                return kernel
+        return None

@@ -1,0 +1,74 @@
+"""What `Machine.simulated()` builds a machine you don't have from: catalog GPUs, the packages it assumes, its
+arguments checked. Data only: it reads dist-info folder names (installed.py), nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .catalog import CatalogGpu
+from .hardware import GiB, Gpu
+
+__all__ = ["SIMULATED_DEFAULTS"]
+
+
+SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
+"""What a simulated machine has when neither this machine nor `packages=` says otherwise (the tested set)."""
+
+
+def _simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple[dict[str, str], str]:
+    """A simulated machine's {distribution: version} and one line saying where it comes from."""
+    from .. import installed as here  # reads dist-info folder names only: see installed.py
+
+    base = {**SIMULATED_DEFAULTS, **(here.packages_here() if installed else {})}
+    origin = (
+        "as installed here"
+        if installed
+        else f"the defaults ({', '.join(f'{k} {v}' for k, v in SIMULATED_DEFAULTS.items())})"
+    )
+    versions = {k: v for k, v in {**base, **told}.items() if v is not None}
+    if "transformers" not in versions or "torch" not in versions:
+        from ..errors import SettingError
+
+        raise SettingError(
+            f"packages={dict(told)!r} removes torch or transformers: a machine cudaload plans for has both "
+            "(give a version instead, e.g. {'transformers': '5.22.2'})."
+        )
+    added = ", ".join(f"{k} {v}" for k, v in sorted(told.items()) if v is not None)
+    removed = ", ".join(k for k, v in sorted(told.items()) if v is None)
+    return versions, origin + (f", with {added}" if added else "") + (f", without {removed}" if removed else "")
+
+
+def _catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
+    """A catalog GPU as a simulated machine's GPU `index`: all of its memory free, as far as anyone knows."""
+    return Gpu(
+        index=index,
+        name=entry.name,
+        capability=entry.capability,
+        total_memory=int(entry.memory_gib * GiB),
+        free_memory=None,
+        physical_index=index,
+        multiprocessors=entry.multiprocessors,
+    )
+
+
+def _check_simulated(gpu: object, count: object, packages: object) -> None:
+    """Machine.simulated's arguments, checked before any is used (a str for packages would be
+    iterated letter by letter, a float count would multiply a list)."""
+    from ..errors import SettingError
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise SettingError(f"count={count!r}: pass a whole number of GPUs, 1 or more (e.g. count=8).")
+    if (
+        gpu is not None
+        and not isinstance(gpu, str)
+        and (not isinstance(gpu, Sequence) or not all(isinstance(name, str) for name in gpu))
+    ):
+        raise SettingError(f"gpu={gpu!r}: pass a GPU name ('H100'), a list of names (['A100', 'T4']) or None.")
+    if packages is not None and (
+        not isinstance(packages, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, (str, type(None))) for k, v in packages.items())
+    ):
+        raise SettingError(
+            f"packages={packages!r}: pass a dict of distribution -> version, e.g. {{'flash-attn': '2.8.3'}} "
+            "(not 'flash-attn==2.8.3')."
+        )

@@ -1,0 +1,17 @@
+"""`apply_plan()`: apply a Plan through `from_pretrained`, fall back along its attention chain,
+verify with a short forward, and record what was applied. Loaders never decide (`load()`, which plans
+and then applies, is in facade.py), and import neither the planner nor the policy.
+
+One module per job: applied.py (what was applied: `AppliedPlan`, `Fallback`), apply.py (the fallback
+loop), attribution.py (whose failure it is), verify.py (the test forward), weights.py (the loading report,
+offloading), kwargs.py (the objects from_pretrained takes, the rank's device), hub_code.py (consent to Hub code).
+"""
+
+from __future__ import annotations
+
+from .applied import AppliedPlan, Fallback
+from .apply import apply_plan
+from .kwargs import from_pretrained_kwargs, set_rank_device
+from .verify import input_device
+
+__all__ = ["AppliedPlan", "Fallback", "apply_plan", "from_pretrained_kwargs", "input_device", "set_rank_device"]

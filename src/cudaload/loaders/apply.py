@@ -1,0 +1,179 @@
+"""`apply_plan()`: the fallback loop over the plan's attention chain, and what was applied."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from dataclasses import replace
+from typing import Any
+
+from ..errors import CudaloadError, CudaloadWarning, describe_error
+from ..plans import Decision, Plan, Rejected
+from .applied import AppliedPlan, Fallback
+from .attribution import _is_attention_failure, _no_fallback, _unrelated
+from .hub_code import _unasked_hub_code
+from .kwargs import from_pretrained_kwargs, set_rank_device
+from .verify import _Failure, _verify
+from .weights import _check_weights, _offload_warning, _offloaded, _WeightsReport
+
+logger = logging.getLogger("cudaload.loaders")
+"""Under the "cudaload" logger (silent unless you configure logging): one INFO line per load, a WARNING per fallback."""
+
+__all__ = ["apply_plan"]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, CudaloadWarning, stacklevel=4)  # the caller of load()
+
+
+def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -> Plan:
+    """The plan as applied: the attention that worked, with the failed links among its rejections, and the
+    generation section the policy decided for that attention (`Plan.generation_for`: selected, not decided)."""
+    if not fallbacks:
+        return plan
+    planned = plan.decision("attn_implementation")
+    applied = Decision(
+        "attn_implementation",
+        chain[0],
+        f"fell back to it: {', '.join(f.option for f in fallbacks)} failed (see applied)",
+        (*(Rejected(f.option, f"failed at {f.phase}: {f.error}") for f in fallbacks), *planned.rejected),
+        planned.source,
+    )
+    decisions = tuple(applied if d is planned else d for d in plan.decisions)
+    return replace(
+        plan.with_attention(chain[0]),
+        attention_chain=chain,
+        decisions=decisions,
+        generation=plan.generation_for(chain[0]),
+    )
+
+
+def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _WeightsReport, _Failure | None]:
+    """(the model loaded with `option`, its weights report, None), or (None, an empty report, the failure)."""
+    try:
+        model, info = auto.from_pretrained(
+            plan.model, output_loading_info=True, **from_pretrained_kwargs(plan.with_attention(option))
+        )
+    except CudaloadError:
+        raise  # cudaload's own errors already say what to do
+    except Exception as exc:
+        return None, _WeightsReport(), _Failure("load", describe_error(exc), exc)
+    return model, _WeightsReport.read(info), None
+
+
+def _switch_to(model: Any, option: str) -> _Failure | None:
+    """Switch the loaded model in place to `option` (no weights are read again); the failure if
+    transformers refuses it."""
+    try:
+        model.set_attn_implementation(option)
+    except Exception as exc:
+        return _Failure("switch", describe_error(exc), exc)
+    return None
+
+
+def apply_plan(
+    plan: Plan, *, strict: bool, verify: bool, training: bool = False, allow_missing_weights: bool = False
+) -> Any:
+    """Load `plan.model` through `plan.auto_class`, falling back along `plan.attention_chain`.
+
+    One loop over the chain: load the first option (or, once a model is loaded and failed its test
+    forward, switch it in place to the next), then run the test forward. A failure that is the
+    option's (`_is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
+    any other failure raises at once, as does the last option's or one cudaload may not leave.
+    Weights the checkpoint does not fill raise before any test forward (`_check_weights`).
+    """
+    from ..capability.model_config import resolve_auto_class
+    from ..upstream_imports import import_transformers
+
+    import_transformers()
+    # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
+    # current device (policy/placement.py, `decide_rank_device` and `decide_current_device`).
+    set_rank_device(plan)
+    auto = resolve_auto_class(plan.auto_class)
+    chain = plan.attention_chain
+    can_fall_back = not strict and "attn_implementation" not in plan.explicit
+    why = "strict=True" if strict else "you chose it" if not can_fall_back else "no option left in the chain"
+    fallbacks: list[Fallback] = []
+    timings: dict[str, float] = dict(plan.timings)  # "probe" when planning measured this CPU
+    model: Any = None
+    verified: bool | None = None
+    report = _WeightsReport()
+    weight_notes: tuple[str, ...] = ()
+    for index, option in enumerate(chain):
+        start = time.perf_counter()
+        # A link that would fetch Hub code the plan did not allow fails before transformers is asked.
+        failure: _Failure | None = _unasked_hub_code(plan, option, "load" if model is None else "switch")
+        if failure is None and model is None:
+            model, report, failure = _load_with(auto, plan, option)
+            timings["load" if failure is None else f"load[{option}]"] = time.perf_counter() - start
+            if failure is None:
+                weight_notes = _check_weights(plan, model, report, allow_missing_weights)
+        elif failure is None:  # the loaded model failed its test forward: switch it in place, no weights read again
+            failure = _switch_to(model, option)
+            timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
+        if failure is None and verify:
+            start = time.perf_counter()
+            outcome = _verify(model, training)
+            timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
+            verified, failure = outcome.verified, outcome.failure
+        if failure is None:
+            break
+        if failure.error is not None and not _is_attention_failure(failure.error, option):
+            raise _unrelated(plan, option, failure, fallbacks) from failure.error
+        if not can_fall_back or index == len(chain) - 1:
+            raise _no_fallback(plan, option, failure, fallbacks, why) from failure.error
+        fallbacks.append(Fallback(option, failure.phase, failure.problem))
+        logger.warning(
+            "%s: attn_implementation=%s failed at %s (%s); falling back to %s",
+            plan.model,
+            option,
+            failure.phase,
+            failure.problem.rstrip("."),
+            chain[index + 1],
+        )
+
+    applied_plan = _as_applied(plan, chain[index:], fallbacks)
+    device_map = getattr(model, "hf_device_map", None)
+    offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
+    notes = [*plan.warnings, *weight_notes]
+    if offloaded:
+        notes.append(_offload_warning(plan.model, offloaded))
+    for note in notes:
+        _warn_once(note)
+    applied = AppliedPlan(
+        plan=applied_plan,
+        attn_implementation=str(model.config._attn_implementation),
+        dtype=str(model.dtype).removeprefix("torch."),  # transformers: the first floating parameter's
+        device=str(model.device),
+        device_map=dict(device_map) if device_map else None,
+        fallbacks=tuple(fallbacks),
+        offloaded=offloaded,
+        verified=verified,
+        missing_weights=report.missing,
+        unexpected_weights=report.unexpected,
+        timings=timings,
+        warnings=tuple(notes),
+    )
+    model.cudaload_plan = applied
+    logger.info("%s", _summary(applied, type(model).__name__))
+    return model
+
+
+def _summary(applied: AppliedPlan, cls: str) -> str:
+    """The one log line of a load: what was applied, where, and how long it took."""
+    where = applied.device
+    if applied.device_map:
+        places = sorted({f"cuda:{p}" if isinstance(p, int) else str(p) for p in applied.device_map.values()})
+        where = f"device_map {places[0]}" if len(places) == 1 else f"device_map over {', '.join(places)}"
+    fell = f", fell back from {', '.join(f.option for f in applied.fallbacks)}" if applied.fallbacks else ""
+    took = ", ".join(f"{step} {seconds:.2f}s" for step, seconds in applied.timings.items())
+    return (
+        f"loaded {applied.plan.model} as {cls} on {where}: dtype={applied.dtype} attn_implementation="
+        f"{applied.attn_implementation}{fell} ({took})"
+    )

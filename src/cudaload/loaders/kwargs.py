@@ -1,0 +1,80 @@
+"""The plan as from_pretrained takes it: transformers' config objects, and the rank's current CUDA device."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import SettingError
+from ..plans import Plan, mutable
+
+__all__ = ["from_pretrained_kwargs", "set_rank_device"]
+
+
+def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
+    """The plan's from_pretrained keyword arguments as the objects transformers takes: its JSON-ready
+    `kwargs` with a `BitsAndBytesConfig` for a planned quantization and, for tensor parallelism, a
+    `DistributedConfig` where transformers has one. What `load()` passes to from_pretrained (with
+    `output_loading_info=True`); use it to load a plan with transformers yourself.
+
+    Args:
+        plan: A `Plan` from `plan()`.
+
+    Returns:
+        A new dict of from_pretrained keyword arguments (the plan is not changed).
+
+    Raises:
+        SettingError: `plan` is not a Plan.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> a100 = cudaload.Machine.simulated("A100", packages={"bitsandbytes": "0.50.2", "peft": "0.21.2"})
+        >>> plan = cudaload.plan(path, machine=a100, finetune=True, quantize="4bit")
+        >>> plan.kwargs["quantization_config"]["bnb_4bit_quant_type"]
+        'nf4'
+        >>> type(cudaload.from_pretrained_kwargs(plan)["quantization_config"]).__name__
+        'BitsAndBytesConfig'
+    """
+    if not isinstance(plan, Plan):
+        raise SettingError(
+            f"from_pretrained_kwargs() takes a Plan from cudaload.plan(), not {type(plan).__name__} ({plan!r:.60})."
+        )
+    kwargs: dict[str, Any] = mutable(plan.kwargs)  # plain dicts: transformers and accelerate may change what they get
+    quant = kwargs.get("quantization_config")
+    if isinstance(quant, Mapping):
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
+    if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
+        from ..capability.transformers_api import tensor_parallel_argument
+
+        # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
+        if tensor_parallel_argument() == "tp_plan":  # older 5.x: tp_plan= is the API
+            return kwargs
+        from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
+
+        kwargs["distributed_config"] = DistributedConfig(tp_plan=kwargs.pop("tp_plan"))
+    return kwargs
+
+
+def set_rank_device(plan: Plan, set_device: Any = None) -> int | None:
+    """Make the plan's `cuda_device` the current CUDA device before from_pretrained (a quantized FSDP /
+    ZeRO-3 rank: its loader places the weights on `torch.cuda.current_device()`; a pre-quantized checkpoint on
+    mixed GPUs: its quantizer judges the current device); returns the index, or None when the plan has no
+    such decision or this process has no CUDA device of that index (a plan made for another machine: the
+    load then fails, or falls back, on its own terms, never on set_device). `set_device` defaults to
+    `torch.cuda.set_device`, called only when CUDA is there; one you pass is always called."""
+    try:
+        index = int(plan.decision("cuda_device").value)
+    except KeyError:
+        return None
+    if set_device is None:
+        import torch
+
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            return None
+        set_device = torch.cuda.set_device
+    set_device(index)
+    return index

@@ -1,0 +1,188 @@
+"""plan()'s arguments checked and turned into a `Request`, before anything is read."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import (
+    AttentionUnavailableError,
+    DtypeUnsupportedError,
+    FinetuneConfigError,
+    ModelConfigError,
+    PlacementError,
+    QuantizationError,
+    SettingError,
+)
+from ..facts.model import ModelFacts
+from ..request import GenerationRequest, Request, TrainingRequest, check_count, check_flag
+from ..upstream_imports import import_transformers
+
+__all__ = ["split_overrides"]
+
+
+_SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
+
+
+def _check_attention_name(name: str) -> None:
+    """An attention name transformers would take: "eager", one registered in its AttentionInterface
+    (sdpa, flash_attention_N, flex_attention, paged|..., yours), or a Hub kernel repo ("org/repo").
+
+    transformers refuses any other name only inside from_pretrained (`get_correct_attn_implementation`
+    in modeling_utils.py checks `["eager"] + ALL_ATTENTION_FUNCTIONS.valid_keys()`); checked here, a
+    typo fails at plan time with a suggestion instead of after reading the config and weights.
+    """
+    import difflib
+
+    import_transformers()
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
+    if name in known or ("/" in name and name.strip("/") == name and " " not in name):
+        return
+    close = difflib.get_close_matches(name.lower().replace("-", "_"), known, n=1, cutoff=0.6)
+    raise AttentionUnavailableError(
+        f"attn_implementation={name!r} is not an attention implementation transformers knows"
+        + (f": did you mean {close[0]!r}?" if close else ".")
+        + f" Known here: {', '.join(sorted(known))}, or a Hub kernel repo such as 'kernels-community/flash-attn2'; "
+        "leave it unset to let cudaload choose."
+    )
+
+
+def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
+    """Turn from_pretrained-style kwargs into a Request; unknown keys pass through untouched."""
+    rest = dict(overrides)
+    check_flag("use_kernels", rest.get("use_kernels"), allow_none=True)
+    if "trust_remote_code" in rest:
+        check_flag("trust_remote_code", rest["trust_remote_code"], allow_none=False)
+    attn = rest.get("attn_implementation")
+    if attn is not None and not isinstance(attn, str):
+        raise SettingError(
+            f"attn_implementation={attn!r} ({type(attn).__name__}): pass a name such as 'sdpa', 'eager', "
+            "'flash_attention_2' or a Hub kernel repo, or leave it unset."
+        )
+    if attn is not None:
+        _check_attention_name(attn)
+    for flag in ("load_in_8bit", "load_in_4bit"):
+        if flag in rest:
+            bits = flag.removeprefix("load_in_")
+            raise QuantizationError(
+                f"{flag}={rest[flag]!r}: transformers 5 removed from_pretrained's {flag} (it reaches the model's "
+                f"__init__ and fails there). Pass quantization_config=BitsAndBytesConfig({flag}=True) to load "
+                f"quantized, or fine-tune with cudaload.load_for_finetune(model, quantize='{bits}')."
+            )
+    if "device" in rest:
+        raise PlacementError(
+            f"device={rest['device']!r}: from_pretrained has no device argument (it reaches the model's __init__ "
+            "and fails there). cudaload places the model itself; to choose, pass device_map= ('cuda:0', 0, 'cpu' "
+            "or 'auto')."
+        )
+    if "torch_dtype" in rest:  # transformers' old name for dtype
+        if "dtype" in rest:
+            raise DtypeUnsupportedError("Both dtype= and torch_dtype= were given; pass only dtype=.")
+        rest["dtype"] = rest.pop("torch_dtype")
+    known = {k: rest.pop(k) for k in _SETTINGS if k in rest}
+    return Request(**known, passthrough=rest, **extra)
+
+
+def _check_model(model: Any) -> None:
+    if not isinstance(model, (str, os.PathLike, ModelFacts)):
+        import_transformers()
+        from transformers import PretrainedConfig
+
+        if not isinstance(model, PretrainedConfig):
+            raise ModelConfigError(
+                f"plan() takes a local path, a Hub id, a PretrainedConfig or ModelFacts, not "
+                f"{type(model).__name__} ({model!r:.60})."
+            )
+    if isinstance(model, (str, os.PathLike)) and not str(model).strip():
+        raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
+
+
+def _generation_request(
+    generate: bool | None,
+    finetune: bool,
+    context: int | None,
+    cache_implementation: str | None,
+    padding_side: str | None,
+) -> GenerationRequest | None:
+    """What plan()'s generation arguments ask: None for no generation section."""
+    settings = {"context": context, "cache_implementation": cache_implementation, "padding_side": padding_side}
+    if not generate and any(v is not None for v in settings.values()):
+        given = ", ".join(f"{k}={v!r}" for k, v in settings.items() if v is not None)
+        raise SettingError(f"{given} only applies to a generation plan: pass generate=True as well.")
+    if generate and finetune:
+        raise SettingError(
+            "generate=True and finetune=True: a fine-tuning plan trains, it does not plan generation. Plan the "
+            "generation separately (cudaload.plan(model, generate=True))."
+        )
+    if generate is False or finetune:
+        return None
+    return GenerationRequest(generate is True, context, cache_implementation, padding_side)
+
+
+def _training_request(
+    finetune: bool,
+    quantize: str | None,
+    lora: Mapping[str, Any] | None,
+    gradient_checkpointing: bool | None,
+    seq_len: int | None,
+    batch_size: int | None,
+    overrides: Mapping[str, Any],
+) -> TrainingRequest | None:
+    """The fine-tuning section of the request (None for inference, where giving any of it is an error)."""
+    if not finetune:
+        training_only = {
+            "lora": lora,
+            "gradient_checkpointing": gradient_checkpointing,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "quantize": None if quantize == "auto" else quantize,  # None: inference is never quantized by it
+        }
+        if any(v is not None for v in training_only.values()):
+            named = ", ".join(f"{k}={v!r}" for k, v in training_only.items() if v is not None)
+            raise FinetuneConfigError(
+                f"{named} only applies to a fine-tuning plan: pass finetune=True (load_for_finetune() does)"
+                + (
+                    ", or a quantization_config= of your own to quantize for inference."
+                    if training_only["quantize"] is not None
+                    else "."
+                )
+            )
+        return None
+    check_flag("gradient_checkpointing", gradient_checkpointing, allow_none=True)
+    for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
+        check_count(name, value)
+    if quantize is not None and "quantization_config" in overrides:
+        raise QuantizationError(
+            f"Both quantize={quantize!r} and quantization_config= were given. Pass quantize='4bit'/'8bit' to let "
+            "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
+        )
+    own = overrides.get("quantization_config")
+    return TrainingRequest(
+        own_quantization=_bitsandbytes_bits(own) if own is not None else None,
+        quantize=quantize,
+        lora=lora,
+        gradient_checkpointing=True if gradient_checkpointing is None else gradient_checkpointing,
+        seq_len=2048 if seq_len is None else seq_len,
+        batch_size=1 if batch_size is None else batch_size,
+    )
+
+
+def _bitsandbytes_bits(config: Any) -> str:
+    """What a quantization_config you pass does to the weights: "4bit" or "8bit" for a BitsAndBytesConfig
+    (or its dict), "other" for another method. Read by attribute or key, as transformers' own config does."""
+
+    def get(name: str) -> Any:
+        return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
+
+    method = get("quant_method") or "bitsandbytes"
+    method = str(getattr(method, "value", method)).lower()  # transformers' QuantizationMethod is a str enum
+    if method != "bitsandbytes":
+        return "other"
+    if get("load_in_4bit") is True:
+        return "4bit"
+    if get("load_in_8bit") is True:
+        return "8bit"
+    return "other"

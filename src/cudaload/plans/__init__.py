@@ -1,0 +1,41 @@
+"""The Plan: the single contract between the policy (which decides) and the loaders (which apply).
+
+A Plan holds the exact `from_pretrained` keyword arguments (JSON-ready: dtypes as strings,
+quantization as the BitsAndBytesConfig keyword arguments), the attention fallback chain,
+and one Decision per setting: its value, why, and what was rejected and why.
+
+One module per part: decision.py (Decision, Rejected and the read-only, JSON-ready values), sections.py
+(FinetunePlan, GenerationPlan), plan.py (Plan).
+"""
+
+from __future__ import annotations
+
+from .decision import (
+    VALUE_WIDTH,
+    Decision,
+    DecisionSource,
+    ReadOnlyDict,
+    Rejected,
+    decision_lines,
+    jsonable,
+    mutable,
+    read_only,
+)
+from .plan import Plan
+from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
+
+__all__ = [
+    "VALUE_WIDTH",
+    "Decision",
+    "DecisionSource",
+    "FinetunePlan",
+    "GenerationPlan",
+    "Plan",
+    "ReadOnlyDict",
+    "Rejected",
+    "TokenizerPlan",
+    "decision_lines",
+    "jsonable",
+    "mutable",
+    "read_only",
+]

@@ -1,0 +1,196 @@
+"""`Plan`: the from_pretrained keyword arguments, the attention fallback chain and one Decision per setting."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .decision import Decision, ReadOnlyDict, decision_lines, jsonable, read_only
+from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
+
+__all__ = ["Plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `plan()` decided: the exact from_pretrained keyword arguments and the reason for each.
+
+    A Plan loads nothing; pass it to `load()` (or read `load()`'s `model.cudaload_plan.plan`).
+    It is frozen and JSON-ready (`to_dict()`, `to_json()`); `explain()` (also `str(plan)`) prints
+    one line per setting with its reason and the rejected options below it.
+
+    Attributes:
+        model: The model as given (local path or Hub id; for a PretrainedConfig its name).
+        machine: One line describing the machine planned for (`Machine.describe()`).
+        kwargs: The `from_pretrained` keyword arguments, JSON-ready (dtype as a string,
+            quantization as BitsAndBytesConfig arguments); `cudaload.from_pretrained_kwargs(plan)`
+            gives the objects transformers takes.
+        attention_chain: Attention implementations to try in order; the first is the choice,
+            the rest are what `load()` falls back to.
+        decisions: One `Decision` per setting.
+        warnings: Settings that work but cost you (load() issues each as a CudaloadWarning).
+        explicit: Settings the caller set: they never fall back.
+        model_class: The model's class as transformers resolves it (e.g. "Qwen3ForCausalLM").
+        auto_class: The transformers Auto class it loads through (e.g. "AutoModelForCausalLM");
+            `load(plan)` uses it.
+        parameters: The model's parameter count (tied weights once); None when unknown.
+        weight_bytes: The weights' size in memory as planned (dtype and quantization applied).
+        finetune: The fine-tuning section (`FinetunePlan`); None for inference plans.
+        timings: Seconds spent planning on measurements: "probe" when the CPU dtype probe ran
+            (not cached).
+        generation: Generation settings (`GenerationPlan`); None for plans that do not generate
+            (fine-tuning, encoders, `generate=False`).
+        generation_fallbacks: The generation section decided for each later link of the
+            attention chain, as (attention, GenerationPlan) pairs: `load()` takes the one of the
+            attention it really applied (`generation_for`); not part of the plan's value
+            (equality, hash, `to_dict()`).
+        tokenizer: How the model's tokenizer is set up (`TokenizerPlan`); not part of the plan's value.
+        hub_code: The caller consented to Hub code when planning (hub_kernels=True or
+            use_kernels=True); not part of the plan's value.
+        assumed_packages: For a simulated machine, the packages planned with and where they come
+            from (`Software.assumed`: "as installed here", or the defaults, and what you changed);
+            None for this machine.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> plan = cudaload.plan(path, machine=cudaload.Machine.simulated("A100"))
+        >>> plan.kwargs
+        {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0'}
+        >>> plan.attention_chain, plan.machine
+        (('sdpa', 'eager'), '1x NVIDIA A100-SXM4-80GB (sm_80)')
+        >>> print(plan.explain().splitlines()[1].split()[:3])  # a simulated machine: its packages
+        ['simulated', "machine's", 'packages,']
+        >>> print(plan.explain().splitlines()[2].split())  # doctest: +ELLIPSIS
+        ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:', ...]
+    """
+
+    model: str
+    machine: str
+    """One line describing the machine planned for."""
+    kwargs: Mapping[str, Any]
+    """The `from_pretrained` keyword arguments, JSON-ready."""
+    attention_chain: tuple[str, ...]
+    """Attention implementations to try in order; the first is the choice."""
+    decisions: tuple[Decision, ...]
+    warnings: tuple[str, ...] = ()
+    explicit: frozenset[str] = frozenset()
+    """Settings the caller set: they never fall back."""
+    model_class: str = "AutoModelForCausalLM"
+    auto_class: str = "AutoModelForCausalLM"
+    parameters: int | None = None
+    weight_bytes: int | None = None
+    finetune: FinetunePlan | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds spent planning on measurements: "probe" when the CPU dtype probe ran (not cached)."""
+    generation: GenerationPlan | None = None
+    """Generation settings (KV cache, batch x context that fits, cache implementation, compile,
+    padding side), each a Decision; None for plans that do not generate (fine-tuning, encoders)."""
+    assumed_packages: str | None = None
+    """For a simulated machine, its packages and where they come from; None for a detected machine."""
+    generation_fallbacks: tuple[tuple[str, GenerationPlan], ...] = field(default=(), compare=False, repr=False)
+    """The generation section the policy decided for each later link of `attention_chain` (not part of
+    the plan's value, not in `to_dict()`): `load()` selects the one of the attention it applied. A plan
+    rebuilt without them (e.g. from its JSON) keeps `generation` whatever it falls back to."""
+    tokenizer: TokenizerPlan | None = field(default=None, compare=False, repr=False)
+    """How the model's tokenizer is set up (padding sides, pad token), applied by `tokenizer_for()`; not part
+    of the plan's value, not in `to_dict()`. None for a plan rebuilt without it (e.g. from its JSON)."""
+    hub_code: bool = field(default=False, compare=False, repr=False)
+    """The caller consented to Hub code (hub_kernels=True or use_kernels=True) when planning; a plan
+    rebuilt without it (e.g. from its JSON) carries no consent beyond its kwargs."""
+
+    def __post_init__(self) -> None:
+        # Frozen means frozen: kwargs is what load() applies, so it must not change behind the decisions.
+        if not isinstance(self.kwargs, ReadOnlyDict):
+            object.__setattr__(self, "kwargs", read_only(self.kwargs))
+
+    def __hash__(self) -> int:  # kwargs is a dict: hash the plan's JSON value, which equality agrees with
+        return hash(self.to_json())
+
+    def decision(self, setting: str) -> Decision:
+        """The Decision for `setting` (e.g. "dtype"); KeyError when the plan has none."""
+        for d in self.decisions:
+            if d.setting == setting:
+                return d
+        raise KeyError(setting)
+
+    @property
+    def attn_implementation(self) -> str:
+        return str(self.kwargs["attn_implementation"])
+
+    @property
+    def dtype(self) -> str:
+        return str(self.kwargs["dtype"])
+
+    @property
+    def extras(self) -> dict[str, Any]:
+        """The plan's facts that are not from_pretrained kwargs, as one JSON-ready dict (the
+        "extras" of `to_dict()`): "parameters", "model_class", "weight_bytes", and for a
+        fine-tuning plan the `FinetunePlan` keys ("lora", "training_arguments",
+        "memory_estimate", "gradient_checkpointing", after loading "trainable_parameters").
+        Read the typed attributes in code; this is the stable JSON view."""
+        out: dict[str, Any] = {"parameters": self.parameters, "model_class": self.model_class}
+        if self.finetune is not None:
+            out |= self.finetune.to_dict()
+        if self.weight_bytes is not None:
+            out["weight_bytes"] = self.weight_bytes
+        return out
+
+    def generation_for(self, attention: str) -> GenerationPlan | None:
+        """The generation section for `attention`: `generation` for the first link of the chain, the
+        policy's own entry for a later link (`generation_fallbacks`), else `generation` unchanged."""
+        if attention == self.kwargs.get("attn_implementation"):
+            return self.generation
+        return dict(self.generation_fallbacks).get(attention, self.generation)
+
+    def with_attention(self, implementation: str) -> Plan:
+        """This plan with another attention implementation (used when falling back)."""
+        return replace(self, kwargs={**self.kwargs, "attn_implementation": implementation})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "machine": self.machine,
+            "kwargs": jsonable(self.kwargs),
+            "attention_chain": list(self.attention_chain),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "warnings": list(self.warnings),
+            "extras": jsonable(self.extras),
+            "timings": dict(self.timings),
+            "generation": self.generation.to_dict() if self.generation is not None else None,
+            "assumed_packages": self.assumed_packages,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def explain(self) -> str:
+        """A short table: one line per setting with its reason, rejected options indented below."""
+        lines = [f"cudaload plan for {self.model} on {self.machine}"]
+        if self.assumed_packages is not None:
+            lines.append(f"  simulated machine's packages, {self.assumed_packages}")
+        lines += decision_lines(self.decisions)
+        estimate = self.finetune.memory_estimate if self.finetune is not None else None
+        if estimate:
+            assumes = estimate["assumes"]
+            lines.append(
+                f"  training memory estimate (seq_len {assumes['seq_len']}, batch {assumes['batch_size']}, "
+                f"checkpointing {'on' if assumes['gradient_checkpointing'] else 'off'}):"
+            )
+            for option, parts in estimate.items():
+                if option != "assumes":
+                    detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items() if k != "total")
+                    lines.append(f"    {option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})")
+        if len(self.attention_chain) > 1:
+            lines.append(f"  attention fallback chain: {' -> '.join(self.attention_chain)}")
+        if self.generation is not None:
+            lines += self.generation.explain_lines()
+        for warning in self.warnings:
+            lines.append(f"  WARNING: {warning}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()

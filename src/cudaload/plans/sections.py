@@ -1,0 +1,214 @@
+"""The sections of a Plan: `FinetunePlan` (what load_for_finetune() applies) and `GenerationPlan` (the
+generation settings), each JSON-ready."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..facts.dtypes import BYTES
+from ..facts.kv_cache import GenerationFacts
+from .decision import Decision, decision_lines, jsonable
+
+__all__ = ["FinetunePlan", "GenerationPlan", "TokenizerPlan"]
+
+
+@dataclass(frozen=True)
+class FinetunePlan:
+    """The fine-tuning section of a Plan (`plan.finetune`): what `load_for_finetune()` applies.
+
+    Attributes:
+        lora: `peft.LoraConfig` keyword arguments (the "lora" decision's value).
+        training_arguments: `TrainingArguments` keyword arguments (`training_arguments()` returns
+            them, with yours on top).
+        memory_estimate: The training-memory estimate per quantization option ("16bit", "4bit",
+            "8bit"; each a dict of bytes with a "total"), and under "assumes" the sequence length,
+            batch size and checkpointing it assumes.
+        gradient_checkpointing: Activation checkpointing is on.
+        checkpointing_kwargs: The keyword arguments checkpointing is enabled with on the model
+            (the planned `..._checkpointing_kwargs` training argument).
+        use_cache: The model's `config.use_cache` while training (the "use_cache" decision).
+        trainable_parameters: The adapters' parameter count, known once `load_for_finetune()`
+            has added them; None in a plan that loaded nothing.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> a100 = cudaload.Machine.simulated("A100")
+        >>> section = cudaload.plan(path, machine=a100, finetune=True).finetune
+        >>> section.lora["r"], section.gradient_checkpointing, section.checkpointing_kwargs, section.use_cache
+        (16, True, {'use_reentrant': False}, False)
+        >>> section.training_arguments["bf16"], section.trainable_parameters
+        (True, None)
+        >>> cudaload.plan(path, machine=a100).finetune is None  # an inference plan has no section
+        True
+    """
+
+    lora: Mapping[str, Any]
+    training_arguments: Mapping[str, Any]
+    memory_estimate: Mapping[str, Any]
+    gradient_checkpointing: bool
+    checkpointing_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    use_cache: bool = False
+    trainable_parameters: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The section as the fine-tuning keys of `Plan.to_dict()["extras"]` (stable since 0.1)."""
+        out: dict[str, Any] = {
+            "lora": jsonable(self.lora),
+            "training_arguments": jsonable(self.training_arguments),
+            "memory_estimate": jsonable(self.memory_estimate),
+            "gradient_checkpointing": self.gradient_checkpointing,
+        }
+        if self.trainable_parameters is not None:
+            out["trainable_parameters"] = self.trainable_parameters
+        return out
+
+
+@dataclass(frozen=True)
+class GenerationPlan:
+    """The generation settings of a Plan (`plan.generation`), each a Decision with its reason.
+
+    - `generate_kwargs`: what to pass to `model.generate(...)` to get the planned cache (empty when
+      transformers' own default is the plan).
+    - `padding_side`: the tokenizer padding side for batched inputs ("left" for decoder-only).
+    - `kv_bytes_per_token`, `max_batch`, `max_context`: the KV-cache arithmetic behind the decisions.
+
+    Built by `plan(..., generate=True)` (and by `load()` for a causal or seq2seq LM; the policy
+    decides one for each link of the attention chain, and after a fallback `load()` keeps the one
+    of the attention really applied); `explain()`
+    shows its decisions.
+
+    Attributes:
+        decisions: One `Decision` per generation setting: "generation.kv_cache",
+            "generation.max_batch", "generation.cache_implementation", "generation.compile",
+            "generation.continuous_batching", "generation.padding_side".
+        generate_kwargs: What to pass to `model.generate(...)` to get the planned cache (e.g.
+            `{"cache_implementation": "static"}`); empty when transformers' own default is the plan.
+        padding_side: The tokenizer padding side for batched inputs: "left" for decoder-only
+            models, "right" for encoder-decoder ones, or yours (`tokenizer_for()` follows it).
+        cache_implementation: The planned cache: "dynamic", "static", "offloaded",
+            "offloaded_static", "quantized" (yours, or the checkpoint's generation_config), or
+            None when the model builds its own cache.
+        compile: generate() will torch.compile the forward (upstream's `_valid_auto_compile_criteria`).
+        context: The context (prompt + new tokens) `max_batch` is computed for.
+        kv_bytes_per_token: Bytes one token of one sequence adds to the KV cache, all caching
+            layers (within windows).
+        max_batch: Sequences of `context` tokens whose KV cache fits in the budget; None when
+            memory is unknown.
+        max_context: The longest single sequence whose KV cache fits (capped at the model's max
+            positions); None when memory is unknown.
+        budget_bytes: Bytes the KV cache may use: a share of the GPU memory (or, on a CPU, the
+            RAM) left beside the weights; None when unknown.
+        dtype: The dtype the KV cache is sized in (the model's).
+        facts: The model's generation facts (KV layout, max positions) the decisions used.
+        warnings: Generation settings that work but cost you (also shown by the plan's explain()).
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> h100 = cudaload.Machine.simulated("H100")
+        >>> generation = cudaload.plan(path, machine=h100, generate=True, workload="decode-heavy").generation
+        >>> generation.cache_implementation, generation.compile, generation.generate_kwargs
+        ('static', True, {'cache_implementation': 'static'})
+        >>> generation.kv_bytes_per_token, generation.max_context  # 2 layers x K+V x 2 kv heads x 16 x 2 bytes
+        (256, 256)
+        >>> generation.decision("generation.padding_side").value
+        'left'
+    """
+
+    decisions: tuple[Decision, ...]
+    generate_kwargs: Mapping[str, Any]
+    padding_side: str
+    cache_implementation: str | None
+    compile: bool
+    """generate() will torch.compile the forward (upstream's `_valid_auto_compile_criteria`)."""
+    context: int
+    """The context (prompt + new tokens) `max_batch` is computed for."""
+    kv_bytes_per_token: int
+    """Bytes one token of one sequence adds to the KV cache, all caching layers (within windows)."""
+    max_batch: int | None
+    """Sequences of `context` tokens whose KV cache fits in the budget; None when memory is unknown."""
+    max_context: int | None
+    """The longest single sequence whose KV cache fits (capped at the model's max positions)."""
+    budget_bytes: int | None
+    dtype: str
+    facts: GenerationFacts
+    warnings: tuple[str, ...] = ()
+
+    def decision(self, setting: str) -> Decision:
+        for d in self.decisions:
+            if d.setting == setting:
+                return d
+        raise KeyError(setting)
+
+    def kv_cache_bytes(self, batch: int, context: int) -> int:
+        """KV-cache bytes for `batch` sequences of `context` tokens in the plan's dtype."""
+        return self.facts.kv_bytes(batch, context, BYTES.get(self.dtype, 4))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "generate_kwargs": jsonable(self.generate_kwargs),
+            "padding_side": self.padding_side,
+            "cache_implementation": self.cache_implementation,
+            "compile": self.compile,
+            "context": self.context,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "max_batch": self.max_batch,
+            "max_context": self.max_context,
+            "budget_bytes": self.budget_bytes,
+            "dtype": self.dtype,
+            "layers": [
+                {
+                    "layer_type": g.layer_type,
+                    "count": g.count,
+                    "elements_per_token": g.elements_per_token,
+                    "window": g.window,
+                }
+                for g in self.facts.layers
+            ],
+            "decisions": [d.to_dict() for d in self.decisions],
+            "warnings": list(self.warnings),
+        }
+
+    def explain_lines(self) -> list[str]:
+        """The generation block of `Plan.explain()`."""
+        lines = [f"  generation (context {self.context} tokens):"]
+        lines += decision_lines(self.decisions, indent="    ", mark_yours=True)
+        lines += [f"    WARNING: {w}" for w in self.warnings]
+        return lines
+
+    def __str__(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+@dataclass(frozen=True)
+class TokenizerPlan:
+    """How the model's tokenizer is set up (`Plan.tokenizer`), each a Decision: `tokenizer_for()` applies it.
+
+    Attributes:
+        padding_side: The padding side for inference: "left" for a generating model (the generation
+            section's decision when the plan has one), None for another model (the tokenizer's own).
+        training_padding_side: The padding side for training ("right").
+        pad_token: What pads when the tokenizer has no pad token ("eos").
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> tokenizer = cudaload.plan(build_tiny_model(tempfile.mkdtemp())).tokenizer
+        >>> tokenizer.side(training=False), tokenizer.side(training=True), tokenizer.pad_token.value
+        ('left', 'right', 'eos')
+    """
+
+    padding_side: Decision
+    training_padding_side: Decision
+    pad_token: Decision
+
+    def side(self, training: bool) -> str | None:
+        """The padding side to set: for training or inference; None keeps the tokenizer's own."""
+        value = (self.training_padding_side if training else self.padding_side).value
+        return None if value is None else str(value)
