@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from ..upstream import version_at_least
 from .catalog import CatalogGpu, lookup_gpu
 
 __all__ = [
@@ -169,6 +170,12 @@ class Software:
 
     def has(self, dist: str) -> bool:
         return self.version(dist) is not None
+
+    def at_least(self, dist: str, minimum: str) -> bool:
+        """`dist` is installed at `minimum` or newer (PEP 440); False when it is missing or its version
+        does not parse. A bare "X.Y.dev0" minimum admits every X.Y release, pre-releases included."""
+        version = self.version(dist)
+        return version is not None and version_at_least(version, minimum)
 
 
 @dataclass(frozen=True)

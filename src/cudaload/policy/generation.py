@@ -34,7 +34,7 @@ from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision, GenerationPlan, Rejected
 from ..request import Workload, check_padding_side
-from ..upstream import COMPILEABLE_QUANT_METHODS, version_at_least
+from ..upstream import COMPILEABLE_QUANT_METHODS
 from .attention import is_flash_attention
 from .devices import gpu_indices
 from .fit import format_bytes
@@ -196,7 +196,7 @@ def _cache_decision(
 
 
 def _transformers_at_least(machine: Machine, minimum: str) -> bool:
-    return version_at_least(machine.software.version("transformers") or "0", minimum)
+    return machine.software.at_least("transformers", minimum)
 
 
 def _not_modelled(facts: GenerationFacts, cache: Decision, max_batch: int | None) -> list[str]:

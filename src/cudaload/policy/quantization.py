@@ -5,15 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from ..errors import MissingPackageError, QuantizationError, install_hint
 from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.stored_weights import CheckpointQuantization
 from ..plans import Decision, Rejected
-from ..upstream import version_at_least
 from .fit import TRAINING_SHARE, format_bytes, judge_fit, pinned_gpu
 from .kernels import kernels_status
 from .memory import TrainingMemory
@@ -28,14 +25,14 @@ __all__ = [
 
 QUANTIZE_CHOICES = ("4bit", "8bit", "auto", None)
 # bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
-BNB_CPU_SINCE = Version("0.48.0")
+BNB_CPU_SINCE = "0.48.0"
 
 
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
     version = machine.software.version("bitsandbytes")
     if version is None:
         return False, f"bitsandbytes is not installed ({install_hint('bitsandbytes')})"
-    if not machine.gpus and Version(version) < BNB_CPU_SINCE:
+    if not machine.gpus and not machine.software.at_least("bitsandbytes", BNB_CPU_SINCE):
         return False, f"bitsandbytes {version} has no CPU backend (0.48+ has one); this machine has no CUDA GPU"
     return True, f"bitsandbytes {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
 
@@ -214,23 +211,20 @@ def _auto_quantize(
 
 # transformers 5.22.2 dequantizes MXFP4 when use_kernels=True on CUDA and requires it on the CPU
 # (quantizer_mxfp4.py:171-184); 5.25.0 dropped both rules (5.23/5.24 not checked: treated as 5.22).
-MXFP4_USE_KERNELS_RULE_UNTIL = Version("5.25.0")
+MXFP4_USE_KERNELS_RULE_UNTIL = "5.25.0"
 
 
 def _at_least(machine: Machine, dist: str, minimum: str) -> tuple[bool, str]:
     version = machine.software.version(dist)
     if version is None:
         return False, f"{dist} is not installed"
-    ok = version_at_least(version, minimum)
+    ok = machine.software.at_least(dist, minimum)
     return ok, f"{dist} {version}" + ("" if ok else f" is older than {minimum}")
 
 
-def _transformers_before(machine: Machine, version: Version) -> bool:
-    installed = machine.software.version("transformers")
-    try:
-        return installed is None or Version(installed) < version
-    except InvalidVersion:
-        return True
+def _transformers_before(machine: Machine, version: str) -> bool:
+    """transformers is older than `version`, or missing, or its version does not parse."""
+    return not machine.software.at_least("transformers", version)
 
 
 def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
