@@ -4,7 +4,15 @@ its table alone is planned, with no edit elsewhere."""
 
 from __future__ import annotations
 
-from cudaload.facts.machine import Software
+import importlib
+from pathlib import Path
+
+import pytest
+
+import cudaload
+from cudaload.errors import INSTALLED_BY, MissingPackageError, QuantizationError
+from cudaload.facts.machine import Machine, Software
+from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod
 
 
 def test_at_least_compares_installed_versions_by_pep440() -> None:
@@ -16,3 +24,73 @@ def test_at_least_compares_installed_versions_by_pep440() -> None:
     # A ".dev0" minimum admits the minor's pre-releases (the rule "release >= (5, 23)" it replaces).
     assert software.at_least("transformers", "5.23.dev0")
     assert not software.at_least("transformers", "5.23.0")
+
+
+# --- a quantization method is one record ----------------------------------------------------------
+
+
+def _fake_int8() -> QuantMethod:
+    return QuantMethod(
+        choice="int8_fake",
+        summary="'int8_fake'",
+        detail="a made-up int8 method in {dtype}",
+        package="torchao",
+        quant_method="torchao",
+        config_class="FakeQuantConfig",
+        cpu_since=None,
+        bits_per_weight=8,
+        row_scale_bytes=0,
+        saves_input=False,
+        optimizer=("adamw_torch", "the fake method's own optimizer"),
+        auto=False,
+        build=lambda dtype, shards: {"quant_type": "int8_weight_only", "dtype": dtype},
+    )
+
+
+def test_a_registered_quantization_method_is_planned_with_no_edit_elsewhere(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake_int8()
+    monkeypatch.setitem(QUANT_METHODS, fake.choice, fake)
+    monkeypatch.setitem(INSTALLED_BY, "torchao", "finetune")  # its install hint: a new package's one line
+    a100 = Machine.simulated("A100", packages={"torchao": "0.14.0", "peft": "0.21.2", "bitsandbytes": None})
+    plan = cudaload.plan(str(tiny_models["qwen3"]), machine=a100, finetune=True, quantize="int8_fake")
+
+    assert plan.decision("quantize").value == "int8_fake"
+    assert plan.decision("quantize").reason == "your choice: a made-up int8 method in bfloat16"
+    assert plan.kwargs["quantization_config"] == {"quant_type": "int8_weight_only", "dtype": "bfloat16"}
+    assert plan.decision("training.optim").value == "adamw_torch"
+    # The memory estimate sizes each method from its record: int8 linears, the rest in bf16.
+    assert plan.finetune is not None and "int8_fake" in plan.finetune.memory_estimate
+    facts = cudaload.read_model_facts(str(tiny_models["qwen3"]))
+    expected = facts.linear_parameters + (facts.parameters - facts.linear_parameters) * 2
+    assert plan.weight_bytes == expected
+    # The loader builds the record's config class from the plan's keyword arguments.
+    # (transformers as imported now: a fixture may have dropped the module this file imported)
+    monkeypatch.setattr(
+        importlib.import_module("transformers"), "FakeQuantConfig", lambda **kw: ("built", kw), raising=False
+    )
+    built = cudaload.from_pretrained_kwargs(plan)["quantization_config"]
+    assert built == ("built", {"quant_type": "int8_weight_only", "dtype": "bfloat16"})
+    # A method whose package is missing is refused by its own record's status.
+    with pytest.raises(MissingPackageError, match="torchao is not installed"):
+        cudaload.plan(
+            str(tiny_models["qwen3"]),
+            machine=Machine.simulated("A100", packages={"torchao": None, "peft": "0.21.2"}),
+            finetune=True,
+            quantize="int8_fake",
+        )
+    # The CLI offers it.
+    assert "int8_fake" in _quantize_choices_of_cli()
+
+
+def _quantize_choices_of_cli() -> list[str]:
+    from cudaload.cli import _parser
+
+    plan = next(a for a in _parser()._actions if a.dest == "command").choices["plan"]  # type: ignore[union-attr]
+    return list(next(a for a in plan._actions if a.dest == "quantize").choices)
+
+
+def test_an_unknown_quantize_lists_the_registered_methods(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(QuantizationError, match=r"Use '4bit' \(QLoRA\), '8bit', None \(no quantization\) or 'auto'"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated("A100"), finetune=True, quantize="2bit")

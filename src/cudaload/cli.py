@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from .errors import CudaloadError, MissingPackageError
 from .facts.machine import DtypeProbe, Launch, Machine
+from .facts.quant_methods import QUANT_METHODS
 from .plans import jsonable
 
 __all__ = ["main"]
@@ -340,8 +341,8 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
     plan.add_argument(
         "--quantize",
-        choices=["4bit", "8bit", "none", "auto"],
-        help="with --finetune: 4bit, 8bit, none or auto (default)",
+        choices=[*QUANT_METHODS, "none", "auto"],
+        help=f"with --finetune: {', '.join(QUANT_METHODS)}, none or auto (default)",
     )
     plan.add_argument(
         "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"

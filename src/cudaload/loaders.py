@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .errors import CudaloadError, CudaloadWarning, LoadFailedError, ModelConfigError, SettingError, describe_error
+from .facts.quant_methods import DEFAULT_CONFIG_CLASS, config_method
 from .plans import Decision, Plan, Rejected, mutable
 from .upstream import FLASH_OPTIONS, attention_kind
 
@@ -464,9 +465,11 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
     kwargs: dict[str, Any] = mutable(plan.kwargs)  # plain dicts: transformers and accelerate may change what they get
     quant = kwargs.get("quantization_config")
     if isinstance(quant, Mapping):
-        from transformers import BitsAndBytesConfig
+        import transformers
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
+        method = config_method(plan.decisions)  # the record's data; the real config object is built here
+        config_class = getattr(transformers, method.config_class if method else DEFAULT_CONFIG_CLASS)
+        kwargs["quantization_config"] = config_class(**quant)
     if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
         # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
         try:

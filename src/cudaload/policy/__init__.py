@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention
@@ -95,8 +96,8 @@ def decide_plan_generation(machine: Machine, model: ModelFacts, plan: Plan, requ
         attention=plan.attn_implementation,
         weight_bytes=plan.weight_bytes or 0,
         device_map=plan.kwargs.get("device_map"),
-        # cudaload quantizes through bitsandbytes; a pre-quantized checkpoint by its own method
-        quantized="bitsandbytes" if "quantization_config" in plan.kwargs else model.quantized,
+        # cudaload quantizes by a method of facts/quant_methods.py; a pre-quantized checkpoint by its own
+        quantized=_planned_quant_method(plan) if "quantization_config" in plan.kwargs else model.quantized,
         workload=request.workload,
         context=wanted.context,
         cache_implementation=wanted.cache_implementation,
@@ -205,7 +206,7 @@ def _finetune_section(
     dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     lora, lora_config = decide_lora(model, training.lora)
     # A quantized checkpoint is trained as stored ("checkpoint") or dequantized (None), never requantized.
-    options = (None, "4bit", "8bit") if checkpoint is None else (None if dequantized_to else "checkpoint",)
+    options = (None, *QUANT_METHODS) if checkpoint is None else (None if dequantized_to else "checkpoint",)
     estimates = {
         q: estimate_training_memory(
             model,
@@ -225,7 +226,7 @@ def _finetune_section(
         machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
     arguments, training_args = decide_training_arguments(
-        judged, dtype, quant.value is not None, training.gradient_checkpointing
+        judged, dtype, quant.value or False, training.gradient_checkpointing
     )
     warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype))
     use_cache = _training_cache(training.gradient_checkpointing)
@@ -316,6 +317,12 @@ def _placement_section(
         reason = f"{percent(HEADROOM)} of each device's free memory (total memory when free is unknown)"
         decisions.append(Decision("max_memory", max_memory, reason))
     return _Placement(tuple(decisions), kwargs, tuple(warnings))
+
+
+def _planned_quant_method(plan: Plan) -> str:
+    """transformers' `quant_method` of the quantization_config in the plan (bitsandbytes for a dict of yours)."""
+    method = config_method(plan.decisions)
+    return method.quant_method if method is not None else DEFAULT_QUANT_METHOD
 
 
 def _asks_dequantize(passthrough: Mapping[str, Any]) -> bool:

@@ -1,4 +1,5 @@
-"""quantization_config for fine-tuning: 4-bit nf4 (QLoRA), 8-bit, none, or "auto"."""
+"""quantization_config for fine-tuning: a method of facts/quant_methods.py (4-bit nf4 QLoRA, 8-bit), none,
+or "auto"."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from ..errors import MissingPackageError, QuantizationError, install_hint
 from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..facts.quant_methods import QUANT_METHODS, QuantMethod, quantize_choices
 from ..facts.stored_weights import CheckpointQuantization
 from ..plans import Decision, Rejected
 from .fit import TRAINING_SHARE, format_bytes, judge_fit, pinned_gpu
@@ -16,42 +18,37 @@ from .kernels import kernels_status
 from .memory import TrainingMemory
 
 __all__ = [
-    "QUANTIZE_CHOICES",
     "CheckpointPlan",
     "bitsandbytes_status",
     "decide_checkpoint_quantization",
     "decide_quantization",
+    "method_status",
 ]
 
-QUANTIZE_CHOICES = ("4bit", "8bit", "auto", None)
-# bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
-BNB_CPU_SINCE = "0.48.0"
+
+def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
+    """(usable, why): is the package that runs `method` installed, with a backend for this machine?"""
+    package = method.package
+    version = machine.software.version(package)
+    if version is None:
+        return False, f"{package} is not installed ({install_hint(package)})"
+    if not machine.gpus and not (method.cpu_since and machine.software.at_least(package, method.cpu_since)):
+        since = f" ({method.cpu_since.removesuffix('.0')}+ has one)" if method.cpu_since else ""
+        return False, f"{package} {version} has no CPU backend{since}; this machine has no CUDA GPU"
+    return True, f"{package} {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
 
 
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
-    version = machine.software.version("bitsandbytes")
-    if version is None:
-        return False, f"bitsandbytes is not installed ({install_hint('bitsandbytes')})"
-    if not machine.gpus and not machine.software.at_least("bitsandbytes", BNB_CPU_SINCE):
-        return False, f"bitsandbytes {version} has no CPU backend (0.48+ has one); this machine has no CUDA GPU"
-    return True, f"bitsandbytes {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
+    """`method_status` of the bitsandbytes methods (they share package and backends)."""
+    return method_status(machine, _by_quant_method("bitsandbytes"))
 
 
-def _config(quantize: str, dtype: str, machine: Machine) -> dict[str, Any]:
-    if quantize == "8bit":
-        return {"load_in_8bit": True}
-    # FSDP and DeepSpeed ZeRO-3 shard the packed 4-bit weights with the rest only when they are stored
-    # in a float dtype, the compute dtype: peft docs/source/accelerate/deepspeed.md ("Use PEFT QLoRA and
-    # DeepSpeed with ZeRO3": `bnb_4bit_quant_storage=quant_storage_dtype`, "`dtype` for
-    # `AutoModelForCausalLM` is same as the `bnb_4bit_quant_storage` data type") and fsdp.md (FSDP-QLoRA).
-    storage = dtype if machine.launch.shards_parameters else "uint8"
-    return {
-        "load_in_4bit": True,
-        "bnb_4bit_quant_type": "nf4",
-        "bnb_4bit_use_double_quant": True,
-        "bnb_4bit_compute_dtype": dtype,
-        "bnb_4bit_quant_storage": storage,
-    }
+def _by_quant_method(quant_method: str) -> QuantMethod:
+    return next(m for m in QUANT_METHODS.values() if m.quant_method == quant_method)
+
+
+def _config(method: QuantMethod, dtype: str, machine: Machine) -> dict[str, Any]:
+    return method.build(dtype, machine.launch.shards_parameters)
 
 
 def decide_quantization(
@@ -71,40 +68,38 @@ def decide_quantization(
     used ("checkpoint"), never stacked with another.
 
     "auto" asks fit.py's `judge_fit`, as placement does: the same GPU and budget for both."""
-    if requested not in QUANTIZE_CHOICES:
+    if requested not in quantize_choices():
+        methods = ", ".join(m.summary for m in QUANT_METHODS.values())
         raise QuantizationError(
-            f"quantize={requested!r} is not a choice. Use '4bit' (QLoRA), '8bit', None (no quantization) "
+            f"quantize={requested!r} is not a choice. Use {methods}, None (no quantization) "
             "or 'auto' (4-bit only when 16-bit LoRA would not fit)."
         )
     if checkpoint is not None:
         return _checkpoint_quantize(model, requested, checkpoint), None, ()
-    if model.quantized is not None and requested in ("4bit", "8bit"):  # ModelFacts built without `quantization`
+    if model.quantized is not None and requested in QUANT_METHODS:  # ModelFacts built without `quantization`
         raise QuantizationError(
             f"quantize={requested!r} was asked, but {model.source} is already quantized ({model.quantized}). "
             "Pass quantize='auto' (the default) or None to fine-tune it as it is."
         )
-    usable, why = bitsandbytes_status(machine)
-    if requested in ("4bit", "8bit"):
+    if requested in QUANT_METHODS:
+        method = QUANT_METHODS[requested]
+        usable, why = method_status(machine, method)
         if not usable:
             raise MissingPackageError(f"quantize={requested!r} was asked, but {why}.")
-        detail = (
-            f"nf4 + double quant, compute dtype = the plan's dtype ({dtype}), not BitsAndBytesConfig's default"
-            if requested == "4bit"
-            else "LLM.int8"
-        )
         return (
-            Decision("quantize", requested, f"your choice: {detail}", source="user"),
-            _config(requested, dtype, machine),
+            Decision("quantize", requested, f"your choice: {method.detail.format(dtype=dtype)}", source="user"),
+            _config(method, dtype, machine),
             (),
         )
-    if requested is None and own in ("4bit", "8bit"):
+    if requested is None and own in QUANT_METHODS:
         # Your quantization_config quantizes the base (passed to from_pretrained as you gave it): the estimate,
         # the placement and the optimizer must follow it, not "full precision".
         return (
             Decision(
                 "quantize",
                 own,
-                f"your quantization_config: bitsandbytes {own} base weights (passed to from_pretrained as given); "
+                f"your quantization_config: {QUANT_METHODS[own].package} {own} base weights (passed to "
+                "from_pretrained as given); "
                 f"the memory estimate, placement and optimizer follow it",
                 source="user",
             ),
@@ -125,7 +120,7 @@ def decide_quantization(
         )
     if requested is None:
         return Decision("quantize", None, "your choice: full-precision base weights", source="user"), None, ()
-    return _auto_quantize(machine, dtype, estimates, device_map, usable, why)
+    return _auto_quantize(machine, dtype, estimates, device_map)
 
 
 def _auto_quantize(
@@ -133,18 +128,18 @@ def _auto_quantize(
     dtype: str,
     estimates: dict[str | None, TrainingMemory],
     device_map: Any,
-    usable: bool,
-    why: str,
 ) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
-    """quantize="auto": 4-bit only when 16-bit LoRA does not fit the GPU (`usable`, `why`: bitsandbytes)."""
-    plain, four = estimates[None], estimates["4bit"]
+    """quantize="auto": the `auto` method (4-bit) only when 16-bit LoRA does not fit the GPU."""
+    method = next(m for m in QUANT_METHODS.values() if m.auto)
+    usable, why = method_status(machine, method)
+    plain, four = estimates[None], estimates[method.choice]
     if not machine.gpus:
         return (
             Decision(
                 "quantize",
                 None,
                 "no GPU: the weights live in RAM, and 4-bit matmuls on CPU are slower",
-                (Rejected("4bit", "saves RAM, costs speed on CPU; pass quantize='4bit' to trade"),),
+                (Rejected(method.choice, "saves RAM, costs speed on CPU; pass quantize='4bit' to trade"),),
             ),
             None,
             (),
@@ -165,7 +160,7 @@ def _auto_quantize(
                 "quantize",
                 None,
                 f"{dtype} LoRA fits: {how}",
-                (Rejected("4bit", "not needed: slower and lossier than 16-bit LoRA"),),
+                (Rejected(method.choice, "not needed: slower and lossier than 16-bit LoRA"),),
             ),
             None,
             (),
@@ -173,7 +168,7 @@ def _auto_quantize(
     if not usable:
         warning = f"16-bit LoRA will not fit ({how}) and 4-bit is unavailable: {why}."
         return (
-            Decision("quantize", None, f"4-bit would be needed but {why}", (Rejected("4bit", why),)),
+            Decision("quantize", None, f"4-bit would be needed but {why}", (Rejected(method.choice, why),)),
             None,
             (warning,),
         )
@@ -200,11 +195,11 @@ def _auto_quantize(
     return (
         Decision(
             "quantize",
-            "4bit",
+            method.choice,
             f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{format_bytes(four.total)}{spread_note}",
             (Rejected(None, "does not fit"),),
         ),
-        _config("4bit", dtype, machine),
+        _config(method, dtype, machine),
         warnings,
     )
 
@@ -260,8 +255,8 @@ def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
 
 def _missing_packages(machine: Machine, checkpoint: CheckpointQuantization) -> str | None:
     """What from_pretrained's `validate_environment` would raise ImportError for; None when nothing."""
-    if checkpoint.method == "bitsandbytes":
-        usable, why = bitsandbytes_status(machine)
+    if any(m.quant_method == checkpoint.method for m in QUANT_METHODS.values()):
+        usable, why = method_status(machine, _by_quant_method(checkpoint.method))
         return None if usable else why
     needs: tuple[tuple[str, str], ...] = ()
     if checkpoint.method == "gptq":
@@ -424,7 +419,7 @@ def _checkpoint_quantize(model: ModelFacts, requested: str | None, checkpoint: C
     quantization ("checkpoint"); "4bit"/"8bit" would stack a second one and raise."""
     found = model.quantization
     assert found is not None  # a CheckpointPlan exists only for a quantized checkpoint
-    if requested in ("4bit", "8bit"):
+    if requested in QUANT_METHODS:
         raise QuantizationError(
             f"quantize={requested!r} was asked, but {model.source} is already quantized ({found.method}), as "
             f"{found.label}: "

@@ -9,6 +9,7 @@ from ..errors import DtypeUnsupportedError, FinetuneConfigError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from .memory import quantized_optimizer
 
 __all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
 
@@ -215,8 +216,10 @@ def _cpu_optimizer(machine: Machine) -> tuple[str, str, Rejected, Rejected]:
 
 
 def decide_training_arguments(
-    machine: Machine, dtype: str, quantized: bool, checkpointing: bool
+    machine: Machine, dtype: str, quantized: bool | str, checkpointing: bool
 ) -> tuple[tuple[Decision, ...], dict[str, Any]]:
+    """The TrainingArguments flags. `quantized`: the plan's `quantize` ("4bit", "checkpoint", ...; True: a
+    quantized base of unnamed method) or False/None; a quantized base trains with its method's optimizer."""
     gpu = machine.weakest_gpu
     decisions: list[Decision] = []
 
@@ -233,12 +236,8 @@ def decide_training_arguments(
         if gpu.bf16:
             add("tf32", True, f"{gpu.sm} has TF32 tensor cores: fp32 matmuls (LoRA, optimizer) run faster")
         if quantized:
-            add(
-                "optim",
-                "paged_adamw_8bit",
-                "QLoRA on CUDA: 8-bit paged AdamW keeps optimizer spikes off the GPU",
-                Rejected("adamw_torch", "4x the optimizer memory"),
-            )
+            optim, why = quantized_optimizer(quantized if isinstance(quantized, str) else "checkpoint")
+            add("optim", optim, why, Rejected("adamw_torch", "4x the optimizer memory"))
         else:
             add("optim", "adamw_torch_fused", "fused AdamW: one kernel per step on CUDA")
     else:
