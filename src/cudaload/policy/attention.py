@@ -13,7 +13,7 @@ How it is built:
   cannot run (wrong GPU generation, fp32 with FlashAttention, head dim too large, package or Hub
   kernel missing, a class without support). `costs`: it runs but cudaload would not plan it (flex
   attention on a CPU, through an unverified torch.compile). The checks behind it (attention_checks.py): `_flash_package`
-  / `_flash_hub` (`_flash_blockers` holds the FlashAttention rules of docs/decisions.md, in their
+  / `_flash_hub` (`flash_blockers`, flash_rules.py, holds the FlashAttention rules of docs/decisions.md, in their
   order), `_compatible_entry` (models whose FlashAttention transformers redirects),
   `_hub_repository`, `_sdpa`, `_flex`.
 - **Both paths call it**, so they cannot disagree. An explicit choice (`_explicit`) with a blocker
