@@ -5,14 +5,19 @@ its table alone is planned, with no edit elsewhere."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import cudaload
-from cudaload.errors import INSTALLED_BY, MissingPackageError, QuantizationError
+from cudaload.errors import INSTALLED_BY, AttentionUnavailableError, MissingPackageError, QuantizationError
 from cudaload.facts.machine import Machine, Software
+from cudaload.facts.model import ModelFacts
 from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod
+from cudaload.plans import Rejected
+from cudaload.policy.attention import decide_attention
+from cudaload.policy.attention_checks import BACKENDS, AttentionBackend, OptionCheck
 
 
 def test_at_least_compares_installed_versions_by_pep440() -> None:
@@ -94,3 +99,44 @@ def _quantize_choices_of_cli() -> list[str]:
 def test_an_unknown_quantize_lists_the_registered_methods(tiny_models: dict[str, Path]) -> None:
     with pytest.raises(QuantizationError, match=r"Use '4bit' \(QLoRA\), '8bit', None \(no quantization\) or 'auto'"):
         cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated("A100"), finetune=True, quantize="2bit")
+
+
+# --- an attention backend is one record -----------------------------------------------------------
+
+
+@pytest.fixture
+def fake_backend_first() -> Iterator[AttentionBackend]:
+    """A made-up backend registered first in BACKENDS (so the automatic chain tries it before SDPA)."""
+
+    def check(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+        blockers = () if machine.gpus else ("fake_attention needs a GPU",)
+        return OptionCheck("fake_attention", "a made-up fused kernel", blockers)
+
+    fake = AttentionBackend("fake_attention", check, "always")
+    saved = dict(BACKENDS)
+    BACKENDS.clear()
+    BACKENDS.update({fake.name: fake, **saved})
+    yield fake
+    BACKENDS.clear()
+    BACKENDS.update(saved)
+
+
+def test_a_registered_attention_backend_is_planned_with_no_edit_elsewhere(
+    tiny_models: dict[str, Path], fake_backend_first: AttentionBackend
+) -> None:
+    path = str(tiny_models["qwen3"])
+    t4 = Machine.simulated("T4")  # no FlashAttention on sm75: the named backends decide
+    plan = cudaload.plan(path, machine=t4)
+    assert plan.attn_implementation == "fake_attention"
+    assert plan.decision("attn_implementation").reason == "a made-up fused kernel"
+    assert plan.attention_chain[:2] == ("fake_attention", "sdpa")
+    # Its own check rejects it where it cannot run, in the trace explain() shows, and an explicit choice is refused.
+    cpu = cudaload.plan(path, machine=Machine.simulated(None))
+    assert cpu.attn_implementation == "sdpa"
+    assert Rejected("fake_attention", "fake_attention needs a GPU") in cpu.decision("attn_implementation").rejected
+    # (plan() first asks transformers whether it knows the name: a real backend is registered there.)
+    facts = cudaload.read_model_facts(path)
+    with pytest.raises(AttentionUnavailableError, match="fake_attention needs a GPU"):
+        decide_attention(Machine.simulated(None), facts, "float32", "fake_attention")
+    chosen, _, _ = decide_attention(t4, facts, "float16", "fake_attention")
+    assert chosen.reason == "your choice (a made-up fused kernel)"

@@ -34,7 +34,8 @@ from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..upstream import attention_kind
-from .attention_checks import AS_IS, OptionCheck, check_attention, is_flash_attention
+from .attention_checks import AS_IS, BACKENDS, OptionCheck, check_attention, is_checked, is_flash_attention
+from .flash_rules import flash_preference
 
 __all__ = [
     "Accepted",
@@ -44,18 +45,6 @@ __all__ = [
     "decide_attention",
     "is_flash_attention",
 ]
-
-
-def flash_preference(major: int) -> tuple[str, ...]:
-    """FlashAttention versions in order of preference for a GPU generation (vLLM's order)."""
-    order: tuple[int, ...]
-    if major == 9:
-        order = (3, 4, 2)
-    elif major == 10:
-        order = (4, 2)
-    else:
-        order = (2, 3, 4)
-    return tuple(f"flash_attention_{v}" for v in order)
 
 
 # --- an explicit choice: the check decides, never replaced ----------------------------------------
@@ -85,7 +74,7 @@ def _explicit(
         else ()
     )
     # eager and names cudaload does not know have nothing checked: say that they are passed on as they are.
-    detail = AS_IS if attention_kind(requested) in ("eager", "other") else costs or check.detail
+    detail = (costs or check.detail) if is_checked(requested) else AS_IS
     return Decision("attn_implementation", requested, f"your choice ({detail})", source="user"), warnings
 
 
@@ -152,13 +141,13 @@ def _with_consent(trace: list[TraceEntry], machine: Machine, hub_code: bool) -> 
 
 
 def _portable_trace(machine: Machine, model: ModelFacts, dtype: str) -> list[TraceEntry]:
-    """SDPA, flex_attention when SDPA is out, and eager, which is always there."""
-    sdpa = check_attention("sdpa", machine, model, dtype)
-    trace = [_judge("sdpa", sdpa)]
-    if sdpa.reasons:
-        # transformers' own advice when a kernel cannot softcap: "Try using `eager` or `flex_attention`".
-        trace.append(_judge("flex_attention", check_attention("flex_attention", machine, model, dtype)))
-    trace.append(_judge("eager", check_attention("eager", machine, model, dtype)))
+    """The named backends in their table's order (attention_checks.BACKENDS): SDPA, flex_attention when SDPA
+    is out, and eager, which is always there."""
+    trace: list[TraceEntry] = []
+    for backend in BACKENDS.values():
+        previous_rejected = bool(trace) and isinstance(trace[-1], Rejected)
+        if backend.tried == "always" or (backend.tried == "if_previous_rejected" and previous_rejected):
+            trace.append(_judge(backend.name, check_attention(backend.name, machine, model, dtype)))
     return trace
 
 

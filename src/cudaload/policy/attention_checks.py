@@ -3,11 +3,17 @@
 `check_attention(option, machine, model, dtype)` returns an `OptionCheck` with every blocker (it
 cannot run) and cost (it runs, but cudaload would not plan it); policy/attention.py builds the explicit
 choice and the automatic fallback chain from it (its docstring says how).
+
+Two families are recognised by form, as transformers does: FlashAttention (upstream.FLASH_OPTIONS, with
+each version's rules in flash_rules.py) and Hub kernels ("org/repo"). Every other backend is a record of
+BACKENDS, which owns its check and its place in the automatic chain after FlashAttention.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
@@ -15,7 +21,15 @@ from ..upstream import FLASH_OPTIONS, attention_kind
 from .flash_rules import flash_blockers
 from .kernels import kernels_status
 
-__all__ = ["AS_IS", "OptionCheck", "check_attention", "is_flash_attention"]
+__all__ = [
+    "AS_IS",
+    "BACKENDS",
+    "AttentionBackend",
+    "OptionCheck",
+    "check_attention",
+    "is_checked",
+    "is_flash_attention",
+]
 
 
 def is_flash_attention(implementation: str) -> bool:
@@ -70,12 +84,18 @@ def check_attention(option: str, machine: Machine, model: ModelFacts, dtype: str
         return _flash_package(machine, model, dtype, option)
     if kind == "hub_kernel":
         return _hub_repository(machine, model, dtype, option)
-    if kind == "sdpa":
-        return _sdpa(model)
-    if kind == "flex":
-        return _flex(machine, model)
-    # eager runs everywhere; another registered name is the caller's own code, which cudaload cannot judge.
-    return OptionCheck(option, _EAGER if kind == "eager" else AS_IS)
+    backend = BACKENDS.get(option)
+    if backend is not None:
+        return backend.check(machine, model, dtype)
+    # Another registered name is the caller's own code, which cudaload cannot judge.
+    return OptionCheck(option, AS_IS)
+
+
+def is_checked(option: str) -> bool:
+    """cudaload judges `option` (FlashAttention, a Hub kernel, a backend with checks); False for eager and names
+    it does not know, which are passed to transformers as they are."""
+    backend = BACKENDS.get(option)
+    return attention_kind(option) in ("flash", "hub_kernel") or (backend is not None and backend.checked)
 
 
 def _flash_package(machine: Machine, model: ModelFacts, dtype: str, name: str) -> OptionCheck:
@@ -176,3 +196,38 @@ def _flex(machine: Machine, model: ModelFacts) -> OptionCheck:
         () if machine.weakest_gpu is not None else ("not planned on a CPU: it needs torch.compile there (unverified)",)
     )
     return OptionCheck("flex_attention", "torch flex_attention: fused, applies what SDPA cannot", blockers, costs)
+
+
+def _eager(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+    return OptionCheck("eager", _EAGER)  # runs everywhere
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """An attention backend transformers knows by name (not FlashAttention, not a Hub kernel).
+
+    Attributes:
+        name: Its `attn_implementation` string.
+        check: (machine, model, dtype) -> every reason against it here (`OptionCheck`).
+        tried: Its place in the automatic chain, after FlashAttention, in the table's order: "always", or
+            "if_previous_rejected" (only when the backend tried before it was rejected), or "never" (an
+            explicit choice only).
+        checked: False when nothing is checked (eager): an explicit choice of it is "passed as is".
+    """
+
+    name: str
+    check: Callable[[Machine, ModelFacts, str], OptionCheck]
+    tried: Literal["always", "if_previous_rejected", "never"]
+    checked: bool = True
+
+
+BACKENDS: dict[str, AttentionBackend] = {
+    b.name: b
+    for b in (
+        AttentionBackend("sdpa", lambda machine, model, dtype: _sdpa(model), "always"),
+        # transformers' own advice when a kernel cannot softcap: "Try using `eager` or `flex_attention`".
+        AttentionBackend("flex_attention", lambda machine, model, dtype: _flex(machine, model), "if_previous_rejected"),
+        AttentionBackend("eager", _eager, "always", checked=False),  # always there: the chain's last link
+    )
+}
+"""The named attention backends, in the order the automatic chain tries them after FlashAttention."""
