@@ -697,7 +697,7 @@ def apply_plan(
 
     import_transformers()
     # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
-    # current device (policy/placement.py, `decide_rank_device` and `decide_current_device`).
+    # current device (policy/current_device.py, `decide_rank_device` and `decide_current_device`).
     set_rank_device(plan)
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain

@@ -17,20 +17,13 @@ from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_me
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention
+from .current_device import decide_current_device, decide_rank_device, landed_machine, placed_machine, plan_within
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .placement import (
-    decide_current_device,
-    decide_placement,
-    decide_rank_device,
-    decide_tensor_parallel,
-    landed_machine,
-    placed_machine,
-    plan_within,
-)
+from .placement import decide_placement, decide_tensor_parallel
 from .precision import decide_dtype
 from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
 from .training import decide_lora, decide_training_arguments
@@ -53,7 +46,8 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             "(torchrun and accelerate set them for you), or unset them for a single process."
         )
     # Mixed GPUs: dtype, attention and the training flags are judged for the GPUs the model is placed on
-    # (placement.py `placed_machine`), not for the weakest GPU of the machine while the weights sit on another.
+    # (current_device.py `placed_machine`), not for the weakest GPU of the machine while the weights sit on
+    # another.
     judged = placed_machine(machine, model, request)
     plan = _compose(machine, judged, model, request, warnings)
     if judged is not machine and not plan_within(plan, judged):
