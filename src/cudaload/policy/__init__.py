@@ -23,9 +23,10 @@ from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .placement import decide_placement, decide_tensor_parallel
+from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
+from .tensor_parallel import decide_tensor_parallel
 from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from ..errors import PlacementError
 from ..facts.machine import Gpu, Machine
-from ..facts.model import ModelFacts
 from ..plans import Decision, Plan, Rejected
 from .current_device import rank_gpu, sharder
 from .devices import check_device_map
@@ -26,80 +25,9 @@ from .fit import (
 
 __all__ = [
     "decide_placement",
-    "decide_tensor_parallel",
     "judge_upstream_placement",
+    "weights_phrase",
 ]
-
-
-def decide_tensor_parallel(
-    machine: Machine, model: ModelFacts, weight_bytes: int, training: bool, requested: bool
-) -> Decision | None:
-    """`tp_plan="auto"` or not, for an inference load under a multi-process launch with several GPUs;
-    None where tensor parallelism is not a question (one process, training, no GPUs, FSDP/ZeRO-3, or
-    the caller chose a device_map or tp_plan).
-
-    TP splits every layer's heads and MLP across the ranks and all-reduces twice per layer, so it is
-    for a model that does not fit one GPU, on GPUs of one node (NVLink/PCIe, not the network).
-    """
-    launch = machine.launch
-    if requested or training or not launch.distributed or launch.shards_parameters or len(machine.gpus) < 2:
-        return None
-    world = launch.world_size
-    # Judged per rank (fit.py): every rank holds a copy or a shard on its own GPU, the smallest counts.
-    budget = judge_fit(machine, weight_bytes, HEADROOM).budget
-    size = _weights(weight_bytes)
-    if weight_bytes <= budget:
-        return Decision(
-            "tp_plan",
-            None,
-            f"{size} fit one GPU: each rank holds a whole copy (data parallel), no per-layer all-reduce",
-            (Rejected("auto", "TP pays two all-reduces per layer; only worth it when a model does not fit one GPU"),),
-        )
-    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({format_bytes(budget)} usable)")
-    why_not = _why_not_tensor_parallel(machine, model, weight_bytes, budget)
-    if why_not is None:
-        return Decision(
-            "tp_plan",
-            "auto",
-            f"{size} exceed one GPU ({format_bytes(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
-            f"base_model_tp_plan splits its {model.attention_heads} heads ({model.kv_heads} key/value) across the "
-            f"{world} ranks, each on its GPU (cuda:LOCAL_RANK)",
-            (data_parallel, Rejected("auto (device_map)", "one rank at a time computes: the other GPUs wait")),
-        )
-    return Decision(
-        "tp_plan",
-        None,
-        f"not tensor parallel: {why_not}",
-        (Rejected("auto", why_not), data_parallel),
-    )
-
-
-def _why_not_tensor_parallel(machine: Machine, model: ModelFacts, weight_bytes: int, budget: int) -> str | None:
-    """What rules out sharding a model too big for one GPU across this launch's ranks (None: nothing)."""
-    launch = machine.launch
-    world = launch.world_size
-    heads, kv = model.attention_heads, model.kv_heads
-    if not model.tp_plan:
-        return f"{model.model_class} has no base_model_tp_plan in its config: transformers cannot shard it"
-    if heads is None or kv is None or heads % world or kv % world:
-        return (
-            f"{heads} attention heads and {kv} key/value heads do not both divide WORLD_SIZE={world}: TP splits "
-            "whole heads across ranks"
-        )
-    if launch.local_world_size != world:
-        return (
-            f"the {world} ranks span {world // max(launch.local_world_size, 1)} nodes: TP all-reduces every layer, "
-            "which the network between nodes makes slow"
-        )
-    if len(machine.gpus) < launch.local_world_size:
-        return (
-            f"this process sees {len(machine.gpus)} GPUs for {launch.local_world_size} local ranks: TP puts rank r "
-            "on cuda:LOCAL_RANK"
-        )
-    if weight_bytes / world > budget:
-        shard = format_bytes(weight_bytes / world)
-        return f"a 1/{world} shard (~{shard}) still exceeds one GPU ({format_bytes(budget)} usable)"
-    return None
 
 
 # decide_placement's answer: (device_map decision, max_memory or None, warnings).
@@ -177,7 +105,7 @@ def _capped_placement(machine: Machine, weight_bytes: int, caps: Mapping[Any, An
     on_gpus = min(weight_bytes, gpus)
     on_cpu = min(weight_bytes - on_gpus, cpu)
     on_disk = weight_bytes - on_gpus - on_cpu
-    size = _weights(weight_bytes)
+    size = weights_phrase(weight_bytes)
     landing = ", ".join(
         f"~{format_bytes(n)} on {where}"
         for n, where in ((on_gpus, "the GPUs"), (on_cpu, "the CPU"), (on_disk, "disk"))
@@ -268,7 +196,7 @@ def _rank_spread_placement(machine: Machine, weights: Fit, tensor_parallel: Deci
     # Every rank of this node holds a whole copy spread over the node's GPUs, so each gets
     # 1/local_world_size of each GPU (fit.py divides the spread) and of the RAM.
     ranks = max(launch.local_world_size, 1)
-    size = _weights(weights.need)
+    size = weights_phrase(weights.need)
     why_not_tp = tensor_parallel.reason.removeprefix("not tensor parallel: ")
     spread = _gpu_max_memory(weights)
     notes: tuple[str, ...] = ()
@@ -306,7 +234,7 @@ def _rank_placement(machine: Machine) -> Decision:
 
 
 def _cpu_placement(machine: Machine, weight_bytes: int) -> _Placement:
-    size = _weights(weight_bytes)
+    size = weights_phrase(weight_bytes)
     warnings: tuple[str, ...] = ()
     available = machine.cpu.memory_available
     if available is not None and weight_bytes > available * HEADROOM:
@@ -317,7 +245,7 @@ def _cpu_placement(machine: Machine, weight_bytes: int) -> _Placement:
 def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, quantized: bool) -> _Placement:
     """One process with GPUs: one GPU when the copy (or the training run) fits it, else a spread."""
     if training_bytes is None:
-        fit, what = weights, _weights(weights.need)
+        fit, what = weights, weights_phrase(weights.need)
     else:
         # The same judgement quantize="auto" made (quantization.py), on the same GPU.
         fit = judge_fit(machine, training_bytes, TRAINING_SHARE)
@@ -379,7 +307,7 @@ def _spread_placement(weights: Fit, what: str) -> Decision:
 
 def _offload_placement(machine: Machine, weights: Fit, quantized: bool) -> _Placement:
     """The copy exceeds all GPUs together: accelerate offloads the rest to CPU, then disk."""
-    size = _weights(weights.need)
+    size = weights_phrase(weights.need)
     max_memory = _gpu_max_memory(weights)
     available = machine.cpu.memory_available or 0
     max_memory["cpu"] = max_memory_size(available * HEADROOM)
@@ -392,7 +320,7 @@ def _offload_placement(machine: Machine, weights: Fit, quantized: bool) -> _Plac
     return Decision("device_map", "auto", f"{size} exceed GPU memory: offloading to CPU"), max_memory, (warning,)
 
 
-def _weights(weight_bytes: float) -> str:
+def weights_phrase(weight_bytes: float) -> str:
     return f"~{format_bytes(weight_bytes)} of weights"
 
 
