@@ -17,6 +17,7 @@ from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_me
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, PlanInputs, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention
+from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
 from .current_device import decide_current_device, decide_rank_device, landed_machine, placed_machine, plan_within
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, percent
@@ -25,7 +26,7 @@ from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .placement import decide_placement
 from .precision import decide_dtype
-from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
+from .quantization import decide_quantization
 from .tensor_parallel import decide_tensor_parallel
 from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu

@@ -76,7 +76,7 @@ def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None, *, dequant
     An already-quantized checkpoint (`model.quantization`, with `quantize` None or "checkpoint") has
     its quantized weights at the bits it stores them in, as transformers' `param_element_size` sizes
     them (quantizers/base.py:129-132), or in `dequantized_to` when transformers dequantizes them on
-    this machine (policy/quantization.py, `decide_checkpoint_quantization`); the rest in dtype.
+    this machine (policy/checkpoint_quantization.py, `decide_checkpoint_quantization`); the rest in dtype.
     """
     checkpoint = model.quantization
     if checkpoint is not None and quantize in (None, "checkpoint"):
