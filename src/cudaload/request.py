@@ -148,7 +148,8 @@ class TrainingRequest:
     one, so an inference plan cannot be given settings it would ignore."""
 
     quantize: str | None = "auto"
-    """None (no quantization), "4bit", "8bit" or "auto" (4-bit only when 16-bit LoRA does not fit)."""
+    """None (no quantization), the choice of a method in facts/quant_methods.py ("4bit", "8bit") or "auto"
+    (4-bit only when 16-bit LoRA does not fit)."""
     lora: Mapping[str, Any] | None = None
     """LoraConfig keyword overrides."""
     gradient_checkpointing: bool = True
@@ -156,8 +157,9 @@ class TrainingRequest:
     """Sequence length and batch the training-memory estimate assumes."""
     batch_size: int = 1
     own_quantization: str | None = None
-    """With quantize=None: what your own `quantization_config` does to the base weights ("4bit" or "8bit" for
-    bitsandbytes, "other" for another method, None without one), so the estimate and optimizer follow it."""
+    """With quantize=None: what your own `quantization_config` does to the base weights (the choice of its
+    method in facts/quant_methods.py, "4bit" or "8bit" for bitsandbytes; "other" for another method, None
+    without one), so the estimate and optimizer follow it."""
 
 
 @dataclass(frozen=True)

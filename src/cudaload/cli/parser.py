@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..facts.quant_methods import QUANT_METHODS
+
 __all__ = ["DEBUG_ENV", "build_parser"]
 
 DESCRIPTION = "`cudaload doctor | plan | bench | demo` (also `python -m cudaload`)."
@@ -76,8 +78,8 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
     plan.add_argument(
         "--quantize",
-        choices=["4bit", "8bit", "none", "auto"],
-        help="with --finetune: 4bit, 8bit, none or auto (default)",
+        choices=[*QUANT_METHODS, "none", "auto"],
+        help=f"with --finetune: {', '.join(QUANT_METHODS)}, none or auto (default)",
     )
     plan.add_argument(
         "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"

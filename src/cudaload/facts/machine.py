@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..upstream import version_at_least
 from .catalog import lookup_gpu
 from .hardware import Cpu, GiB, Gpu
 from .hub import Hub, HubKernel
@@ -71,6 +72,12 @@ class Software:
 
     def has(self, dist: str) -> bool:
         return self.version(dist) is not None
+
+    def at_least(self, dist: str, minimum: str) -> bool:
+        """`dist` is installed at `minimum` or newer (PEP 440); False when it is missing or its version
+        does not parse. A bare "X.Y.dev0" minimum admits every X.Y release, pre-releases included."""
+        version = self.version(dist)
+        return version is not None and version_at_least(version, minimum)
 
 
 @dataclass(frozen=True)

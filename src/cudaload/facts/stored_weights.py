@@ -3,7 +3,7 @@
 `read_quantization_config()` parses the dict config.json carries (no transformers import) and
 `count_quantized()` counts, on the parameter list of a meta model, the weights the method stores
 quantized. Whether this machine can keep them quantized is the policy's question
-(policy/quantization.py, `decide_checkpoint_quantization`).
+(policy/checkpoint_quantization.py, `decide_checkpoint_quantization`).
 
 How each method stores a weight (paths relative to site-packages, transformers 5.22.2 and 5.25.0):
 

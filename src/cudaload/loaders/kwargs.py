@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import SettingError
+from ..facts.quant_methods import DEFAULT_CONFIG_CLASS, config_method
 from ..plans import Plan, mutable
 
 __all__ = ["from_pretrained_kwargs", "set_rank_device"]
@@ -44,9 +45,11 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
     kwargs: dict[str, Any] = mutable(plan.kwargs)  # plain dicts: transformers and accelerate may change what they get
     quant = kwargs.get("quantization_config")
     if isinstance(quant, Mapping):
-        from transformers import BitsAndBytesConfig
+        import transformers
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(**quant)  # type: ignore[no-untyped-call]
+        method = config_method(plan.decisions)  # the record's data; the real config object is built here
+        config_class = getattr(transformers, method.config_class if method else DEFAULT_CONFIG_CLASS)
+        kwargs["quantization_config"] = config_class(**quant)
     if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
         from ..capability.transformers_api import tensor_parallel_argument
 

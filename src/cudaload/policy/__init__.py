@@ -13,25 +13,21 @@ from typing import Any
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention
+from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
+from .current_device import decide_current_device, decide_rank_device, landed_machine, placed_machine, plan_within
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .placement import (
-    decide_current_device,
-    decide_placement,
-    decide_rank_device,
-    decide_tensor_parallel,
-    landed_machine,
-    placed_machine,
-    plan_within,
-)
+from .placement import decide_placement
 from .precision import decide_dtype
-from .quantization import CheckpointPlan, decide_checkpoint_quantization, decide_quantization
+from .quantization import decide_quantization
+from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
 from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu
@@ -53,7 +49,8 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             "(torchrun and accelerate set them for you), or unset them for a single process."
         )
     # Mixed GPUs: dtype, attention and the training flags are judged for the GPUs the model is placed on
-    # (placement.py `placed_machine`), not for the weakest GPU of the machine while the weights sit on another.
+    # (current_device.py `placed_machine`), not for the weakest GPU of the machine while the weights sit on
+    # another.
     judged = placed_machine(machine, model, request)
     plan = _compose(machine, judged, model, request, warnings)
     if judged is not machine and not plan_within(plan, judged):
@@ -108,8 +105,8 @@ def decide_plan_generation(machine: Machine, model: ModelFacts, plan: Plan, requ
         attention=plan.attn_implementation,
         weight_bytes=plan.weight_bytes or 0,
         device_map=plan.kwargs.get("device_map"),
-        # cudaload quantizes through bitsandbytes; a pre-quantized checkpoint by its own method
-        quantized="bitsandbytes" if "quantization_config" in plan.kwargs else model.quantized,
+        # cudaload quantizes by a method of facts/quant_methods.py; a pre-quantized checkpoint by its own
+        quantized=_planned_quant_method(plan) if "quantization_config" in plan.kwargs else model.quantized,
         workload=request.workload,
         context=wanted.context,
         cache_implementation=wanted.cache_implementation,
@@ -218,7 +215,7 @@ def _finetune_section(
     dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     lora, lora_config = decide_lora(model, training.lora)
     # A quantized checkpoint is trained as stored ("checkpoint") or dequantized (None), never requantized.
-    options = (None, "4bit", "8bit") if checkpoint is None else (None if dequantized_to else "checkpoint",)
+    options = (None, *QUANT_METHODS) if checkpoint is None else (None if dequantized_to else "checkpoint",)
     estimates = {
         q: estimate_training_memory(
             model,
@@ -238,7 +235,7 @@ def _finetune_section(
         machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
     arguments, training_args = decide_training_arguments(
-        judged, dtype, quant.value is not None, training.gradient_checkpointing
+        judged, dtype, quant.value or False, training.gradient_checkpointing
     )
     warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype))
     use_cache = _training_cache(training.gradient_checkpointing)
@@ -329,6 +326,12 @@ def _placement_section(
         reason = f"{percent(HEADROOM)} of each device's free memory (total memory when free is unknown)"
         decisions.append(Decision("max_memory", max_memory, reason))
     return _Placement(tuple(decisions), kwargs, tuple(warnings))
+
+
+def _planned_quant_method(plan: Plan) -> str:
+    """transformers' `quant_method` of the quantization_config in the plan (bitsandbytes for a dict of yours)."""
+    method = config_method(plan.decisions)
+    return method.quant_method if method is not None else DEFAULT_QUANT_METHOD
 
 
 def _asks_dequantize(passthrough: Mapping[str, Any]) -> bool:

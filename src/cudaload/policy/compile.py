@@ -6,14 +6,14 @@ from __future__ import annotations
 from ..facts.kv_cache import GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision
-from ..upstream import COMPILEABLE_QUANT_METHODS, version_at_least
+from ..upstream import COMPILEABLE_QUANT_METHODS
 from .attention import is_flash_attention
 
 __all__ = ["NOT_FULLGRAPH"]
 
 
 def _transformers_at_least(machine: Machine, minimum: str) -> bool:
-    return version_at_least(machine.software.version("transformers") or "0", minimum)
+    return machine.software.at_least("transformers", minimum)
 
 
 def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: str | None, offloaded: bool) -> str | None:

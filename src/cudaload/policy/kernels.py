@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from packaging.version import InvalidVersion, Version
-
 from ..errors import MissingPackageError, install_hint
 from ..facts.machine import Machine
 from ..plans import Decision, Rejected
@@ -20,11 +18,7 @@ def kernels_status(machine: Machine) -> tuple[bool, str]:
         return False, f"the `kernels` package is not installed ({install_hint('kernels', *accepted)})"
     if software.kernels_range is not None:
         low, high = software.kernels_range
-        try:
-            ok = Version(low) <= Version(version) < Version(high)
-        except InvalidVersion:
-            ok = False
-        if not ok:
+        if not (software.at_least("kernels", low) and not software.at_least("kernels", high)):
             return False, (
                 f"kernels {version} is installed but transformers {software.version('transformers')} "
                 f"accepts only [{low}, {high}) ({install_hint('kernels', low, high)})"

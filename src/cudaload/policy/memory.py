@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from ..facts.dtypes import BYTES
 from ..facts.model import ModelFacts
+from ..facts.quant_methods import CHECKPOINT_OPTIMIZER, QUANT_METHODS
 
 __all__ = [
     "TrainingMemory",
@@ -57,6 +58,7 @@ __all__ = [
     "lora_parameters",
     "lora_tensor_bytes",
     "planned_optimizer",
+    "quantized_optimizer",
     "weight_bytes",
 ]
 
@@ -74,7 +76,7 @@ def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None, *, dequant
     An already-quantized checkpoint (`model.quantization`, with `quantize` None or "checkpoint") has
     its quantized weights at the bits it stores them in, as transformers' `param_element_size` sizes
     them (quantizers/base.py:129-132), or in `dequantized_to` when transformers dequantizes them on
-    this machine (policy/quantization.py, `decide_checkpoint_quantization`); the rest in dtype.
+    this machine (policy/checkpoint_quantization.py, `decide_checkpoint_quantization`); the rest in dtype.
     """
     checkpoint = model.quantization
     if checkpoint is not None and quantize in (None, "checkpoint"):
@@ -85,15 +87,12 @@ def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None, *, dequant
             return checkpoint.stored_bytes() + rest
     if quantize is None or quantize == "checkpoint":
         return model.parameters * BYTES[dtype]
+    # A method's linear weights at its bits and per-row scales (facts/quant_methods.py), the rest in dtype.
+    method = QUANT_METHODS[quantize]
     linear = model.linear_parameters
     rest = (model.parameters - linear) * BYTES[dtype]
-    if quantize == "4bit":
-        # nf4: 4 bits; absmax per block of 64 as uint8 (double quantization): 8/64; an fp32 scale per
-        # 256 of those blocks: 32/(64·256). 4.127 bits per weight, as the QLoRA paper says.
-        return int(linear * (4 + 8 / 64 + 32 / (64 * 256)) / 8) + rest
-    # LLM.int8: int8 weights (CB) and one fp32 scale per output row (SCB).
-    rows = sum(fan_out * count for _, _, fan_out, count in model.linear_shapes)
-    return linear + FP32 * rows + rest
+    rows = sum(fan_out * count for _, _, fan_out, count in model.linear_shapes) if method.row_scale_bytes else 0
+    return int(linear * method.bits_per_weight / 8) + method.row_scale_bytes * rows + rest
 
 
 def lora_parameters(model: ModelFacts, r: int, targets: tuple[str, ...]) -> int:
@@ -106,7 +105,13 @@ def planned_optimizer(quantize: str | None, on_gpu: bool) -> str:
     """The `optim` the plan's TrainingArguments choose (policy/finetune.py, decide_training_arguments)."""
     if not on_gpu:
         return "adamw_torch_fused"  # torch >= 2.8 (training.py); before it "adamw_torch": the same 8 bytes of state
-    return "paged_adamw_8bit" if quantize is not None else "adamw_torch_fused"
+    return quantized_optimizer(quantize)[0] if quantize is not None else "adamw_torch_fused"
+
+
+def quantized_optimizer(quantize: str) -> tuple[str, str]:
+    """(optim, why) on a GPU for a quantized base: its method's, or a quantized checkpoint's ("checkpoint")."""
+    method = QUANT_METHODS.get(quantize)
+    return method.optimizer if method is not None else CHECKPOINT_OPTIMIZER
 
 
 def lora_tensor_bytes(numel: int, optim: str) -> int:
@@ -196,9 +201,10 @@ def layer_bytes_per_token(
     attention = shapes["o_proj"][0]
     inter = shapes["up_proj"][1]
     base = 2 * FP32 * hidden + 4 * d * attention + 3 * d * inter
-    if quantize == "8bit":
-        # MatMul8bitLt saves its input: the norms' outputs (shared by q/k/v and by gate/up), the
-        # attention output and the MLP product.
+    method = QUANT_METHODS.get(quantize or "")
+    if method is not None and method.saves_input:
+        # A matmul that saves its input (MatMul8bitLt): the norms' outputs (shared by q/k/v and by
+        # gate/up), the attention output and the MLP product.
         base += d * (2 * hidden + attention + inter)
     return base + lora
 

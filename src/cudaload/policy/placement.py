@@ -8,10 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import PlacementError
-from ..facts.machine import Gpu, Launch, Machine
-from ..facts.model import ModelFacts
+from ..facts.machine import Gpu, Machine
 from ..plans import Decision, Plan, Rejected
-from ..request import Request
+from .current_device import rank_gpu, sharder
 from .devices import check_device_map
 from .fit import (
     HEADROOM,
@@ -21,205 +20,14 @@ from .fit import (
     judge_fit,
     max_memory_size,
     percent,
-    pinned_gpu,
     size_bytes,
 )
-from .memory import weight_bytes
 
 __all__ = [
-    "decide_current_device",
     "decide_placement",
-    "decide_rank_device",
-    "decide_tensor_parallel",
     "judge_upstream_placement",
-    "landed_machine",
-    "placed_machine",
-    "plan_within",
+    "weights_phrase",
 ]
-
-
-def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Machine:
-    """`machine` restricted to the one GPU a single process will place the model on, when its GPUs
-    differ in compute capability; else `machine` itself (every GPU, or the weakest, decides).
-
-    The GPU is the one your device_map pins, else the one `judge_fit` picks for a 16-bit copy (the most
-    free memory), as `decide_placement` will: T4 + A100 puts Llama-3-8B on the A100, so the A100 decides
-    bf16 and FlashAttention. A distributed launch keeps every GPU (all ranks must agree on the dtype);
-    a spread (device_map "auto", or a copy too big for one GPU) keeps every GPU it may touch.
-    `plan_within` checks the finished plan stayed on that GPU.
-    """
-    if not _mixed_single_process(machine):
-        return machine
-    pinned = pinned_gpu(request.device_map)
-    if pinned is None:
-        if request.device_map is not None:
-            return machine
-        # 2 bytes a parameter: bf16 or fp16, whichever the GPU runs (the size placement judges is no larger
-        # once the dtype is chosen for that GPU; fp32 only where neither is native, which this GPU decides).
-        fit = judge_fit(machine, weight_bytes(model, "bfloat16", None), HEADROOM)
-        if not fit.fits or fit.gpu is None:
-            return machine
-        pinned = fit.gpu.index
-    return _only(machine, pinned)
-
-
-def _rank_gpu(machine: Machine) -> int:
-    """This rank's CUDA index: LOCAL_RANK, or 0 when the process sees one GPU (CUDA_VISIBLE_DEVICES set
-    per rank)."""
-    launch = machine.launch
-    index = 0 if len(machine.gpus) == 1 else launch.local_rank
-    if index >= len(machine.gpus):
-        raise PlacementError(
-            f"LOCAL_RANK={launch.local_rank} but this process sees {len(machine.gpus)} GPU(s): start at most "
-            "one process per visible GPU (torchrun --nproc_per_node), or fix CUDA_VISIBLE_DEVICES."
-        )
-    return index
-
-
-def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> Decision | None:
-    """The CUDA device to make current before a quantized FSDP / DeepSpeed ZeRO-3 rank loads (None when
-    there is no such question). Those launches get no device_map, and bitsandbytes' quantizer then puts
-    the whole model on `torch.cuda.current_device()` (transformers quantizers/quantizer_bnb_4bit.py and
-    quantizer_bnb_8bit.py `update_device_map`: `device_map = {"": torch.cuda.current_device()}`), which
-    is cuda:0 on every rank unless the process set it: every rank's copy would land on GPU 0."""
-    launch = machine.launch
-    if not (quantized and launch.distributed and launch.shards_parameters and machine.gpus) or device_map is not None:
-        return None
-    index = _rank_gpu(machine)
-    what = _sharder(launch)
-    return Decision(
-        "cuda_device",
-        index,
-        f"torch.cuda.set_device({index}) before loading (LOCAL_RANK={launch.local_rank}): {what} takes no "
-        "device_map, and bitsandbytes' quantizer then loads onto torch.cuda.current_device(), cuda:0 on every "
-        "rank unless set",
-        (Rejected(0, "every rank's quantized copy on GPU 0") if index else Rejected(None, "left to chance"),),
-    )
-
-
-def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) -> Decision | None:
-    """The CUDA device to make current before a pre-quantized checkpoint loads on GPUs of different compute
-    capability in one process (None when there is no such question).
-
-    transformers' quantizers judge the *current* device, not the one the weights go on:
-    quantizer_mxfp4.py `validate_environment` (`torch.cuda.get_device_capability()`, 5.22.2 lines 80-102),
-    quantizer_finegrained_fp8.py:48-57, quantizer_fbgemm_fp8.py:68-74, compressed-tensors. cudaload judges the GPU
-    the model goes on (the weakest of a spread), so `load()` makes that GPU current (`torch.cuda.set_device`) and
-    both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other would."""
-    if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
-        return None
-    pinned = pinned_gpu(device_map)
-    if pinned is None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
-        return None  # the CPU, or a map of your own: left as it is
-    gpu = next((g for g in machine.gpus if g.index == pinned), None) or min(
-        machine.gpus, key=lambda g: (g.capability, g.index)
-    )
-    where = "the GPU the model goes on" if pinned is not None else "the weakest GPU the spread may touch"
-    return Decision(
-        "cuda_device",
-        gpu.index,
-        f"torch.cuda.set_device({gpu.index}) before loading: {gpu.name} ({gpu.sm}) is {where}, and transformers' "
-        "quantizers judge torch.cuda.current_device() (quantizer_mxfp4.py, quantizer_finegrained_fp8.py, "
-        "quantizer_fbgemm_fp8.py `validate_environment`: torch.cuda.get_device_capability())",
-        (Rejected(None, "cuda:0 would be judged, whatever GPU the weights go on"),),
-    )
-
-
-def landed_machine(machine: Machine, plan: Plan) -> Machine:
-    """`machine` restricted to the one GPU the plan's device_map pins, when its GPUs differ in compute
-    capability and a single process loads; else `machine` itself."""
-    if not _mixed_single_process(machine):
-        return machine
-    return _only(machine, pinned_gpu(plan.kwargs.get("device_map")))
-
-
-def _mixed_single_process(machine: Machine) -> bool:
-    """GPUs of different compute capability, loaded by one process (a launch keeps every GPU: all ranks
-    must agree on the dtype)."""
-    return len({g.capability for g in machine.gpus}) >= 2 and not machine.launch.distributed
-
-
-def _only(machine: Machine, index: int | None) -> Machine:
-    """`machine` with GPU `index` alone (itself when no GPU has that index)."""
-    chosen = tuple(g for g in machine.gpus if g.index == index)
-    return replace(machine, gpus=chosen) if chosen else machine
-
-
-def plan_within(plan: Plan, judged: Machine) -> bool:
-    """Whether the plan's device_map keeps the model on `judged`'s GPUs."""
-    pinned = pinned_gpu(plan.kwargs.get("device_map"))
-    return pinned is not None and pinned in {g.index for g in judged.gpus}
-
-
-def decide_tensor_parallel(
-    machine: Machine, model: ModelFacts, weight_bytes: int, training: bool, requested: bool
-) -> Decision | None:
-    """`tp_plan="auto"` or not, for an inference load under a multi-process launch with several GPUs;
-    None where tensor parallelism is not a question (one process, training, no GPUs, FSDP/ZeRO-3, or
-    the caller chose a device_map or tp_plan).
-
-    TP splits every layer's heads and MLP across the ranks and all-reduces twice per layer, so it is
-    for a model that does not fit one GPU, on GPUs of one node (NVLink/PCIe, not the network).
-    """
-    launch = machine.launch
-    if requested or training or not launch.distributed or launch.shards_parameters or len(machine.gpus) < 2:
-        return None
-    world = launch.world_size
-    # Judged per rank (fit.py): every rank holds a copy or a shard on its own GPU, the smallest counts.
-    budget = judge_fit(machine, weight_bytes, HEADROOM).budget
-    size = _weights(weight_bytes)
-    if weight_bytes <= budget:
-        return Decision(
-            "tp_plan",
-            None,
-            f"{size} fit one GPU: each rank holds a whole copy (data parallel), no per-layer all-reduce",
-            (Rejected("auto", "TP pays two all-reduces per layer; only worth it when a model does not fit one GPU"),),
-        )
-    data_parallel = Rejected({"": launch.local_rank}, f"{size} exceed one GPU ({format_bytes(budget)} usable)")
-    why_not = _why_not_tensor_parallel(machine, model, weight_bytes, budget)
-    if why_not is None:
-        return Decision(
-            "tp_plan",
-            "auto",
-            f"{size} exceed one GPU ({format_bytes(budget)} usable) but a 1/{world} shard fits: {model.model_class}'s "
-            f"base_model_tp_plan splits its {model.attention_heads} heads ({model.kv_heads} key/value) across the "
-            f"{world} ranks, each on its GPU (cuda:LOCAL_RANK)",
-            (data_parallel, Rejected("auto (device_map)", "one rank at a time computes: the other GPUs wait")),
-        )
-    return Decision(
-        "tp_plan",
-        None,
-        f"not tensor parallel: {why_not}",
-        (Rejected("auto", why_not), data_parallel),
-    )
-
-
-def _why_not_tensor_parallel(machine: Machine, model: ModelFacts, weight_bytes: int, budget: int) -> str | None:
-    """What rules out sharding a model too big for one GPU across this launch's ranks (None: nothing)."""
-    launch = machine.launch
-    world = launch.world_size
-    heads, kv = model.attention_heads, model.kv_heads
-    if not model.tp_plan:
-        return f"{model.model_class} has no base_model_tp_plan in its config: transformers cannot shard it"
-    if heads is None or kv is None or heads % world or kv % world:
-        return (
-            f"{heads} attention heads and {kv} key/value heads do not both divide WORLD_SIZE={world}: TP splits "
-            "whole heads across ranks"
-        )
-    if launch.local_world_size != world:
-        return (
-            f"the {world} ranks span {world // max(launch.local_world_size, 1)} nodes: TP all-reduces every layer, "
-            "which the network between nodes makes slow"
-        )
-    if len(machine.gpus) < launch.local_world_size:
-        return (
-            f"this process sees {len(machine.gpus)} GPUs for {launch.local_world_size} local ranks: TP puts rank r "
-            "on cuda:LOCAL_RANK"
-        )
-    if weight_bytes / world > budget:
-        shard = format_bytes(weight_bytes / world)
-        return f"a 1/{world} shard (~{shard}) still exceeds one GPU ({format_bytes(budget)} usable)"
-    return None
 
 
 # decide_placement's answer: (device_map decision, max_memory or None, warnings).
@@ -297,7 +105,7 @@ def _capped_placement(machine: Machine, weight_bytes: int, caps: Mapping[Any, An
     on_gpus = min(weight_bytes, gpus)
     on_cpu = min(weight_bytes - on_gpus, cpu)
     on_disk = weight_bytes - on_gpus - on_cpu
-    size = _weights(weight_bytes)
+    size = weights_phrase(weight_bytes)
     landing = ", ".join(
         f"~{format_bytes(n)} on {where}"
         for n, where in ((on_gpus, "the GPUs"), (on_cpu, "the CPU"), (on_disk, "disk"))
@@ -350,7 +158,7 @@ def _tensor_parallel_placement(tp_requested: bool) -> Decision:
 
 def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     """FSDP / DeepSpeed ZeRO-3: the framework places the shards, so no device_map."""
-    what = _sharder(machine.launch)
+    what = sharder(machine.launch)
     cpu_notes: tuple[str, ...] = ()
     ranks = max(machine.launch.local_world_size, 1)
     ram = machine.cpu.memory_available
@@ -388,7 +196,7 @@ def _rank_spread_placement(machine: Machine, weights: Fit, tensor_parallel: Deci
     # Every rank of this node holds a whole copy spread over the node's GPUs, so each gets
     # 1/local_world_size of each GPU (fit.py divides the spread) and of the RAM.
     ranks = max(launch.local_world_size, 1)
-    size = _weights(weights.need)
+    size = weights_phrase(weights.need)
     why_not_tp = tensor_parallel.reason.removeprefix("not tensor parallel: ")
     spread = _gpu_max_memory(weights)
     notes: tuple[str, ...] = ()
@@ -415,7 +223,7 @@ def _rank_placement(machine: Machine) -> Decision:
     launch = machine.launch
     if not machine.gpus:
         return Decision("device_map", "cpu", f"rank {launch.rank}/{launch.world_size} on CPU (gloo)")
-    index = _rank_gpu(machine)
+    index = rank_gpu(machine)
     return Decision(
         "device_map",
         {"": index},
@@ -426,7 +234,7 @@ def _rank_placement(machine: Machine) -> Decision:
 
 
 def _cpu_placement(machine: Machine, weight_bytes: int) -> _Placement:
-    size = _weights(weight_bytes)
+    size = weights_phrase(weight_bytes)
     warnings: tuple[str, ...] = ()
     available = machine.cpu.memory_available
     if available is not None and weight_bytes > available * HEADROOM:
@@ -437,7 +245,7 @@ def _cpu_placement(machine: Machine, weight_bytes: int) -> _Placement:
 def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, quantized: bool) -> _Placement:
     """One process with GPUs: one GPU when the copy (or the training run) fits it, else a spread."""
     if training_bytes is None:
-        fit, what = weights, _weights(weights.need)
+        fit, what = weights, weights_phrase(weights.need)
     else:
         # The same judgement quantize="auto" made (quantization.py), on the same GPU.
         fit = judge_fit(machine, training_bytes, TRAINING_SHARE)
@@ -499,7 +307,7 @@ def _spread_placement(weights: Fit, what: str) -> Decision:
 
 def _offload_placement(machine: Machine, weights: Fit, quantized: bool) -> _Placement:
     """The copy exceeds all GPUs together: accelerate offloads the rest to CPU, then disk."""
-    size = _weights(weights.need)
+    size = weights_phrase(weights.need)
     max_memory = _gpu_max_memory(weights)
     available = machine.cpu.memory_available or 0
     max_memory["cpu"] = max_memory_size(available * HEADROOM)
@@ -512,12 +320,8 @@ def _offload_placement(machine: Machine, weights: Fit, quantized: bool) -> _Plac
     return Decision("device_map", "auto", f"{size} exceed GPU memory: offloading to CPU"), max_memory, (warning,)
 
 
-def _weights(weight_bytes: float) -> str:
+def weights_phrase(weight_bytes: float) -> str:
     return f"~{format_bytes(weight_bytes)} of weights"
-
-
-def _sharder(launch: Launch) -> str:
-    return "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
 
 
 def _gpu_max_memory(fit: Fit) -> dict[Any, str]:

@@ -1,60 +1,57 @@
-"""quantization_config for fine-tuning: 4-bit nf4 (QLoRA), 8-bit, none, or "auto"."""
+"""quantization_config for fine-tuning: a method of facts/quant_methods.py (4-bit nf4 QLoRA, 8-bit), none,
+or "auto"."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
-from packaging.version import InvalidVersion, Version
+from typing import TYPE_CHECKING, Any
 
 from ..errors import MissingPackageError, QuantizationError, install_hint
-from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..facts.stored_weights import CheckpointQuantization
+from ..facts.quant_methods import QUANT_METHODS, QuantMethod, quantize_choices
 from ..plans import Decision, Rejected
-from ..upstream import version_at_least
 from .fit import TRAINING_SHARE, format_bytes, judge_fit, pinned_gpu
-from .kernels import kernels_status
 from .memory import TrainingMemory
 
+if TYPE_CHECKING:
+    from .checkpoint_quantization import CheckpointPlan
+
 __all__ = [
-    "QUANTIZE_CHOICES",
-    "CheckpointPlan",
     "bitsandbytes_status",
-    "decide_checkpoint_quantization",
     "decide_quantization",
+    "method_status",
+    "quant_method_status",
 ]
 
-QUANTIZE_CHOICES = ("4bit", "8bit", "auto", None)
-# bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
-BNB_CPU_SINCE = Version("0.48.0")
+
+def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
+    """(usable, why): is the package that runs `method` installed, with a backend for this machine?"""
+    package = method.package
+    version = machine.software.version(package)
+    if version is None:
+        return False, f"{package} is not installed ({install_hint(package)})"
+    if not machine.gpus and not (method.cpu_since and machine.software.at_least(package, method.cpu_since)):
+        since = f" ({method.cpu_since.removesuffix('.0')}+ has one)" if method.cpu_since else ""
+        return False, f"{package} {version} has no CPU backend{since}; this machine has no CUDA GPU"
+    return True, f"{package} {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
 
 
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
-    version = machine.software.version("bitsandbytes")
-    if version is None:
-        return False, f"bitsandbytes is not installed ({install_hint('bitsandbytes')})"
-    if not machine.gpus and Version(version) < BNB_CPU_SINCE:
-        return False, f"bitsandbytes {version} has no CPU backend (0.48+ has one); this machine has no CUDA GPU"
-    return True, f"bitsandbytes {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
+    """`method_status` of the bitsandbytes methods (they share package and backends)."""
+    status = quant_method_status(machine, "bitsandbytes")
+    assert status is not None  # QUANT_METHODS has the bitsandbytes methods
+    return status
 
 
-def _config(quantize: str, dtype: str, machine: Machine) -> dict[str, Any]:
-    if quantize == "8bit":
-        return {"load_in_8bit": True}
-    # FSDP and DeepSpeed ZeRO-3 shard the packed 4-bit weights with the rest only when they are stored
-    # in a float dtype, the compute dtype: peft docs/source/accelerate/deepspeed.md ("Use PEFT QLoRA and
-    # DeepSpeed with ZeRO3": `bnb_4bit_quant_storage=quant_storage_dtype`, "`dtype` for
-    # `AutoModelForCausalLM` is same as the `bnb_4bit_quant_storage` data type") and fsdp.md (FSDP-QLoRA).
-    storage = dtype if machine.launch.shards_parameters else "uint8"
-    return {
-        "load_in_4bit": True,
-        "bnb_4bit_quant_type": "nf4",
-        "bnb_4bit_use_double_quant": True,
-        "bnb_4bit_compute_dtype": dtype,
-        "bnb_4bit_quant_storage": storage,
-    }
+def quant_method_status(machine: Machine, quant_method: str) -> tuple[bool, str] | None:
+    """`method_status` of the methods whose config is transformers' `quant_method` (they share a package);
+    None when no method of QUANT_METHODS is."""
+    method = next((m for m in QUANT_METHODS.values() if m.quant_method == quant_method), None)
+    return method_status(machine, method) if method is not None else None
+
+
+def _config(method: QuantMethod, dtype: str, machine: Machine) -> dict[str, Any]:
+    return method.build(dtype, machine.launch.shards_parameters)
 
 
 def decide_quantization(
@@ -74,40 +71,38 @@ def decide_quantization(
     used ("checkpoint"), never stacked with another.
 
     "auto" asks fit.py's `judge_fit`, as placement does: the same GPU and budget for both."""
-    if requested not in QUANTIZE_CHOICES:
+    if requested not in quantize_choices():
+        methods = ", ".join(m.summary for m in QUANT_METHODS.values())
         raise QuantizationError(
-            f"quantize={requested!r} is not a choice. Use '4bit' (QLoRA), '8bit', None (no quantization) "
+            f"quantize={requested!r} is not a choice. Use {methods}, None (no quantization) "
             "or 'auto' (4-bit only when 16-bit LoRA would not fit)."
         )
     if checkpoint is not None:
         return _checkpoint_quantize(model, requested, checkpoint), None, ()
-    if model.quantized is not None and requested in ("4bit", "8bit"):  # ModelFacts built without `quantization`
+    if model.quantized is not None and requested in QUANT_METHODS:  # ModelFacts built without `quantization`
         raise QuantizationError(
             f"quantize={requested!r} was asked, but {model.source} is already quantized ({model.quantized}). "
             "Pass quantize='auto' (the default) or None to fine-tune it as it is."
         )
-    usable, why = bitsandbytes_status(machine)
-    if requested in ("4bit", "8bit"):
+    if requested in QUANT_METHODS:
+        method = QUANT_METHODS[requested]
+        usable, why = method_status(machine, method)
         if not usable:
             raise MissingPackageError(f"quantize={requested!r} was asked, but {why}.")
-        detail = (
-            f"nf4 + double quant, compute dtype = the plan's dtype ({dtype}), not BitsAndBytesConfig's default"
-            if requested == "4bit"
-            else "LLM.int8"
-        )
         return (
-            Decision("quantize", requested, f"your choice: {detail}", source="user"),
-            _config(requested, dtype, machine),
+            Decision("quantize", requested, f"your choice: {method.detail.format(dtype=dtype)}", source="user"),
+            _config(method, dtype, machine),
             (),
         )
-    if requested is None and own in ("4bit", "8bit"):
+    if requested is None and own in QUANT_METHODS:
         # Your quantization_config quantizes the base (passed to from_pretrained as you gave it): the estimate,
         # the placement and the optimizer must follow it, not "full precision".
         return (
             Decision(
                 "quantize",
                 own,
-                f"your quantization_config: bitsandbytes {own} base weights (passed to from_pretrained as given); "
+                f"your quantization_config: {QUANT_METHODS[own].package} {own} base weights (passed to "
+                "from_pretrained as given); "
                 f"the memory estimate, placement and optimizer follow it",
                 source="user",
             ),
@@ -128,7 +123,7 @@ def decide_quantization(
         )
     if requested is None:
         return Decision("quantize", None, "your choice: full-precision base weights", source="user"), None, ()
-    return _auto_quantize(machine, dtype, estimates, device_map, usable, why)
+    return _auto_quantize(machine, dtype, estimates, device_map)
 
 
 def _auto_quantize(
@@ -136,18 +131,18 @@ def _auto_quantize(
     dtype: str,
     estimates: dict[str | None, TrainingMemory],
     device_map: Any,
-    usable: bool,
-    why: str,
 ) -> tuple[Decision, dict[str, Any] | None, tuple[str, ...]]:
-    """quantize="auto": 4-bit only when 16-bit LoRA does not fit the GPU (`usable`, `why`: bitsandbytes)."""
-    plain, four = estimates[None], estimates["4bit"]
+    """quantize="auto": the `auto` method (4-bit) only when 16-bit LoRA does not fit the GPU."""
+    method = next(m for m in QUANT_METHODS.values() if m.auto)
+    usable, why = method_status(machine, method)
+    plain, four = estimates[None], estimates[method.choice]
     if not machine.gpus:
         return (
             Decision(
                 "quantize",
                 None,
                 "no GPU: the weights live in RAM, and 4-bit matmuls on CPU are slower",
-                (Rejected("4bit", "saves RAM, costs speed on CPU; pass quantize='4bit' to trade"),),
+                (Rejected(method.choice, "saves RAM, costs speed on CPU; pass quantize='4bit' to trade"),),
             ),
             None,
             (),
@@ -168,7 +163,7 @@ def _auto_quantize(
                 "quantize",
                 None,
                 f"{dtype} LoRA fits: {how}",
-                (Rejected("4bit", "not needed: slower and lossier than 16-bit LoRA"),),
+                (Rejected(method.choice, "not needed: slower and lossier than 16-bit LoRA"),),
             ),
             None,
             (),
@@ -176,7 +171,7 @@ def _auto_quantize(
     if not usable:
         warning = f"16-bit LoRA will not fit ({how}) and 4-bit is unavailable: {why}."
         return (
-            Decision("quantize", None, f"4-bit would be needed but {why}", (Rejected("4bit", why),)),
+            Decision("quantize", None, f"4-bit would be needed but {why}", (Rejected(method.choice, why),)),
             None,
             (warning,),
         )
@@ -203,226 +198,13 @@ def _auto_quantize(
     return (
         Decision(
             "quantize",
-            "4bit",
+            method.choice,
             f"{dtype} LoRA does not fit ({how}); QLoRA needs ~{format_bytes(four.total)}{spread_note}",
             (Rejected(None, "does not fit"),),
         ),
-        _config("4bit", dtype, machine),
+        _config(method, dtype, machine),
         warnings,
     )
-
-
-# transformers 5.22.2 dequantizes MXFP4 when use_kernels=True on CUDA and requires it on the CPU
-# (quantizer_mxfp4.py:171-184); 5.25.0 dropped both rules (5.23/5.24 not checked: treated as 5.22).
-MXFP4_USE_KERNELS_RULE_UNTIL = Version("5.25.0")
-
-
-def _at_least(machine: Machine, dist: str, minimum: str) -> tuple[bool, str]:
-    version = machine.software.version(dist)
-    if version is None:
-        return False, f"{dist} is not installed"
-    ok = version_at_least(version, minimum)
-    return ok, f"{dist} {version}" + ("" if ok else f" is older than {minimum}")
-
-
-def _transformers_before(machine: Machine, version: Version) -> bool:
-    installed = machine.software.version("transformers")
-    try:
-        return installed is None or Version(installed) < version
-    except InvalidVersion:
-        return True
-
-
-def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
-    """Why transformers would dequantize an MXFP4 checkpoint here (quantizer_mxfp4.py
-    `validate_environment`, 5.22.2 lines 63-121 and 171-184); None when it keeps it quantized."""
-    old_rule = _transformers_before(machine, MXFP4_USE_KERNELS_RULE_UNTIL)
-    kernels_ok, kernels_why = kernels_status(machine)
-    if not machine.gpus:
-        if old_rule:
-            return (
-                f"on a CPU transformers {machine.software.version('transformers')} runs MXFP4 only with "
-                "use_kernels=True (quantizer_mxfp4.py:179-184), and cudaload plans Hub layer kernels only on CUDA"
-            )
-        triton_ok, triton_why = _at_least(machine, "triton", "3.5.0")
-        if not triton_ok:
-            return f"MXFP4 on a CPU needs triton >= 3.5.0 (quantizer_mxfp4.py:85-88, 104-111): {triton_why}"
-        return None if kernels_ok else f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:113-121): {kernels_why}"
-    gpu = min(machine.gpus, key=lambda g: g.capability)
-    if gpu.capability < (7, 5):
-        return f"MXFP4 kernels need compute capability >= 7.5 and {gpu.name} is {gpu.sm} (quantizer_mxfp4.py:80-102)"
-    triton_ok, triton_why = _at_least(machine, "triton", "3.4.0")
-    if not triton_ok:
-        return f"MXFP4 on CUDA needs triton >= 3.4.0 (quantizer_mxfp4.py:83, 104-111): {triton_why}"
-    if not kernels_ok:
-        return f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:84, 113-121): {kernels_why}"
-    if use_kernels and old_rule:
-        return (
-            f"use_kernels=True makes transformers {machine.software.version('transformers')} dequantize MXFP4 on "
-            "CUDA (quantizer_mxfp4.py:171-177)"
-        )
-    return None
-
-
-def _missing_packages(machine: Machine, checkpoint: CheckpointQuantization) -> str | None:
-    """What from_pretrained's `validate_environment` would raise ImportError for; None when nothing."""
-    if checkpoint.method == "bitsandbytes":
-        usable, why = bitsandbytes_status(machine)
-        return None if usable else why
-    needs: tuple[tuple[str, str], ...] = ()
-    if checkpoint.method == "gptq":
-        needs = (("optimum", "1.24.0"), ("gptqmodel", "1.4.3"))  # quantizer_gptq.py:35-36, 55-72
-    elif checkpoint.method == "awq":
-        needs = (("gptqmodel", "0"),)  # quantizer_awq.py:45-49
-    elif checkpoint.method == "compressed-tensors":
-        needs = (("compressed-tensors", "0.15.0"),)  # quantizer_compressed_tensors.py:68-72
-    problems = [why for ok, why in (_at_least(machine, d, v) for d, v in needs) if not ok]
-    return "; ".join(problems) or None
-
-
-def _dequantized_why(machine: Machine, checkpoint: CheckpointQuantization, use_kernels: bool) -> str | None:
-    """Why transformers would not keep this checkpoint's weights quantized here; None when it does."""
-    if checkpoint.bits is None:
-        return f"cudaload does not know how {checkpoint.method} stores weights: sized in the plan's dtype"
-    if checkpoint.dequantize:
-        return "its quantization_config asks for dequantize=True"
-    if checkpoint.method == "mxfp4":
-        return _mxfp4_blocker(machine, use_kernels)
-    if checkpoint.method == "fp8":
-        # quantizer_finegrained_fp8.py:39-57: no GPU, or below sm89, dequantizes to bf16.
-        if not machine.gpus:
-            return "FP8 weights need a GPU (quantizer_finegrained_fp8.py:39-46)"
-        gpu = min(machine.gpus, key=lambda g: g.capability)
-        if gpu.capability < (8, 9):
-            return (
-                f"FP8 matmuls need compute capability >= 8.9 and {gpu.name} is {gpu.sm} "
-                "(quantizer_finegrained_fp8.py:48-57)"
-            )
-    if checkpoint.method == "compressed-tensors":
-        # Without the FP8 kernel path the compressed weights are decompressed on the first forward
-        # (quantizer_compressed_tensors.py, `_process_model_after_weight_loading`); the FP8 path needs
-        # use_optimized_inference and sm89+ (`validate_environment`).
-        fp8 = checkpoint.option("type") == "float" and checkpoint.option("num_bits") == "8"
-        weakest = min(machine.gpus, key=lambda g: g.capability) if machine.gpus else None
-        if not (fp8 and checkpoint.option("optimized") == "True" and weakest and weakest.capability >= (8, 9)):
-            return (
-                "compressed-tensors decompresses the weights on the first forward unless FP8 weights run its FP8 "
-                "kernels (use_optimized_inference=True, compute capability >= 8.9)"
-            )
-    return None
-
-
-def _refuse_unloadable(machine: Machine, model: ModelFacts, checkpoint: CheckpointQuantization) -> None:
-    """Raise, with upstream's own reason, for a pre-quantized checkpoint transformers refuses to load here
-    (its quantizer's `validate_environment` raises): planning a "dequantized" copy would be a plan that never loads."""
-    what = f"{model.source} is a pre-quantized {checkpoint.label} checkpoint"
-    if checkpoint.method == "nvfp4":
-        raise QuantizationError(
-            f'{what}, and transformers refuses to load one: "Loading pre-quantized NVFP4 checkpoints is not '
-            'supported yet." (quantizers/quantizer_nvfp4.py:53-54, `validate_environment`, 5.22.2 and 5.25.0). '
-            "Use the unquantized checkpoint (NVFP4 can quantize it at load on sm100+), or another format."
-        )
-    if checkpoint.method != "fbgemm_fp8":
-        return
-    if not machine.gpus:
-        raise QuantizationError(
-            f'{what}, and transformers refuses it without a GPU: "Using fbgemm fp8 quantization requires a GPU or '
-            'XPU" (quantizers/quantizer_fbgemm_fp8.py:55-56). Plan it for a GPU with compute capability >= 9.0.'
-        )
-    # The quantizer reads torch.cuda.get_device_capability() of the current device (quantizer_fbgemm_fp8.py:68-74):
-    # cudaload makes the GPU it places the model on current (the `cuda_device` decision), the weakest of a spread.
-    gpu = min(machine.gpus, key=lambda g: g.capability)
-    if gpu.capability < (9, 0):
-        raise QuantizationError(
-            f'{what}, and {gpu.name} is {gpu.sm}: transformers refuses it, "FP8 quantized models is only supported '
-            'on GPUs with compute capability >= 9.0 (e.g H100)" (quantizers/quantizer_fbgemm_fp8.py:68-74). '
-            "Use a Hopper or newer GPU, or the unquantized checkpoint."
-        )
-    if not any(machine.software.version(d) for d in ("fbgemm-gpu", "fbgemm-gpu-genai")):
-        raise MissingPackageError(
-            f'{what}, and fbgemm-gpu is not installed: transformers raises "Loading an FP8 fbgemm quantized model '
-            'on CUDA requires fbgemm-gpu library" (quantizers/quantizer_fbgemm_fp8.py:59-63). Install fbgemm-gpu '
-            "(https://pytorch.org/FBGEMM/fbgemm_gpu-development/InstallationInstructions.html)."
-        )
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """What happens to an already-quantized checkpoint here.
-
-    Attributes:
-        decision: The "checkpoint_quantization" Decision.
-        dequantized_to: The dtype transformers dequantizes the quantized weights to; None when they stay
-            quantized.
-        missing: Why from_pretrained would raise ImportError (a package the method needs); None if nothing.
-        trainable: Its quantizer allows training (`HfQuantizer.is_trainable`).
-        warnings: What to tell the user.
-    """
-
-    decision: Decision
-    dequantized_to: str | None
-    missing: str | None
-    trainable: bool
-    warnings: tuple[str, ...] = ()
-
-
-def decide_checkpoint_quantization(
-    machine: Machine, model: ModelFacts, dtype: str, use_kernels: bool, dequantize: bool = False
-) -> CheckpointPlan | None:
-    """Whether transformers keeps an already-quantized checkpoint's weights quantized on this machine
-    (their size, the plan's weight bytes, follows), or dequantizes them; None for a checkpoint that is
-    not quantized. `dequantize`: your own quantization_config asks for it."""
-    checkpoint = model.quantization
-    if checkpoint is None:
-        return None
-    _refuse_unloadable(machine, model, checkpoint)
-    why = "your quantization_config asks for dequantize=True" if dequantize else None
-    why = why or _dequantized_why(machine, checkpoint, use_kernels)
-    missing = _missing_packages(machine, checkpoint)
-    warnings: tuple[str, ...] = ()
-    if missing is not None:
-        warnings = (
-            f"{model.source} is a {checkpoint.label} checkpoint and {missing}: from_pretrained will raise. "
-            "Install what it needs (transformers' quantization docs list it).",
-        )
-    rest = model.parameters - checkpoint.quantized_parameters
-    if why is None:
-        stored = checkpoint.stored_bytes()
-        unquantized = f"~{format_bytes(checkpoint.quantized_parameters * BYTES[dtype])} in {dtype} instead"
-        reason = (
-            f"the checkpoint is {checkpoint.label}: {checkpoint.quantized_parameters:,} weights stay quantized at "
-            f"{checkpoint.bits:.3g} bits (~{format_bytes(stored)}), the other {rest:,} parameters in {dtype}; "
-            "cudaload never quantizes it again"
-        )
-        trainable = checkpoint.method != "mxfp4"  # quantizer_mxfp4.py:208-213: is_trainable is False
-        return CheckpointPlan(
-            Decision(
-                "checkpoint_quantization",
-                checkpoint.method,
-                reason,
-                (Rejected("dequantized", unquantized),),
-            ),
-            None,
-            missing,
-            trainable,
-            warnings,
-        )
-    # MXFP4 and FP8 dequantize to bf16 (quantizer_mxfp4.py:99-120 "dequantizing the model to bf16",
-    # integrations/mxfp4.py `_convert_moe_packed_tensors(dtype=torch.bfloat16)`; quantizer_finegrained_fp8.py:42, 54).
-    target = "bfloat16" if checkpoint.method in ("mxfp4", "fp8") else dtype
-    decision = Decision(
-        "checkpoint_quantization",
-        "dequantized",
-        f"the checkpoint is {checkpoint.label}, but {why}: its quantized weights are sized in {target} "
-        f"(~{format_bytes(checkpoint.quantized_parameters * BYTES[target])})",
-        (Rejected(checkpoint.method, why),),
-    )
-    if checkpoint.bits is not None and not dequantize:
-        warnings += (
-            f"{model.source}: {checkpoint.label} weights will be dequantized to {target} here ({why}), "
-            f"~{format_bytes(checkpoint.quantized_parameters * (BYTES[target] - checkpoint.bits / 8))} more memory.",
-        )
-    return CheckpointPlan(decision, target, missing, True, warnings)
 
 
 def _checkpoint_quantize(model: ModelFacts, requested: str | None, checkpoint: CheckpointPlan) -> Decision:
@@ -430,7 +212,7 @@ def _checkpoint_quantize(model: ModelFacts, requested: str | None, checkpoint: C
     quantization ("checkpoint"); "4bit"/"8bit" would stack a second one and raise."""
     found = model.quantization
     assert found is not None  # a CheckpointPlan exists only for a quantized checkpoint
-    if requested in ("4bit", "8bit"):
+    if requested in QUANT_METHODS:
         raise QuantizationError(
             f"quantize={requested!r} was asked, but {model.source} is already quantized ({found.method}), as "
             f"{found.label}: "

@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
 from ..errors import DtypeUnsupportedError, FinetuneConfigError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
-from ..upstream import version_at_least
+from .memory import quantized_optimizer
 
 __all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
 
@@ -132,30 +130,26 @@ def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple
     return Decision("lora", config, reason, rejected, source="user" if yours else "auto"), config
 
 
+# Every 5.23 release, pre-releases included (".dev0" is the first of them).
+CHECKPOINTING_RENAMED_SINCE = "5.23.dev0"
+
+
 def checkpointing_argument(machine: Machine) -> str:
     """TrainingArguments' name for checkpointing: transformers 5.23 renamed `gradient_checkpointing`
     (and `_kwargs`) to `activation_checkpointing`; the old names still work but warn (FutureWarning)."""
-    version = machine.software.version("transformers")
-    try:
-        renamed = version is not None and Version(version).release >= (5, 23)
-    except InvalidVersion:
-        renamed = False
+    renamed = machine.software.at_least("transformers", CHECKPOINTING_RENAMED_SINCE)
     return "activation_checkpointing" if renamed else "gradient_checkpointing"
 
 
 # transformers' own default became non-reentrant (PR #43203, "Switch gradient checkpointing default to
 # `use_reentrant=False`"): 5.22.2's `gradient_checkpointing_enable` and 5.25's `_activation_checkpointing_enable`
 # (modeling_utils.py) both set `{"use_reentrant": False}` when given no kwargs; checked on those two.
-NON_REENTRANT_DEFAULT_SINCE = (5, 22)
+NON_REENTRANT_DEFAULT_SINCE = "5.22.dev0"
 
 
 def _reentrant_reason(machine: Machine) -> str:
     version = machine.software.version("transformers")
-    try:
-        new = version is not None and Version(version).release[:2] >= NON_REENTRANT_DEFAULT_SINCE
-    except InvalidVersion:
-        new = False
-    if new:
+    if machine.software.at_least("transformers", NON_REENTRANT_DEFAULT_SINCE):
         return (
             f"non-reentrant checkpointing works with frozen inputs and DDP; transformers {version} defaults to it "
             "too, but said explicitly, since torch.utils.checkpoint and peft's k-bit preparation read an unset "
@@ -203,7 +197,7 @@ def _cpu_optimizer(machine: Machine) -> tuple[str, str, Rejected, Rejected]:
     """AdamW on a CPU: transformers' fused default where torch has fused AdamW on the CPU."""
     torch = machine.software.version("torch")
     paged = Rejected("paged_adamw_8bit", "paged optimizers need CUDA")
-    if torch is not None and version_at_least(torch, CPU_FUSED_ADAMW_SINCE):
+    if machine.software.at_least("torch", CPU_FUSED_ADAMW_SINCE):
         return (
             "adamw_torch_fused",
             f'torch {torch} has fused AdamW on the CPU (torch/utils/_foreach_utils.py lists "cpu"), and '
@@ -222,8 +216,10 @@ def _cpu_optimizer(machine: Machine) -> tuple[str, str, Rejected, Rejected]:
 
 
 def decide_training_arguments(
-    machine: Machine, dtype: str, quantized: bool, checkpointing: bool
+    machine: Machine, dtype: str, quantized: bool | str, checkpointing: bool
 ) -> tuple[tuple[Decision, ...], dict[str, Any]]:
+    """The TrainingArguments flags. `quantized`: the plan's `quantize` ("4bit", "checkpoint", ...; True: a
+    quantized base of unnamed method) or False/None; a quantized base trains with its method's optimizer."""
     gpu = machine.weakest_gpu
     decisions: list[Decision] = []
 
@@ -240,12 +236,8 @@ def decide_training_arguments(
         if gpu.bf16:
             add("tf32", True, f"{gpu.sm} has TF32 tensor cores: fp32 matmuls (LoRA, optimizer) run faster")
         if quantized:
-            add(
-                "optim",
-                "paged_adamw_8bit",
-                "QLoRA on CUDA: 8-bit paged AdamW keeps optimizer spikes off the GPU",
-                Rejected("adamw_torch", "4x the optimizer memory"),
-            )
+            optim, why = quantized_optimizer(quantized if isinstance(quantized, str) else "checkpoint")
+            add("optim", optim, why, Rejected("adamw_torch", "4x the optimizer memory"))
         else:
             add("optim", "adamw_torch_fused", "fused AdamW: one kernel per step on CUDA")
     else:

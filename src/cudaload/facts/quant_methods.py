@@ -1,0 +1,149 @@
+"""The quantization methods a fine-tuning plan can quantize the base with: one record each.
+
+A method is data: the `quantize=` choice it answers to, the package that runs it, how its transformers
+config is built (plain keyword arguments; the loader builds the real config object from them, so the
+policy never imports transformers), how many bytes a quantized weight takes, what its frozen matmul saves
+for the backward, and which optimizer trains LoRA on it. The policy (policy/quantization.py, memory.py,
+training.py), the loader and the CLI read this table and nothing else, so a new method (torchao int8, say)
+is a record here plus whatever its policy rules need, not an edit in every module that mentions 4-bit.
+
+Sources: transformers 5.22.2 `BitsAndBytesConfig` (utils/quantization_config.py), bitsandbytes 0.50.2
+(nn/modules.py, autograd/_functions.py), peft docs (accelerate/deepspeed.md, fsdp.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "CHECKPOINT_OPTIMIZER",
+    "DEFAULT_CONFIG_CLASS",
+    "DEFAULT_QUANT_METHOD",
+    "QUANT_METHODS",
+    "QuantMethod",
+    "config_method",
+    "quantize_choices",
+]
+
+
+@dataclass(frozen=True)
+class QuantMethod:
+    """One way cudaload quantizes a base model for LoRA.
+
+    Attributes:
+        choice: The `quantize=` value it answers to (e.g. "4bit"), also the key of QUANT_METHODS.
+        summary: How the list of choices names it in an error (e.g. "'4bit' (QLoRA)").
+        detail: What it is, in the reason of an explicit choice; "{dtype}" is the plan's dtype.
+        package: The distribution that runs it (e.g. "bitsandbytes").
+        quant_method: transformers' `quant_method` of the config it builds.
+        config_class: The transformers class the loader builds from `build`'s keyword arguments.
+        cpu_since: The first `package` version with a CPU backend; None: it needs a CUDA GPU.
+        bits_per_weight: Bits a quantized linear weight takes in memory, its block scales included.
+        row_scale_bytes: Bytes per output row of each quantized linear (e.g. LLM.int8's fp32 scale).
+        saves_input: Its frozen matmul saves its input for the backward (LLM.int8 does; nf4 does not).
+        optimizer: The TrainingArguments `optim` on a GPU, and why.
+        auto: quantize="auto" picks it when 16-bit LoRA does not fit (one method has it).
+        build: (the plan's dtype, parameters sharded by FSDP / ZeRO-3) -> the config's keyword arguments.
+    """
+
+    choice: str
+    summary: str
+    detail: str
+    package: str
+    quant_method: str
+    config_class: str
+    cpu_since: str | None
+    bits_per_weight: float
+    row_scale_bytes: int
+    saves_input: bool
+    optimizer: tuple[str, str]
+    auto: bool
+    build: Callable[[str, bool], dict[str, Any]]
+
+
+# bitsandbytes' 8-bit paged AdamW for every quantized base (a pre-quantized checkpoint's too).
+PAGED_ADAMW = ("paged_adamw_8bit", "QLoRA on CUDA: 8-bit paged AdamW keeps optimizer spikes off the GPU")
+CHECKPOINT_OPTIMIZER = PAGED_ADAMW
+"""The optimizer for a base quantized by its checkpoint (no record of this table)."""
+
+DEFAULT_CONFIG_CLASS = "BitsAndBytesConfig"
+DEFAULT_QUANT_METHOD = "bitsandbytes"
+"""What a quantization_config given as a plain dict, planned by no record, is built into (and called)."""
+
+
+def _nf4(dtype: str, shards_parameters: bool) -> dict[str, Any]:
+    # FSDP and DeepSpeed ZeRO-3 shard the packed 4-bit weights with the rest only when they are stored
+    # in a float dtype, the compute dtype: peft docs/source/accelerate/deepspeed.md ("Use PEFT QLoRA and
+    # DeepSpeed with ZeRO3": `bnb_4bit_quant_storage=quant_storage_dtype`, "`dtype` for
+    # `AutoModelForCausalLM` is same as the `bnb_4bit_quant_storage` data type") and fsdp.md (FSDP-QLoRA).
+    return {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": dtype,
+        "bnb_4bit_quant_storage": dtype if shards_parameters else "uint8",
+    }
+
+
+def _int8(dtype: str, shards_parameters: bool) -> dict[str, Any]:
+    return {"load_in_8bit": True}
+
+
+QUANT_METHODS: dict[str, QuantMethod] = {
+    m.choice: m
+    for m in (
+        QuantMethod(
+            choice="4bit",
+            summary="'4bit' (QLoRA)",
+            detail="nf4 + double quant, compute dtype = the plan's dtype ({dtype}), not BitsAndBytesConfig's default",
+            package="bitsandbytes",
+            quant_method="bitsandbytes",
+            config_class="BitsAndBytesConfig",
+            # bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
+            cpu_since="0.48.0",
+            # nf4: 4 bits; absmax per block of 64 as uint8 (double quantization): 8/64; an fp32 scale per
+            # 256 of those blocks: 32/(64·256). 4.127 bits per weight, as the QLoRA paper says
+            # (bitsandbytes/nn/modules.py:230-231: blocks of 64).
+            bits_per_weight=4 + 8 / 64 + 32 / (64 * 256),
+            row_scale_bytes=0,
+            # MatMul4Bit saves only the weight (bitsandbytes/autograd/_functions.py:357-358).
+            saves_input=False,
+            optimizer=PAGED_ADAMW,
+            auto=True,
+            build=_nf4,
+        ),
+        QuantMethod(
+            choice="8bit",
+            summary="'8bit'",
+            detail="LLM.int8",
+            package="bitsandbytes",
+            quant_method="bitsandbytes",
+            config_class="BitsAndBytesConfig",
+            cpu_since="0.48.0",
+            # LLM.int8: int8 weights (CB) and one fp32 scale per output row (SCB).
+            bits_per_weight=8,
+            row_scale_bytes=4,
+            # MatMul8bitLt saves its input (bitsandbytes/autograd/_functions.py:186-187).
+            saves_input=True,
+            optimizer=PAGED_ADAMW,
+            auto=False,
+            build=_int8,
+        ),
+    )
+}
+"""Every method, by its `quantize=` choice, in the order the CLI and errors list them."""
+
+
+def config_method(decisions: Iterable[Any]) -> QuantMethod | None:
+    """The method whose config a plan's `quantization_config` keyword arguments are, read from the plan's
+    decisions (its "quantize" Decision); None when no method of this table planned it (a dict of your own,
+    which the loader builds into DEFAULT_CONFIG_CLASS)."""
+    planned = next((d.value for d in decisions if d.setting == "quantize"), None)
+    return QUANT_METHODS.get(planned) if isinstance(planned, str) else None
+
+
+def quantize_choices() -> tuple[str | None, ...]:
+    """Every `quantize=` value: each method's choice, "auto" and None (no quantization)."""
+    return (*QUANT_METHODS, "auto", None)

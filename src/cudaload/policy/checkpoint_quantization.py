@@ -1,0 +1,229 @@
+"""A pre-quantized checkpoint: whether transformers keeps its weights quantized here or dequantizes them,
+what it needs installed, and which checkpoints it refuses to load at all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import MissingPackageError, QuantizationError
+from ..facts.dtypes import BYTES
+from ..facts.machine import Machine
+from ..facts.model import ModelFacts
+from ..facts.stored_weights import CheckpointQuantization
+from ..plans import Decision, Rejected
+from .fit import format_bytes
+from .kernels import kernels_status
+from .quantization import quant_method_status
+
+__all__ = ["CheckpointPlan", "decide_checkpoint_quantization"]
+
+
+# transformers 5.22.2 dequantizes MXFP4 when use_kernels=True on CUDA and requires it on the CPU
+# (quantizer_mxfp4.py:171-184); 5.25.0 dropped both rules (5.23/5.24 not checked: treated as 5.22).
+MXFP4_USE_KERNELS_RULE_UNTIL = "5.25.0"
+
+
+def _at_least(machine: Machine, dist: str, minimum: str) -> tuple[bool, str]:
+    version = machine.software.version(dist)
+    if version is None:
+        return False, f"{dist} is not installed"
+    ok = machine.software.at_least(dist, minimum)
+    return ok, f"{dist} {version}" + ("" if ok else f" is older than {minimum}")
+
+
+def _transformers_before(machine: Machine, version: str) -> bool:
+    """transformers is older than `version`, or missing, or its version does not parse."""
+    return not machine.software.at_least("transformers", version)
+
+
+def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
+    """Why transformers would dequantize an MXFP4 checkpoint here (quantizer_mxfp4.py
+    `validate_environment`, 5.22.2 lines 63-121 and 171-184); None when it keeps it quantized."""
+    old_rule = _transformers_before(machine, MXFP4_USE_KERNELS_RULE_UNTIL)
+    kernels_ok, kernels_why = kernels_status(machine)
+    if not machine.gpus:
+        if old_rule:
+            return (
+                f"on a CPU transformers {machine.software.version('transformers')} runs MXFP4 only with "
+                "use_kernels=True (quantizer_mxfp4.py:179-184), and cudaload plans Hub layer kernels only on CUDA"
+            )
+        triton_ok, triton_why = _at_least(machine, "triton", "3.5.0")
+        if not triton_ok:
+            return f"MXFP4 on a CPU needs triton >= 3.5.0 (quantizer_mxfp4.py:85-88, 104-111): {triton_why}"
+        return None if kernels_ok else f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:113-121): {kernels_why}"
+    gpu = min(machine.gpus, key=lambda g: g.capability)
+    if gpu.capability < (7, 5):
+        return f"MXFP4 kernels need compute capability >= 7.5 and {gpu.name} is {gpu.sm} (quantizer_mxfp4.py:80-102)"
+    triton_ok, triton_why = _at_least(machine, "triton", "3.4.0")
+    if not triton_ok:
+        return f"MXFP4 on CUDA needs triton >= 3.4.0 (quantizer_mxfp4.py:83, 104-111): {triton_why}"
+    if not kernels_ok:
+        return f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:84, 113-121): {kernels_why}"
+    if use_kernels and old_rule:
+        return (
+            f"use_kernels=True makes transformers {machine.software.version('transformers')} dequantize MXFP4 on "
+            "CUDA (quantizer_mxfp4.py:171-177)"
+        )
+    return None
+
+
+def _missing_packages(machine: Machine, checkpoint: CheckpointQuantization) -> str | None:
+    """What from_pretrained's `validate_environment` would raise ImportError for; None when nothing."""
+    status = quant_method_status(machine, checkpoint.method)
+    if status is not None:
+        usable, why = status
+        return None if usable else why
+    needs: tuple[tuple[str, str], ...] = ()
+    if checkpoint.method == "gptq":
+        needs = (("optimum", "1.24.0"), ("gptqmodel", "1.4.3"))  # quantizer_gptq.py:35-36, 55-72
+    elif checkpoint.method == "awq":
+        needs = (("gptqmodel", "0"),)  # quantizer_awq.py:45-49
+    elif checkpoint.method == "compressed-tensors":
+        needs = (("compressed-tensors", "0.15.0"),)  # quantizer_compressed_tensors.py:68-72
+    problems = [why for ok, why in (_at_least(machine, d, v) for d, v in needs) if not ok]
+    return "; ".join(problems) or None
+
+
+def _dequantized_why(machine: Machine, checkpoint: CheckpointQuantization, use_kernels: bool) -> str | None:
+    """Why transformers would not keep this checkpoint's weights quantized here; None when it does."""
+    if checkpoint.bits is None:
+        return f"cudaload does not know how {checkpoint.method} stores weights: sized in the plan's dtype"
+    if checkpoint.dequantize:
+        return "its quantization_config asks for dequantize=True"
+    if checkpoint.method == "mxfp4":
+        return _mxfp4_blocker(machine, use_kernels)
+    if checkpoint.method == "fp8":
+        # quantizer_finegrained_fp8.py:39-57: no GPU, or below sm89, dequantizes to bf16.
+        if not machine.gpus:
+            return "FP8 weights need a GPU (quantizer_finegrained_fp8.py:39-46)"
+        gpu = min(machine.gpus, key=lambda g: g.capability)
+        if gpu.capability < (8, 9):
+            return (
+                f"FP8 matmuls need compute capability >= 8.9 and {gpu.name} is {gpu.sm} "
+                "(quantizer_finegrained_fp8.py:48-57)"
+            )
+    if checkpoint.method == "compressed-tensors":
+        # Without the FP8 kernel path the compressed weights are decompressed on the first forward
+        # (quantizer_compressed_tensors.py, `_process_model_after_weight_loading`); the FP8 path needs
+        # use_optimized_inference and sm89+ (`validate_environment`).
+        fp8 = checkpoint.option("type") == "float" and checkpoint.option("num_bits") == "8"
+        weakest = min(machine.gpus, key=lambda g: g.capability) if machine.gpus else None
+        if not (fp8 and checkpoint.option("optimized") == "True" and weakest and weakest.capability >= (8, 9)):
+            return (
+                "compressed-tensors decompresses the weights on the first forward unless FP8 weights run its FP8 "
+                "kernels (use_optimized_inference=True, compute capability >= 8.9)"
+            )
+    return None
+
+
+def _refuse_unloadable(machine: Machine, model: ModelFacts, checkpoint: CheckpointQuantization) -> None:
+    """Raise, with upstream's own reason, for a pre-quantized checkpoint transformers refuses to load here
+    (its quantizer's `validate_environment` raises): planning a "dequantized" copy would be a plan that never loads."""
+    what = f"{model.source} is a pre-quantized {checkpoint.label} checkpoint"
+    if checkpoint.method == "nvfp4":
+        raise QuantizationError(
+            f'{what}, and transformers refuses to load one: "Loading pre-quantized NVFP4 checkpoints is not '
+            'supported yet." (quantizers/quantizer_nvfp4.py:53-54, `validate_environment`, 5.22.2 and 5.25.0). '
+            "Use the unquantized checkpoint (NVFP4 can quantize it at load on sm100+), or another format."
+        )
+    if checkpoint.method != "fbgemm_fp8":
+        return
+    if not machine.gpus:
+        raise QuantizationError(
+            f'{what}, and transformers refuses it without a GPU: "Using fbgemm fp8 quantization requires a GPU or '
+            'XPU" (quantizers/quantizer_fbgemm_fp8.py:55-56). Plan it for a GPU with compute capability >= 9.0.'
+        )
+    # The quantizer reads torch.cuda.get_device_capability() of the current device (quantizer_fbgemm_fp8.py:68-74):
+    # cudaload makes the GPU it places the model on current (the `cuda_device` decision), the weakest of a spread.
+    gpu = min(machine.gpus, key=lambda g: g.capability)
+    if gpu.capability < (9, 0):
+        raise QuantizationError(
+            f'{what}, and {gpu.name} is {gpu.sm}: transformers refuses it, "FP8 quantized models is only supported '
+            'on GPUs with compute capability >= 9.0 (e.g H100)" (quantizers/quantizer_fbgemm_fp8.py:68-74). '
+            "Use a Hopper or newer GPU, or the unquantized checkpoint."
+        )
+    if not any(machine.software.version(d) for d in ("fbgemm-gpu", "fbgemm-gpu-genai")):
+        raise MissingPackageError(
+            f'{what}, and fbgemm-gpu is not installed: transformers raises "Loading an FP8 fbgemm quantized model '
+            'on CUDA requires fbgemm-gpu library" (quantizers/quantizer_fbgemm_fp8.py:59-63). Install fbgemm-gpu '
+            "(https://pytorch.org/FBGEMM/fbgemm_gpu-development/InstallationInstructions.html)."
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What happens to an already-quantized checkpoint here.
+
+    Attributes:
+        decision: The "checkpoint_quantization" Decision.
+        dequantized_to: The dtype transformers dequantizes the quantized weights to; None when they stay
+            quantized.
+        missing: Why from_pretrained would raise ImportError (a package the method needs); None if nothing.
+        trainable: Its quantizer allows training (`HfQuantizer.is_trainable`).
+        warnings: What to tell the user.
+    """
+
+    decision: Decision
+    dequantized_to: str | None
+    missing: str | None
+    trainable: bool
+    warnings: tuple[str, ...] = ()
+
+
+def decide_checkpoint_quantization(
+    machine: Machine, model: ModelFacts, dtype: str, use_kernels: bool, dequantize: bool = False
+) -> CheckpointPlan | None:
+    """Whether transformers keeps an already-quantized checkpoint's weights quantized on this machine
+    (their size, the plan's weight bytes, follows), or dequantizes them; None for a checkpoint that is
+    not quantized. `dequantize`: your own quantization_config asks for it."""
+    checkpoint = model.quantization
+    if checkpoint is None:
+        return None
+    _refuse_unloadable(machine, model, checkpoint)
+    why = "your quantization_config asks for dequantize=True" if dequantize else None
+    why = why or _dequantized_why(machine, checkpoint, use_kernels)
+    missing = _missing_packages(machine, checkpoint)
+    warnings: tuple[str, ...] = ()
+    if missing is not None:
+        warnings = (
+            f"{model.source} is a {checkpoint.label} checkpoint and {missing}: from_pretrained will raise. "
+            "Install what it needs (transformers' quantization docs list it).",
+        )
+    rest = model.parameters - checkpoint.quantized_parameters
+    if why is None:
+        stored = checkpoint.stored_bytes()
+        unquantized = f"~{format_bytes(checkpoint.quantized_parameters * BYTES[dtype])} in {dtype} instead"
+        reason = (
+            f"the checkpoint is {checkpoint.label}: {checkpoint.quantized_parameters:,} weights stay quantized at "
+            f"{checkpoint.bits:.3g} bits (~{format_bytes(stored)}), the other {rest:,} parameters in {dtype}; "
+            "cudaload never quantizes it again"
+        )
+        trainable = checkpoint.method != "mxfp4"  # quantizer_mxfp4.py:208-213: is_trainable is False
+        return CheckpointPlan(
+            Decision(
+                "checkpoint_quantization",
+                checkpoint.method,
+                reason,
+                (Rejected("dequantized", unquantized),),
+            ),
+            None,
+            missing,
+            trainable,
+            warnings,
+        )
+    # MXFP4 and FP8 dequantize to bf16 (quantizer_mxfp4.py:99-120 "dequantizing the model to bf16",
+    # integrations/mxfp4.py `_convert_moe_packed_tensors(dtype=torch.bfloat16)`; quantizer_finegrained_fp8.py:42, 54).
+    target = "bfloat16" if checkpoint.method in ("mxfp4", "fp8") else dtype
+    decision = Decision(
+        "checkpoint_quantization",
+        "dequantized",
+        f"the checkpoint is {checkpoint.label}, but {why}: its quantized weights are sized in {target} "
+        f"(~{format_bytes(checkpoint.quantized_parameters * BYTES[target])})",
+        (Rejected(checkpoint.method, why),),
+    )
+    if checkpoint.bits is not None and not dequantize:
+        warnings += (
+            f"{model.source}: {checkpoint.label} weights will be dequantized to {target} here ({why}), "
+            f"~{format_bytes(checkpoint.quantized_parameters * (BYTES[target] - checkpoint.bits / 8))} more memory.",
+        )
+    return CheckpointPlan(decision, target, missing, True, warnings)

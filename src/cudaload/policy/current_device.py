@@ -1,0 +1,150 @@
+"""Which GPU decides for a process, and which CUDA device it makes current.
+
+On GPUs of different compute capability one process is judged (dtype, attention) on the GPU it places the
+model on, not the weakest; a quantized FSDP / ZeRO-3 rank and a pre-quantized checkpoint need the right
+device current before they load, because transformers' quantizers read `torch.cuda.current_device()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..errors import PlacementError
+from ..facts.machine import Launch, Machine
+from ..facts.model import ModelFacts
+from ..plans import Decision, Plan, Rejected
+from ..request import Request
+from .fit import (
+    HEADROOM,
+    judge_fit,
+    pinned_gpu,
+)
+from .memory import weight_bytes
+
+__all__ = [
+    "decide_current_device",
+    "decide_rank_device",
+    "landed_machine",
+    "placed_machine",
+    "plan_within",
+    "rank_gpu",
+    "sharder",
+]
+
+
+def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Machine:
+    """`machine` restricted to the one GPU a single process will place the model on, when its GPUs
+    differ in compute capability; else `machine` itself (every GPU, or the weakest, decides).
+
+    The GPU is the one your device_map pins, else the one `judge_fit` picks for a 16-bit copy (the most
+    free memory), as `decide_placement` will: T4 + A100 puts Llama-3-8B on the A100, so the A100 decides
+    bf16 and FlashAttention. A distributed launch keeps every GPU (all ranks must agree on the dtype);
+    a spread (device_map "auto", or a copy too big for one GPU) keeps every GPU it may touch.
+    `plan_within` checks the finished plan stayed on that GPU.
+    """
+    if not _mixed_single_process(machine):
+        return machine
+    pinned = pinned_gpu(request.device_map)
+    if pinned is None:
+        if request.device_map is not None:
+            return machine
+        # 2 bytes a parameter: bf16 or fp16, whichever the GPU runs (the size placement judges is no larger
+        # once the dtype is chosen for that GPU; fp32 only where neither is native, which this GPU decides).
+        fit = judge_fit(machine, weight_bytes(model, "bfloat16", None), HEADROOM)
+        if not fit.fits or fit.gpu is None:
+            return machine
+        pinned = fit.gpu.index
+    return _only(machine, pinned)
+
+
+def rank_gpu(machine: Machine) -> int:
+    """This rank's CUDA index: LOCAL_RANK, or 0 when the process sees one GPU (CUDA_VISIBLE_DEVICES set
+    per rank)."""
+    launch = machine.launch
+    index = 0 if len(machine.gpus) == 1 else launch.local_rank
+    if index >= len(machine.gpus):
+        raise PlacementError(
+            f"LOCAL_RANK={launch.local_rank} but this process sees {len(machine.gpus)} GPU(s): start at most "
+            "one process per visible GPU (torchrun --nproc_per_node), or fix CUDA_VISIBLE_DEVICES."
+        )
+    return index
+
+
+def decide_rank_device(machine: Machine, quantized: bool, device_map: Any) -> Decision | None:
+    """The CUDA device to make current before a quantized FSDP / DeepSpeed ZeRO-3 rank loads (None when
+    there is no such question). Those launches get no device_map, and bitsandbytes' quantizer then puts
+    the whole model on `torch.cuda.current_device()` (transformers quantizers/quantizer_bnb_4bit.py and
+    quantizer_bnb_8bit.py `update_device_map`: `device_map = {"": torch.cuda.current_device()}`), which
+    is cuda:0 on every rank unless the process set it: every rank's copy would land on GPU 0."""
+    launch = machine.launch
+    if not (quantized and launch.distributed and launch.shards_parameters and machine.gpus) or device_map is not None:
+        return None
+    index = rank_gpu(machine)
+    what = sharder(launch)
+    return Decision(
+        "cuda_device",
+        index,
+        f"torch.cuda.set_device({index}) before loading (LOCAL_RANK={launch.local_rank}): {what} takes no "
+        "device_map, and bitsandbytes' quantizer then loads onto torch.cuda.current_device(), cuda:0 on every "
+        "rank unless set",
+        (Rejected(0, "every rank's quantized copy on GPU 0") if index else Rejected(None, "left to chance"),),
+    )
+
+
+def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) -> Decision | None:
+    """The CUDA device to make current before a pre-quantized checkpoint loads on GPUs of different compute
+    capability in one process (None when there is no such question).
+
+    transformers' quantizers judge the *current* device, not the one the weights go on:
+    quantizer_mxfp4.py `validate_environment` (`torch.cuda.get_device_capability()`, 5.22.2 lines 80-102),
+    quantizer_finegrained_fp8.py:48-57, quantizer_fbgemm_fp8.py:68-74, compressed-tensors. cudaload judges the GPU
+    the model goes on (the weakest of a spread), so `load()` makes that GPU current (`torch.cuda.set_device`) and
+    both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other would."""
+    if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
+        return None
+    pinned = pinned_gpu(device_map)
+    if pinned is None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return None  # the CPU, or a map of your own: left as it is
+    gpu = next((g for g in machine.gpus if g.index == pinned), None) or min(
+        machine.gpus, key=lambda g: (g.capability, g.index)
+    )
+    where = "the GPU the model goes on" if pinned is not None else "the weakest GPU the spread may touch"
+    return Decision(
+        "cuda_device",
+        gpu.index,
+        f"torch.cuda.set_device({gpu.index}) before loading: {gpu.name} ({gpu.sm}) is {where}, and transformers' "
+        "quantizers judge torch.cuda.current_device() (quantizer_mxfp4.py, quantizer_finegrained_fp8.py, "
+        "quantizer_fbgemm_fp8.py `validate_environment`: torch.cuda.get_device_capability())",
+        (Rejected(None, "cuda:0 would be judged, whatever GPU the weights go on"),),
+    )
+
+
+def landed_machine(machine: Machine, plan: Plan) -> Machine:
+    """`machine` restricted to the one GPU the plan's device_map pins, when its GPUs differ in compute
+    capability and a single process loads; else `machine` itself."""
+    if not _mixed_single_process(machine):
+        return machine
+    return _only(machine, pinned_gpu(plan.kwargs.get("device_map")))
+
+
+def _mixed_single_process(machine: Machine) -> bool:
+    """GPUs of different compute capability, loaded by one process (a launch keeps every GPU: all ranks
+    must agree on the dtype)."""
+    return len({g.capability for g in machine.gpus}) >= 2 and not machine.launch.distributed
+
+
+def _only(machine: Machine, index: int | None) -> Machine:
+    """`machine` with GPU `index` alone (itself when no GPU has that index)."""
+    chosen = tuple(g for g in machine.gpus if g.index == index)
+    return replace(machine, gpus=chosen) if chosen else machine
+
+
+def plan_within(plan: Plan, judged: Machine) -> bool:
+    """Whether the plan's device_map keeps the model on `judged`'s GPUs."""
+    pinned = pinned_gpu(plan.kwargs.get("device_map"))
+    return pinned is not None and pinned in {g.index for g in judged.gpus}
+
+
+def sharder(launch: Launch) -> str:
+    return "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"

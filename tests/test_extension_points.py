@@ -1,0 +1,142 @@
+"""Extension points (issue 30 item 4): `Software.at_least` is the one "installed version >= X" test, a
+quantization method is one record, an attention backend is one record. A method or backend registered in
+its table alone is planned, with no edit elsewhere."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cudaload
+from cudaload.errors import INSTALLED_BY, AttentionUnavailableError, MissingPackageError, QuantizationError
+from cudaload.facts.machine import Machine, Software
+from cudaload.facts.model import ModelFacts
+from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod
+from cudaload.plans import Rejected
+from cudaload.policy.attention import decide_attention
+from cudaload.policy.attention_checks import BACKENDS, AttentionBackend, OptionCheck
+
+
+def test_at_least_compares_installed_versions_by_pep440() -> None:
+    software = Software(packages=(("odd", "not-a-version"), ("torch", "2.8.0"), ("transformers", "5.23.0rc1")))
+    assert software.at_least("torch", "2.8")
+    assert not software.at_least("torch", "2.9")
+    assert not software.at_least("peft", "0")  # not installed
+    assert not software.at_least("odd", "0")  # a version that does not parse is never new enough
+    # A ".dev0" minimum admits the minor's pre-releases (the rule "release >= (5, 23)" it replaces).
+    assert software.at_least("transformers", "5.23.dev0")
+    assert not software.at_least("transformers", "5.23.0")
+
+
+# --- a quantization method is one record ----------------------------------------------------------
+
+
+def _fake_int8() -> QuantMethod:
+    return QuantMethod(
+        choice="int8_fake",
+        summary="'int8_fake'",
+        detail="a made-up int8 method in {dtype}",
+        package="torchao",
+        quant_method="torchao",
+        config_class="FakeQuantConfig",
+        cpu_since=None,
+        bits_per_weight=8,
+        row_scale_bytes=0,
+        saves_input=False,
+        optimizer=("adamw_torch", "the fake method's own optimizer"),
+        auto=False,
+        build=lambda dtype, shards: {"quant_type": "int8_weight_only", "dtype": dtype},
+    )
+
+
+def test_a_registered_quantization_method_is_planned_with_no_edit_elsewhere(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _fake_int8()
+    monkeypatch.setitem(QUANT_METHODS, fake.choice, fake)
+    monkeypatch.setitem(INSTALLED_BY, "torchao", "finetune")  # its install hint: a new package's one line
+    a100 = Machine.simulated("A100", packages={"torchao": "0.14.0", "peft": "0.21.2", "bitsandbytes": None})
+    plan = cudaload.plan(str(tiny_models["qwen3"]), machine=a100, finetune=True, quantize="int8_fake")
+
+    assert plan.decision("quantize").value == "int8_fake"
+    assert plan.decision("quantize").reason == "your choice: a made-up int8 method in bfloat16"
+    assert plan.kwargs["quantization_config"] == {"quant_type": "int8_weight_only", "dtype": "bfloat16"}
+    assert plan.decision("training.optim").value == "adamw_torch"
+    # The memory estimate sizes each method from its record: int8 linears, the rest in bf16.
+    assert plan.finetune is not None and "int8_fake" in plan.finetune.memory_estimate
+    facts = cudaload.read_model_facts(str(tiny_models["qwen3"]))
+    expected = facts.linear_parameters + (facts.parameters - facts.linear_parameters) * 2
+    assert plan.weight_bytes == expected
+    # The loader builds the record's config class from the plan's keyword arguments.
+    # (transformers as imported now: a fixture may have dropped the module this file imported)
+    monkeypatch.setattr(
+        importlib.import_module("transformers"), "FakeQuantConfig", lambda **kw: ("built", kw), raising=False
+    )
+    built = cudaload.from_pretrained_kwargs(plan)["quantization_config"]
+    assert built == ("built", {"quant_type": "int8_weight_only", "dtype": "bfloat16"})
+    # A method whose package is missing is refused by its own record's status.
+    with pytest.raises(MissingPackageError, match="torchao is not installed"):
+        cudaload.plan(
+            str(tiny_models["qwen3"]),
+            machine=Machine.simulated("A100", packages={"torchao": None, "peft": "0.21.2"}),
+            finetune=True,
+            quantize="int8_fake",
+        )
+    # The CLI offers it.
+    assert "int8_fake" in _quantize_choices_of_cli()
+
+
+def _quantize_choices_of_cli() -> list[str]:
+    from cudaload.cli.parser import build_parser
+
+    plan = next(a for a in build_parser()._actions if a.dest == "command").choices["plan"]  # type: ignore[union-attr]
+    return list(next(a for a in plan._actions if a.dest == "quantize").choices)
+
+
+def test_an_unknown_quantize_lists_the_registered_methods(tiny_models: dict[str, Path]) -> None:
+    with pytest.raises(QuantizationError, match=r"Use '4bit' \(QLoRA\), '8bit', None \(no quantization\) or 'auto'"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated("A100"), finetune=True, quantize="2bit")
+
+
+# --- an attention backend is one record -----------------------------------------------------------
+
+
+@pytest.fixture
+def fake_backend_first() -> Iterator[AttentionBackend]:
+    """A made-up backend registered first in BACKENDS (so the automatic chain tries it before SDPA)."""
+
+    def check(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+        blockers = () if machine.gpus else ("fake_attention needs a GPU",)
+        return OptionCheck("fake_attention", "a made-up fused kernel", blockers)
+
+    fake = AttentionBackend("fake_attention", check, "always")
+    saved = dict(BACKENDS)
+    BACKENDS.clear()
+    BACKENDS.update({fake.name: fake, **saved})
+    yield fake
+    BACKENDS.clear()
+    BACKENDS.update(saved)
+
+
+def test_a_registered_attention_backend_is_planned_with_no_edit_elsewhere(
+    tiny_models: dict[str, Path], fake_backend_first: AttentionBackend
+) -> None:
+    path = str(tiny_models["qwen3"])
+    t4 = Machine.simulated("T4")  # no FlashAttention on sm75: the named backends decide
+    plan = cudaload.plan(path, machine=t4)
+    assert plan.attn_implementation == "fake_attention"
+    assert plan.decision("attn_implementation").reason == "a made-up fused kernel"
+    assert plan.attention_chain[:2] == ("fake_attention", "sdpa")
+    # Its own check rejects it where it cannot run, in the trace explain() shows, and an explicit choice is refused.
+    cpu = cudaload.plan(path, machine=Machine.simulated(None))
+    assert cpu.attn_implementation == "sdpa"
+    assert Rejected("fake_attention", "fake_attention needs a GPU") in cpu.decision("attn_implementation").rejected
+    # (plan() first asks transformers whether it knows the name: a real backend is registered there.)
+    facts = cudaload.read_model_facts(path)
+    with pytest.raises(AttentionUnavailableError, match="fake_attention needs a GPU"):
+        decide_attention(Machine.simulated(None), facts, "float32", "fake_attention")
+    chosen, _, _ = decide_attention(t4, facts, "float16", "fake_attention")
+    assert chosen.reason == "your choice (a made-up fused kernel)"
