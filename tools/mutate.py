@@ -25,6 +25,7 @@ the whole `-m "not slow and not distributed"` subset instead (minutes per mutant
     python tools/mutate.py                          # 40 mutants, seed 0, policy/, planner*, loaders*
     python tools/mutate.py --sample 80 --seed 3 --files 'src/cudaload/policy/precision.py'
     python tools/mutate.py --list                   # every mutant, nothing run
+    python tools/mutate.py --match 'generation.py:16[01] ' --sample 99 --tests tests/test_mutation_survivors.py
     python tools/mutate.py --json results           # also file benchmarks/results/<machine>/<date>-mutation.json
 
 Run from the repository root with the project's venv (`nox -s mutation` does). Not part of CI: it
@@ -132,9 +133,12 @@ def mutants_of(path: Path) -> list[Mutant]:
     rel = str(path.resolve().relative_to(ROOT))
     found: list[Mutant] = []
 
+    seen: set[tuple[int, int, str]] = set()
+
     def add(node: ast.AST, start: int, end: int, new: str, kind: str) -> None:
         old = source[start:end].decode()
-        if old != new:
+        if old != new and (start, end, new) not in seen:  # 1 + 1 == 1 * 2: one mutant
+            seen.add((start, end, new))
             found.append(Mutant(rel, node.lineno, start, end, old, new, kind))  # type: ignore[attr-defined]
 
     for node in ast.walk(tree):
@@ -252,7 +256,7 @@ def _copy_src(into: Path) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     files = target_files(args.files)
-    every = [m for f in files for m in mutants_of(f)]
+    every = [m for f in files for m in mutants_of(f) if re.search(args.match, m.describe())]
     if args.list:
         for m in every:
             print(m.describe())
@@ -333,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markers", default="not distributed", help="pytest -m for the mapped tests")
     parser.add_argument("--fast-suite", action="store_true", help='run the whole -m "not slow and not distributed" set')
     parser.add_argument("--baseline-timeout", type=float, default=1200, help="seconds the unmutated run may take")
+    parser.add_argument("--match", default="", help="only mutants whose description matches this regex")
     parser.add_argument("--list", action="store_true", help="list every mutant and stop")
     parser.add_argument(
         "--json", help="write the outcome here ('results': benchmarks/results/<machine>/<date>-mutation.json)"
