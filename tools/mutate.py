@@ -16,11 +16,14 @@ draws a seeded sample of them, and for each one copies `src/` to a temporary fol
 limit (3x the unmutated run, at least 60 s). Numbers inside f-strings are skipped: they only change
 printed text, and on Python 3.11 `ast` gives wrong positions inside f-strings.
 
-Which tests run for a mutant of `src/cudaload/X/Y.py`: the test files whose import lines name the
-module (`cudaload.X.Y`, `from cudaload.X import Y`, or `import cudaload.X.Y`), plus
-tests/test_mutation_survivors.py and tests/test_policy.py (they reach every rule through `plan()` and
-`decide_plan`), run with `-x -m "not distributed"`. `--tests` replaces that choice; `--fast-suite` runs
-the whole `-m "not slow and not distributed"` subset instead (minutes per mutant here).
+Which tests run for a mutant of `src/cudaload/X/Y.py`, in turn until one fails (`-x`): first
+tests/test_mutation_survivors.py in full (`-m "not distributed"`: its load() tests are marked slow), then
+the test files whose import lines name the module (`cudaload.X.Y`, `from cudaload.X import Y`, or
+`import cudaload.X.Y`) plus tests/test_policy.py (it reaches every rule through `decide_plan`), with
+`-m "not slow and not distributed"` (`--markers`). `--fast-suite` runs the whole suite instead of the
+mapped files (minutes per mutant here); `--tests` replaces both stages with the pytest arguments given.
+So the score is a lower bound for the whole suite: a mutant only a slow or an unmapped test notices
+counts as survived.
 
     python tools/mutate.py                          # 40 mutants, seed 0, policy/, planner*, loaders*
     python tools/mutate.py --sample 80 --seed 3 --files 'src/cudaload/policy/precision.py'
@@ -59,7 +62,8 @@ DEFAULT_FILES = (
     "src/cudaload/loaders*.py",
     "src/cudaload/loaders/**/*.py",
 )
-ALWAYS = ("tests/test_mutation_survivors.py", "tests/test_policy.py")
+SURVIVORS = "tests/test_mutation_survivors.py"
+ALWAYS = (SURVIVORS, "tests/test_policy.py")
 COMPARE_FLIP = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">")}
 COMPARE_FLIP |= {ast.Eq: ("==", "!="), ast.NotEq: ("!=", "==")}
 
@@ -254,6 +258,16 @@ def _copy_src(into: Path) -> Path:
     return into
 
 
+def _stages(mutant: Mutant, args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(pytest -m, tests) run in turn for a mutant until one fails: SURVIVORS in full (its tests that load
+    a tiny model are marked slow), then the mapped tests (or the whole suite) without the slow ones."""
+    if args.tests:
+        return [(args.markers, list(args.tests))]
+    first = [("not distributed", [SURVIVORS])] if (ROOT / SURVIVORS).exists() else []
+    rest = ["tests"] if args.fast_suite else [t for t in tests_for(mutant.path) if t != SURVIVORS]
+    return [*first, (args.markers, rest)] if rest else first
+
+
 def run(args: argparse.Namespace) -> int:
     files = target_files(args.files)
     every = [m for f in files for m in mutants_of(f) if re.search(args.match, m.describe())]
@@ -271,21 +285,24 @@ def run(args: argparse.Namespace) -> int:
         copy = _copy_src(Path(tmp))
         limits: dict[tuple[str, ...], float] = {}
         for number, mutant in enumerate(sample, 1):
-            tests = args.tests or (["tests"] if args.fast_suite else tests_for(mutant.path))
-            markers = "not slow and not distributed" if args.fast_suite else args.markers
-            key = (markers, *tests)
-            if key not in limits:  # the unmutated copy must pass these tests; its time sets the limit
-                status, seconds, failed = _pytest(copy, tests, markers, timeout=args.baseline_timeout)
+            status, seconds, failed = "survived", 0.0, ""
+            for markers, tests in _stages(mutant, args):
+                key = (markers, *tests)
+                if key not in limits:  # the unmutated copy must pass these tests; its time sets the limit
+                    base, took, why = _pytest(copy, tests, markers, timeout=args.baseline_timeout)
+                    if base != "survived":
+                        sys.exit(f"the unmutated code fails {' '.join(tests)}: {why or base}")
+                    limits[key] = max(60.0, 3 * took)
+                target = copy / mutant.path
+                original = target.read_bytes()
+                target.write_bytes(original[: mutant.start] + mutant.new.encode() + original[mutant.end :])
+                try:
+                    status, took, failed = _pytest(copy, tests, markers, timeout=limits[key])
+                finally:
+                    target.write_bytes(original)
+                seconds += took
                 if status != "survived":
-                    sys.exit(f"the unmutated code fails {' '.join(tests)}: {failed or status}")
-                limits[key] = max(60.0, 3 * seconds)
-            target = copy / mutant.path
-            original = target.read_bytes()
-            target.write_bytes(original[: mutant.start] + mutant.new.encode() + original[mutant.end :])
-            try:
-                status, seconds, failed = _pytest(copy, tests, markers, timeout=limits[key])
-            finally:
-                target.write_bytes(original)
+                    break
             outcomes.append(Outcome(mutant, status, round(seconds, 1), failed))
             print(f"[{number}/{len(sample)}] {status:8} {seconds:6.1f}s {mutant.describe()}", flush=True)
     return _report(outcomes, args)
@@ -334,8 +351,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=40, help="how many mutants to run (default 40)")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     parser.add_argument("--tests", nargs="+", help="run these pytest arguments for every mutant instead")
-    parser.add_argument("--markers", default="not distributed", help="pytest -m for the mapped tests")
-    parser.add_argument("--fast-suite", action="store_true", help='run the whole -m "not slow and not distributed" set')
+    parser.add_argument(
+        "--markers", default="not slow and not distributed", help="pytest -m for the mapped tests (or --tests)"
+    )
+    parser.add_argument(
+        "--fast-suite",
+        action="store_true",
+        help="after SURVIVORS, the whole suite (with --markers) instead of the mapped files",
+    )
     parser.add_argument("--baseline-timeout", type=float, default=1200, help="seconds the unmutated run may take")
     parser.add_argument("--match", default="", help="only mutants whose description matches this regex")
     parser.add_argument("--list", action="store_true", help="list every mutant and stop")
