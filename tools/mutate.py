@@ -246,6 +246,11 @@ def _pytest(copy: Path, tests: list[str], markers: str, timeout: float) -> tuple
 
 def _copy_src(into: Path) -> Path:
     shutil.copytree(ROOT / "src", into / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    # Some tests find repository files from the package's path (docs/how-it-works.md, pyproject.toml):
+    # the rest of the repository is linked beside the copy, read-only in spirit, never edited.
+    for entry in ROOT.iterdir():
+        if entry.name not in ("src", ".git"):
+            (into / entry.name).symlink_to(entry)
     probe = subprocess.run(
         [sys.executable, "-c", "import cudaload; print(cudaload.__file__)"],
         env={**os.environ, "PYTHONPATH": str(into / "src"), "PYTHONDONTWRITEBYTECODE": "1"},
