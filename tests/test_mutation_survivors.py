@@ -435,3 +435,77 @@ def test_the_generation_plan_of_a_loaded_model_follows_the_dtype_it_stores(
     stored = cudaload.load(plan, verify=False)
     assert str(stored.dtype) == "torch.float8_e4m3fn"
     assert stored.cudaload_plan.plan.generation == plan.generation
+
+
+# ---- more survivors of the seeded sample (tools/mutate.py, seed 0) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model_type", "launched", "refused"),
+    [("gemma2", "fp16", True), ("gemma2", "bf16", False), ("gemma2", None, False), ("llama", "fp16", False)],
+)
+def test_a_launchers_fp16_is_refused_only_for_a_family_that_overflows_in_it(
+    model_type: str, launched: str | None, refused: bool
+) -> None:
+    """`accelerate launch --mixed_precision fp16` (ACCELERATE_MIXED_PRECISION) fine-tuning an fp16-fragile
+    family raises (policy `_launched_precision_warnings`): both conditions, not either. The families are
+    vLLM's `_FLOAT16_NOT_SUPPORTED_MODELS` (vllm/config/model.py, "Numerical instability"), upstream.py."""
+    from cudaload.errors import DtypeUnsupportedError
+
+    launch = Launch("accelerate", rank=0, local_rank=0, world_size=2, local_world_size=2, mixed_precision=launched)
+    machine = Machine.simulated("A100", count=2, launch=launch)
+    model = replace(llama(1), model_type=model_type)
+    request = Request(training=TrainingRequest(quantize=None))
+    if refused:
+        with pytest.raises(DtypeUnsupportedError, match=r"mixed_precision fp16.*overflows in float16"):
+            _decide(machine, model, request)
+    else:
+        assert _decide(machine, model, request).finetune is not None
+
+
+def test_a_misspelt_attention_gets_the_nearest_known_name(config_only: Path) -> None:
+    """An attn_implementation transformers does not know raises with the nearest known name (planner's
+    check against `ALL_ATTENTION_FUNCTIONS.valid_keys()`, transformers modeling_utils), never a bare
+    refusal: the error says what to do."""
+    with pytest.raises(cudaload.AttentionUnavailableError, match=r"did you mean 'sdpa'\?"):
+        cudaload.plan(str(config_only), machine=Machine.simulated(), attn_implementation="spda")
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        ("3KB", 3_000),
+        ("3KiB", 3 * 1024),
+        ("2MB", 2_000_000),
+        ("2MiB", 2 * 1024**2),
+        ("1.5GB", 1_500_000_000),
+        ("1.5GiB", 3 * 2**29),
+        ("1TB", 10**12),
+        ("1TiB", 2**40),
+    ],
+)
+def test_max_memory_sizes_are_read_as_accelerate_reads_them(value: str, size: int) -> None:
+    """A max_memory string in bytes (policy/fit.py `size_bytes`) as accelerate's `convert_file_size_to_int`
+    reads it (accelerate/utils/modeling.py, 1.16: "KB" 10**3 ... "TB" 10**12, "KiB" 2**10 ... "TiB" 2**40)."""
+    from cudaload.policy.fit import size_bytes
+
+    assert size_bytes(value) == size
+
+
+@pytest.mark.parametrize(
+    ("attention", "flash"),
+    [
+        ("flash_attention_2", True),
+        ("kernels-community/flash-attn3", True),
+        ("kernels-community/vllm-flash-attn3", True),
+        ("kernels-community/sage-attention", False),
+        ("sdpa", False),
+    ],
+)
+def test_a_hub_kernel_of_flash_attention_counts_as_flash_attention(attention: str, flash: bool) -> None:
+    """FlashAttention from its package or from a Hub kernel repo whose name holds "flash-attn" takes no
+    padding mask (policy/attention.py `is_flash_attention`): what the generation plan's CUDA-graph and
+    fullgraph notes hang on (transformers' continuous batching captures graphs only without a mask)."""
+    from cudaload.policy.attention import is_flash_attention
+
+    assert is_flash_attention(attention) is flash
