@@ -509,3 +509,29 @@ def test_a_hub_kernel_of_flash_attention_counts_as_flash_attention(attention: st
     from cudaload.policy.attention import is_flash_attention
 
     assert is_flash_attention(attention) is flash
+
+
+@pytest.mark.parametrize(("billions", "warned"), [(1, False), (70, True)])
+def test_sharded_ranks_are_warned_of_ram_only_when_their_full_copies_exceed_it(billions: float, warned: bool) -> None:
+    """FSDP / ZeRO-3 loading (policy/placement.py `_sharded_placement`): each rank of a node builds a full
+    CPU copy before sharding (no zero.Init / cpu_ram_efficient_loading: the model is built before
+    TrainingArguments, modeling_utils.py `is_deepspeed_zero3_enabled()`), so the plan warns when ranks x
+    weights exceed 80% of the RAM, and only then. 4 ranks on 64 GiB: 1B (~2.3 GiB each) fits, 70B does not."""
+    launch = Launch("torchrun", rank=0, local_rank=0, world_size=4, local_world_size=4, strategy="fsdp")
+    machine = Machine.simulated("A100", count=4, launch=launch, cpu_memory_gib=64)
+    plan = _decide(machine, llama(billions), Request())
+    assert any("expect an OOM kill" in w for w in plan.warnings) is warned
+
+
+def test_8bit_training_keeps_the_matmul_inputs_too() -> None:
+    """LLM.int8 training memory (policy/memory.py `layer_bytes_per_token`): bitsandbytes' MatMul8bitLt saves
+    its input for the backward (bitsandbytes 0.50.2 autograd/_functions.py:187 in `MatMul8bitLt.forward`,
+    `ctx.tensors = (CAt, subA, A)`), so per layer and token an 8-bit run keeps d x (2 hidden + attention + MLP)
+    bytes more than a 16-bit one: the two norms' outputs, the attention output and the MLP product."""
+    from cudaload.policy.memory import estimate_training_memory
+
+    model = llama(8)  # hidden 4096, attention 4096, MLP 14336, 32 layers
+    args: dict[str, Any] = dict(dtype="bfloat16", r=16, targets=("q_proj",), seq_len=128, checkpointing=False)
+    eight = estimate_training_memory(model, quantize="8bit", **args)
+    sixteen = estimate_training_memory(model, quantize=None, **args)
+    assert eight.activations - sixteen.activations == 32 * 128 * 2 * (2 * 4096 + 4096 + 14336)
