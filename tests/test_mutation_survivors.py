@@ -535,3 +535,44 @@ def test_8bit_training_keeps_the_matmul_inputs_too() -> None:
     eight = estimate_training_memory(model, quantize="8bit", **args)
     sixteen = estimate_training_memory(model, quantize=None, **args)
     assert eight.activations - sixteen.activations == 32 * 128 * 2 * (2 * 4096 + 4096 + 14336)
+
+
+def test_fp8_weights_are_kept_from_sm89_on(tmp_path: Path) -> None:
+    """A FineGrainedFP8 checkpoint runs as stored on compute capability 8.9 and up (L4, L40, RTX 4090:
+    transformers' quantizer_finegrained_fp8.py:48-57), and is dequantized to bf16 below (A100, sm80);
+    sm89 itself is the boundary (tests/test_prequantized.py covers H100 and A100)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    ).save_pretrained(tmp_path)
+    l4 = cudaload.plan(str(tmp_path), machine=Machine.simulated("L4"))
+    assert l4.decision("checkpoint_quantization").value == "fp8"
+    a100 = cudaload.plan(str(tmp_path), machine=Machine.simulated("A100"))
+    assert a100.decision("checkpoint_quantization").value != "fp8"
+
+
+def test_a_tiny_models_clear_bf16_ratio_is_still_a_tie_on_the_cpu() -> None:
+    """decide_plan applies NOTICEABLE_S to the two CPU estimates it has (policy/precision.py
+    `_measured_choice`): a model so small that bf16's clear 1.5x lead is worth milliseconds keeps the
+    checkpoint's dtype (the measured demo model: 10 fresh caches on a Zen 4 put bf16 from 1.5x slower to 1.2x
+    faster)."""
+    tiny = replace(
+        QWEN_06B,
+        parameters=100_000,
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=256,
+        linear_shapes=(("down_proj", 128, 64, 2), ("gate_proj", 64, 128, 2), ("up_proj", 64, 128, 2)),
+        checkpoint_dtype="float32",
+    )
+    machine = Machine.simulated(None, dtype_probe=_probe(1.5))
+    decision = _decide(machine, tiny, Request(workload=Workload(8, 2))).decision("dtype")
+    assert decision.value == "float32"
+    assert "ms apart, under the 50 ms worth choosing for" in decision.reason
