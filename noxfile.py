@@ -78,3 +78,12 @@ def bench(session: nox.Session) -> None:
     session.install("-c", "constraints/tested.txt", "-e", ".[bench]")
     session.run("cudaload", "bench", "--results", RESULTS, *session.posargs, env=OFFLINE)
     session.run("cudaload", "bench", "--finetune", "--results", RESULTS, *session.posargs, env=OFFLINE)
+
+
+@nox.session
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of policy/, planner* and loaders* (tools/mutate.py): a seeded sample of small edits
+    to the rules, each run against the tests that import its module; prints killed/survived and the score.
+    Not in CI (tens of minutes). Pass tools/mutate.py's options after `--`, e.g. `-- --sample 80 --seed 3`."""
+    _install(session)
+    session.run("python", "tools/mutate.py", *session.posargs, env=OFFLINE)

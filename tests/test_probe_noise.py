@@ -177,13 +177,15 @@ def test_the_probe_re_measures_only_while_its_rounds_disagree() -> None:
 
 def test_a_clear_ratio_on_a_gap_nobody_notices_is_a_tie() -> None:
     from cudaload.facts.spread import spread
-    from cudaload.policy.precision import NOTICEABLE_S, _verdict
+    from cudaload.policy.precision import _verdict
 
     rounds = spread([1.5, 1.52, 1.49, 1.51, 1.5])  # bf16 clearly 1.5x faster in every round
     assert rounds is not None
     dtype, headline, tie = _verdict(rounds, "float32", gap_s=0.004)  # 0.012 s vs 0.008 s: 4 ms apart
     assert (dtype, tie) == ("float32", True)
     assert "4 ms apart" in headline and "kept the checkpoint's float32" in headline
-    dtype, headline, tie = _verdict(rounds, "float32", gap_s=NOTICEABLE_S * 4)
+    # Literal gaps on each side of the 50 ms line (NOTICEABLE_S), never derived from the constant itself.
+    assert _verdict(rounds, "float32", gap_s=0.049)[::2] == ("float32", True)
+    dtype, headline, tie = _verdict(rounds, "float32", gap_s=0.050)
     assert (dtype, tie) == ("bfloat16", False)
     assert headline.startswith("bf16 1.50x faster")

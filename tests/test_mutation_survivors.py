@@ -1,0 +1,578 @@
+"""Rules that a mutation sample (issue 30 item 6, `tools/mutate.py`) could change without any test
+failing, or that only the pasted docs output noticed. One test per rule; each docstring names the rule
+and the upstream line or measured fact it protects. Every test goes through an entry point that the
+issue-30 refactor keeps (`cudaload.plan`, `cudaload.load`, `decide_plan` with a Machine, the Plan and
+AppliedPlan it returns, a policy function by name imported inside the test), so moving code between
+modules does not break them.
+
+Each test was checked to fail with its rule mutated (`python tools/mutate.py --files ... --tests
+tests/test_mutation_survivors.py`, or by hand on a copy of src/)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cudaload
+from cudaload import Decision, DtypeProbe, Launch, LoadFailedError, Machine, Workload
+from cudaload.facts.dtypes import DTYPES
+from cudaload.facts.kv_cache import GenerationFacts, KvLayers
+from cudaload.facts.machine import ProbeRound
+from cudaload.facts.model import any_model
+from cudaload.request import GenerationRequest, Request, TrainingRequest
+from model_shapes import llama
+
+GiB = 2**30
+
+
+def _decide(machine: Machine, model: Any, request: Request) -> cudaload.Plan:
+    from cudaload.policy import decide_plan
+
+    return decide_plan(machine, model, request)
+
+
+# ---- policy: the CPU dtype ----------------------------------------------------------------------
+
+
+def _probe(bf16_speedup: float, rounds: int = 5) -> DtypeProbe:
+    """A probe whose every round measured bf16 `bf16_speedup` times as fast as fp32 (prefill and decode)."""
+    prefill = {"float32": 0.010, "bfloat16": 0.010 / bf16_speedup, "float16": 0.010}
+    decode = {"float32": 1e-3, "bfloat16": 1e-3 / bf16_speedup, "float16": 1e-3}
+    casts = tuple((a, b, 1e-12) for a in DTYPES for b in DTYPES if a != b)
+    one = ProbeRound(tuple(prefill.items()), tuple(decode.items()), casts)
+    return DtypeProbe(
+        in_features=1024,
+        out_features=2048,
+        prefill_tokens=128,
+        prefill_s=tuple((d, statistics.median([prefill[d]] * rounds)) for d in DTYPES),
+        decode_s=tuple((d, statistics.median([decode[d]] * rounds)) for d in DTYPES),
+        cast_s=casts,
+        threads=2,
+        measured_at="2026-12-05",
+        rounds=(one,) * rounds,
+    )
+
+
+# A 0.6B-shaped model (Qwen3-0.6B: hidden 1024, MLP 3072, 28 layers): its workload takes seconds on a
+# CPU, far beyond the 50 ms that NOTICEABLE_S calls unnoticeable.
+QWEN_06B = replace(
+    any_model(),
+    parameters=596_000_000,
+    hidden_size=1024,
+    num_layers=28,
+    vocab_size=151_936,
+    linear_shapes=(("down_proj", 3072, 1024, 28), ("gate_proj", 1024, 3072, 28), ("up_proj", 1024, 3072, 28)),
+)
+
+
+def test_estimates_50_ms_apart_are_worth_choosing_between() -> None:
+    """NOTICEABLE_S (policy/precision.py): estimated workload times under 50 ms apart are a tie whatever
+    the ratio, 50 ms and more are not. Measured: 10 fresh caches of the demo model on an idle Zen 4 put
+    bf16 from 1.5x slower to 1.2x faster, milliseconds nobody sees. Literal gaps around the boundary."""
+    from cudaload.facts.spread import spread
+    from cudaload.policy.precision import _verdict
+
+    rounds = spread([1.5, 1.52, 1.49, 1.51, 1.5])  # bf16 clearly 1.5x faster in every round
+    assert rounds is not None
+    assert _verdict(rounds, "float32", gap_s=0.049)[::2] == ("float32", True)
+    assert "49 ms apart, under the 50 ms worth choosing for" in _verdict(rounds, "float32", gap_s=0.049)[1]
+    assert _verdict(rounds, "float32", gap_s=0.050)[::2] == ("bfloat16", False)
+
+
+@pytest.mark.parametrize(("speedup", "chosen"), [(1.3, "bfloat16"), (1 / 1.3, "float32")])
+@pytest.mark.parametrize("checkpoint", ["float32", "bfloat16"])
+def test_bf16_wins_exactly_when_its_rounds_are_faster(speedup: float, chosen: str, checkpoint: str) -> None:
+    """The bf16 win threshold (policy/precision.py `_verdict`): past the 15% tie margin, bf16 is chosen
+    when its median ratio to fp32 is above 1 (faster), fp32 when below, whatever the checkpoint's dtype.
+    1.3x is the kind of gap measured between these dtypes on the project's CPUs (benchmarks/README.md)."""
+    machine = Machine.simulated(None, dtype_probe=_probe(speedup))
+    model = replace(QWEN_06B, checkpoint_dtype=checkpoint)
+    decision = _decide(machine, model, Request(workload=Workload(512, 128))).decision("dtype")
+    assert decision.value == chosen
+    assert "tie" not in decision.reason.split(":")[0]
+
+
+# ---- policy: placement ----------------------------------------------------------------------------
+
+
+def _tp_model(parameters: int) -> Any:
+    return replace(llama(8), parameters=parameters, attention_heads=32, kv_heads=8, tp_plan=True)
+
+
+def test_weights_that_exactly_fill_one_gpus_budget_are_not_tensor_parallel() -> None:
+    """Tensor parallelism boundary (policy/placement.py `decide_tensor_parallel`): weights up to and
+    including 80% of one GPU (HEADROOM, fit.py; accelerate itself keeps 10% free) fit it, so each rank
+    holds a whole copy; one byte more and a 1/2 shard per rank is planned. 10 GiB GPUs: budget 8 GiB."""
+    launch = Launch("torchrun", rank=0, local_rank=0, world_size=2, local_world_size=2, strategy="ddp")
+    machine = Machine.simulated("custom:sm90:10GiB", count=2, launch=launch)
+    exact = _decide(machine, _tp_model(4 * GiB), Request())  # bf16: 2 bytes a parameter = 8 GiB
+    assert exact.decision("tp_plan").value is None
+    assert "fit one GPU" in exact.decision("tp_plan").reason
+    assert exact.kwargs["device_map"] == {"": 0}
+    over = _decide(machine, _tp_model(4 * GiB + 1), Request())
+    assert over.decision("tp_plan").value == "auto" and over.kwargs["tp_plan"] == "auto"
+
+
+def _two_gpus(first: int, second: int) -> Machine:
+    base = Machine.simulated("custom:sm90:80GiB", count=2)
+    a, b = base.gpus
+    return replace(base, gpus=(replace(a, total_memory=first), replace(b, total_memory=second)))
+
+
+def test_training_that_exceeds_all_gpus_together_stays_on_one_and_warns() -> None:
+    """Training-overflow boundary (policy/placement.py `_gpu_placement`): when the weights fit one GPU
+    but the whole training run (weights, LoRA + AdamW, activations) exceeds even all GPUs together, at
+    90% of each (TRAINING_SHARE, fit.py), spreading the weights cannot help: they stay on one GPU and the
+    plan warns of an out-of-memory error. A run that just fits the GPUs together is spread over them."""
+    request = Request(training=TrainingRequest(quantize=None))
+    model = llama(1)
+    total = _decide(Machine.simulated("H100"), model, request).finetune.memory_estimate["16bit"]["total"]
+    first = 6 * GiB  # the weights (~3.6 GiB in bf16) fit its 80%
+    left = total - int(first * 0.9)
+    second = next(m for m in range(math.ceil(left / 0.9) - 3, math.ceil(left / 0.9) + 4) if int(m * 0.9) == left)
+    just_fits = _decide(_two_gpus(first, second), model, request)
+    assert just_fits.finetune.memory_estimate["16bit"]["total"] == total  # the estimate ignores GPU sizes
+    assert just_fits.kwargs["device_map"] == "auto"
+    assert not any("out-of-memory" in w for w in just_fits.warnings)
+    over = _decide(_two_gpus(first, second - 2), model, request)
+    assert over.kwargs["device_map"] == "cuda:0"
+    assert any("expect an out-of-memory error" in w for w in over.warnings)
+
+
+# ---- policy: generation ---------------------------------------------------------------------------
+
+# Llama-3-8B's cache layout (32 layers x 8 KV heads x 128 x K and V): the static-cache rule is about
+# the workload, not the model.
+FULL = GenerationFacts(layers=(KvLayers("full_attention", 32, 8 * 256),), max_positions=131072)
+
+
+def _cache(machine: Machine, prompt: int, new: int) -> str | None:
+    model = replace(llama(8), generation=FULL)
+    request = Request(workload=Workload(prompt, new), generation=GenerationRequest(True))
+    gen = _decide(machine, model, request).generation
+    assert gen is not None
+    return gen.cache_implementation
+
+
+def test_static_cache_needs_at_least_as_many_new_tokens_as_prompt_tokens() -> None:
+    """The static cache's decode >= prompt rule (policy/generation.py): generate() torch.compiles a
+    static-cache forward (`_valid_auto_compile_criteria`, generation/utils.py), a warm-up repaid only when
+    the decode is at least as long as the prompt it reads; equal counts."""
+    h100 = Machine.simulated("H100")
+    assert _cache(h100, prompt=512, new=512) == "static"
+    assert _cache(h100, prompt=513, new=512) == "dynamic"
+
+
+def test_static_cache_starts_at_256_new_tokens() -> None:
+    """DECODE_HEAVY_TOKENS = 256 (policy/generation.py): from 256 generated tokens (and no fewer than the
+    prompt's) the compile warm-up is repaid; 255 stay on transformers' default dynamic cache. Before this
+    test only the pasted output of docs/generation.md noticed the constant."""
+    h100 = Machine.simulated("H100")
+    assert _cache(h100, prompt=100, new=256) == "static"
+    assert _cache(h100, prompt=100, new=255) == "dynamic"
+    assert _cache(h100, prompt=100, new=512) == "static"
+
+
+def test_a_cpu_kv_cache_may_take_60_percent_of_the_ram_left_beside_the_weights() -> None:
+    """CPU_SHARE = 0.6 (policy/generation.py): on a CPU the KV budget is 60% of the available RAM minus
+    the weights, transformers' continuous batching's share for cpu/mps (`resolve_max_memory_percent`,
+    generation/continuous_batching/initialization.py:313-316 in 5.22.2). Before this test only pasted
+    docs output noticed the constant."""
+    machine = Machine.simulated(None, cpu_memory_gib=64)
+    available = machine.cpu.memory_available
+    assert available is not None
+    model = replace(llama(1), parameters=1_000_000_000, generation=FULL)
+    request = Request(dtype="bfloat16", generation=GenerationRequest(True))
+    gen = _decide(machine, model, request).generation
+    assert gen is not None
+    assert gen.budget_bytes == int((available - 2_000_000_000) * 0.6)
+    assert "60% of the RAM left beside the weights" in gen.decision("generation.max_batch").reason
+
+
+# ---- policy: fine-tuning -------------------------------------------------------------------------
+
+
+def test_a_cpu_lora_dropout_mask_costs_4_bytes_per_input_a_gpu_one_1() -> None:
+    """CPU dropout-mask bytes (policy/memory.py `layer_bytes_per_token`): each LoRA adapter keeps its
+    dropout mask for the backward (peft/tuners/lora/layer.py:1100-1102, `lora_B(lora_A(dropout(x)))`):
+    a bool mask on CUDA (1 byte an element), a float noise tensor on CPU (torch's dropout: 4 bytes). So
+    the CPU estimate's activations exceed the GPU one's by 3 bytes per adapter input element per token."""
+    from cudaload.policy.memory import estimate_training_memory
+
+    model = llama(1)
+    targets = ("q_proj", "v_proj")
+    fan_in = sum(fan_in * count for name, fan_in, _, count in model.linear_shapes if name in targets)
+    tokens = 256
+    args: dict[str, Any] = dict(dtype="float32", quantize=None, r=16, targets=targets, seq_len=tokens)
+    cpu = estimate_training_memory(model, **args, checkpointing=False, on_gpu=False)
+    gpu = estimate_training_memory(model, **args, checkpointing=False, on_gpu=True)
+    assert cpu.activations - gpu.activations == (4 - 1) * fan_in * tokens
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_fine_tuning_turns_the_kv_cache_off(checkpointing: bool) -> None:
+    """use_cache while fine-tuning (policy `_training_cache`): off whether or not checkpointing is on;
+    training reads no KV cache. With checkpointing, transformers would turn it off itself with a warning
+    ("Caching is incompatible with gradient checkpointing", modeling_layers.py
+    `GradientCheckpointingLayer.__call__`), and the reason says so only then."""
+    request = Request(training=TrainingRequest(quantize=None, gradient_checkpointing=checkpointing))
+    plan = _decide(Machine.simulated("H100"), llama(1), request)
+    assert plan.finetune is not None and plan.finetune.use_cache is False
+    decision = plan.decision("use_cache")
+    assert decision.value is False and [r.value for r in decision.rejected] == [True]
+    assert ("transformers would turn it off under checkpointing" in decision.reason) is checkpointing
+
+
+@pytest.fixture(scope="module")
+def config_only(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama config.json and nothing else: plan() reads configs, never weights."""
+    from transformers import LlamaConfig
+
+    path = tmp_path_factory.mktemp("config-only")
+    LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    ).save_pretrained(path)
+    return path
+
+
+def test_fine_tuning_plans_for_2048_tokens_by_default(config_only: Path) -> None:
+    """The default seq_len (planner `plan(seq_len=None)`, documented as 2048 in plan()'s docstring and in
+    docs/finetune.md) and batch_size 1: a plan that names neither estimates the memory of 2048 x 1.
+    Before this test only pasted docs output noticed the default."""
+    h100 = Machine.simulated("H100")
+    default = cudaload.plan(str(config_only), machine=h100, finetune=True, quantize=None)
+    named = cudaload.plan(str(config_only), machine=h100, finetune=True, quantize=None, seq_len=2048, batch_size=1)
+    other = cudaload.plan(str(config_only), machine=h100, finetune=True, quantize=None, seq_len=2047)
+    assert default.finetune is not None and named.finetune is not None and other.finetune is not None
+    assert default.finetune.memory_estimate["assumes"] == {
+        "seq_len": 2048,
+        "batch_size": 1,
+        "gradient_checkpointing": True,
+    }
+    assert default.finetune.memory_estimate == named.finetune.memory_estimate
+    assert default.finetune.memory_estimate["16bit"] != other.finetune.memory_estimate["16bit"]
+
+
+# ---- planner --------------------------------------------------------------------------------------
+
+
+def test_gpus_torch_cannot_drive_are_planned_as_a_cpu_and_its_dtype_measured(
+    monkeypatch: pytest.MonkeyPatch, config_only: Path
+) -> None:
+    """The planner's usable-machine line (planner `_measured`): the CPU dtype probe runs when the plan
+    runs on the CPU, which includes a machine whose GPUs this torch cannot drive (a CPU-only torch build
+    beside an NVIDIA GPU: policy/devices.py `usable_machine`), not only a machine without GPUs."""
+    import cudaload.capability
+
+    h100 = Machine.simulated("H100")
+    cpu_torch = replace(h100, software=replace(h100.software, torch_cuda=None))
+    monkeypatch.setattr(cudaload.capability, "detect", lambda: cpu_torch)
+    plan = cudaload.plan(str(config_only))
+    assert any("planned for the CPU" in w for w in plan.warnings)
+    assert plan.kwargs["device_map"] == "cpu"
+    assert "probed on this CPU" in plan.decision("dtype").reason
+
+
+# ---- load() ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def from_pretrained_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The attn_implementation of each AutoModelForCausalLM.from_pretrained call (each reads the weights)."""
+    import transformers
+
+    calls: list[str] = []
+    original = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def counting(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs.get("attn_implementation"))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(counting))
+    return calls
+
+
+def _after_from_pretrained(monkeypatch: pytest.MonkeyPatch, change: Any) -> None:
+    """Let from_pretrained load for real, then `change(model)`: what transformers did, seen by load()."""
+    import transformers
+
+    original = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def changed(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        loaded = original(cls, *args, **kwargs)
+        change(loaded[0] if isinstance(loaded, tuple) else loaded)  # (model, loading info) when asked
+        return loaded
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(changed))
+
+
+@pytest.mark.slow
+def test_an_attention_you_chose_never_falls_back(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, from_pretrained_calls: list[str]
+) -> None:
+    """An explicit attn_implementation does not fall back (load(): "never silently change what the user
+    set explicitly", docs/how-it-works.md step 5): flash_attention_2 that transformers refuses at load
+    (`_flash_attn_import_error` raises ImportError: no flash-attn here) raises LoadFailedError saying you
+    chose it, after one from_pretrained; left to cudaload the same refusal falls back to sdpa
+    (tests/test_fallback_attribution.py)."""
+    import transformers.modeling_flash_attention_utils as flash_utils
+
+    monkeypatch.setattr(flash_utils, "_loaded_implementation", None)
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    with pytest.raises(LoadFailedError, match=r"'flash_attention_2' failed at load: ImportError: .*you chose it"):
+        cudaload.load(
+            str(tiny_models["llama"]),
+            machine=a100,
+            attn_implementation="flash_attention_2",
+            device_map="cpu",
+            dtype="bfloat16",
+        )
+    assert from_pretrained_calls == ["flash_attention_2"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("device_map", "offloaded"),
+    [
+        ({"model": 0, "lm_head": "cpu"}, ("lm_head -> cpu",)),  # beside a GPU: the CPU is the slow place
+        ({"model": "cpu", "lm_head": "disk"}, ("lm_head -> disk",)),  # no GPU: only the disk is
+        ({"": "cpu"}, ()),
+    ],
+)
+def test_modules_on_the_cpu_beside_a_gpu_are_reported_as_offloaded(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, device_map: dict[str, Any], offloaded: tuple
+) -> None:
+    """Offload reporting (load(): `AppliedPlan.offloaded` and its warning, from the model's
+    `hf_device_map`, known only after loading): modules accelerate put on "disk" are always offloaded,
+    on "cpu" only when a GPU holds the rest (every forward then copies them over PCIe); a CPU-only
+    model is not offloaded. The device map is the one transformers sets (modeling_utils: hf_device_map)."""
+
+    def mapped(model: Any) -> None:
+        model.hf_device_map = dict(device_map)
+
+    _after_from_pretrained(monkeypatch, mapped)
+    plan = cudaload.plan(str(tiny_models["llama"]), machine=Machine.simulated(), dtype="float32")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        model = cudaload.load(plan, verify=False)
+    applied = model.cudaload_plan
+    assert applied.offloaded == offloaded
+    assert any("device_map offloaded" in w for w in applied.warnings) is bool(offloaded)
+
+
+class _Stop(Exception):
+    """Raised by the fakes below: stops load() where the test has seen what it wanted."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cuda_device", "set_to"), [(1, [1]), (2, [])])
+def test_load_makes_the_ranks_gpu_current_before_from_pretrained(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, cuda_device: int, set_to: list[int]
+) -> None:
+    """A plan with a "cuda_device" decision (a quantized FSDP / ZeRO-3 rank: its loader places weights on
+    `torch.cuda.current_device()`, transformers' bitsandbytes quantizer) has load() call
+    torch.cuda.set_device with that index before from_pretrained, on a process that has that GPU; with
+    2 GPUs, index 2 is not there (a plan made for another machine): set_device is not called and the
+    load goes on to from_pretrained, which fails on its own terms."""
+    import torch
+    import transformers
+
+    plan = cudaload.plan(str(tiny_models["llama"]), machine=Machine.simulated(), dtype="float32")
+    rank = replace(plan, decisions=(*plan.decisions, Decision("cuda_device", cuda_device, "this rank's GPU")))
+    calls: list[Any] = []
+
+    def set_device(index: int) -> None:
+        calls.append(index)
+        raise _Stop
+
+    def from_pretrained(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append("from_pretrained")
+        raise _Stop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(from_pretrained))
+    with pytest.raises((_Stop, LoadFailedError)):
+        cudaload.load(rank)
+    assert calls == (set_to or ["from_pretrained"])
+
+
+@pytest.mark.slow
+def test_the_generation_plan_of_a_loaded_model_follows_the_dtype_it_stores(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loaded model's generation plan is planned for the dtype the model really has (`model.dtype`,
+    modeling_utils.py:912 in 5.22.2: the first floating parameter's), since its KV cache is kept in it;
+    but a storage dtype that is no compute dtype (fp8 weights, as FineGrainedFP8 stores them) keeps the
+    planned one: the cache is never kept in fp8."""
+    import torch
+
+    plan = cudaload.plan(str(tiny_models["llama"]), machine=Machine.simulated(), dtype="float32", generate=True)
+    assert plan.generation is not None and plan.generation.dtype == "float32"
+
+    _after_from_pretrained(monkeypatch, lambda model: model.to(torch.bfloat16))
+    applied = cudaload.load(plan, verify=False).cudaload_plan.plan.generation
+    assert applied is not None and applied.dtype == "bfloat16"
+    assert applied.kv_bytes_per_token * 2 == plan.generation.kv_bytes_per_token
+
+    def fp8_storage(model: Any) -> None:
+        first = next(p for p in model.parameters() if p.is_floating_point())
+        first.data = first.data.to(torch.float8_e4m3fn)
+
+    _after_from_pretrained(monkeypatch, fp8_storage)
+    stored = cudaload.load(plan, verify=False)
+    assert str(stored.dtype) == "torch.float8_e4m3fn"
+    assert stored.cudaload_plan.plan.generation == plan.generation
+
+
+# ---- more survivors of the seeded sample (tools/mutate.py, seed 0) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model_type", "launched", "refused"),
+    [("gemma2", "fp16", True), ("gemma2", "bf16", False), ("gemma2", None, False), ("llama", "fp16", False)],
+)
+def test_a_launchers_fp16_is_refused_only_for_a_family_that_overflows_in_it(
+    model_type: str, launched: str | None, refused: bool
+) -> None:
+    """`accelerate launch --mixed_precision fp16` (ACCELERATE_MIXED_PRECISION) fine-tuning an fp16-fragile
+    family raises (policy `_launched_precision_warnings`): both conditions, not either. The families are
+    vLLM's `_FLOAT16_NOT_SUPPORTED_MODELS` (vllm/config/model.py, "Numerical instability"), upstream.py."""
+    from cudaload.errors import DtypeUnsupportedError
+
+    launch = Launch("accelerate", rank=0, local_rank=0, world_size=2, local_world_size=2, mixed_precision=launched)
+    machine = Machine.simulated("A100", count=2, launch=launch)
+    model = replace(llama(1), model_type=model_type)
+    request = Request(training=TrainingRequest(quantize=None))
+    if refused:
+        with pytest.raises(DtypeUnsupportedError, match=r"mixed_precision fp16.*overflows in float16"):
+            _decide(machine, model, request)
+    else:
+        assert _decide(machine, model, request).finetune is not None
+
+
+def test_a_misspelt_attention_gets_the_nearest_known_name(config_only: Path) -> None:
+    """An attn_implementation transformers does not know raises with the nearest known name (planner's
+    check against `ALL_ATTENTION_FUNCTIONS.valid_keys()`, transformers modeling_utils), never a bare
+    refusal: the error says what to do."""
+    with pytest.raises(cudaload.AttentionUnavailableError, match=r"did you mean 'sdpa'\?"):
+        cudaload.plan(str(config_only), machine=Machine.simulated(), attn_implementation="spda")
+
+
+@pytest.mark.parametrize(
+    ("value", "size"),
+    [
+        ("3KB", 3_000),
+        ("3KiB", 3 * 1024),
+        ("2MB", 2_000_000),
+        ("2MiB", 2 * 1024**2),
+        ("1.5GB", 1_500_000_000),
+        ("1.5GiB", 3 * 2**29),
+        ("1TB", 10**12),
+        ("1TiB", 2**40),
+    ],
+)
+def test_max_memory_sizes_are_read_as_accelerate_reads_them(value: str, size: int) -> None:
+    """A max_memory string in bytes (policy/fit.py `size_bytes`) as accelerate's `convert_file_size_to_int`
+    reads it (accelerate/utils/modeling.py, 1.16: "KB" 10**3 ... "TB" 10**12, "KiB" 2**10 ... "TiB" 2**40)."""
+    from cudaload.policy.fit import size_bytes
+
+    assert size_bytes(value) == size
+
+
+@pytest.mark.parametrize(
+    ("attention", "flash"),
+    [
+        ("flash_attention_2", True),
+        ("kernels-community/flash-attn3", True),
+        ("kernels-community/vllm-flash-attn3", True),
+        ("kernels-community/sage-attention", False),
+        ("sdpa", False),
+    ],
+)
+def test_a_hub_kernel_of_flash_attention_counts_as_flash_attention(attention: str, flash: bool) -> None:
+    """FlashAttention from its package or from a Hub kernel repo whose name holds "flash-attn" takes no
+    padding mask (policy/attention.py `is_flash_attention`): what the generation plan's CUDA-graph and
+    fullgraph notes hang on (transformers' continuous batching captures graphs only without a mask)."""
+    from cudaload.policy.attention import is_flash_attention
+
+    assert is_flash_attention(attention) is flash
+
+
+@pytest.mark.parametrize(("billions", "warned"), [(1, False), (70, True)])
+def test_sharded_ranks_are_warned_of_ram_only_when_their_full_copies_exceed_it(billions: float, warned: bool) -> None:
+    """FSDP / ZeRO-3 loading (policy/placement.py `_sharded_placement`): each rank of a node builds a full
+    CPU copy before sharding (no zero.Init / cpu_ram_efficient_loading: the model is built before
+    TrainingArguments, modeling_utils.py `is_deepspeed_zero3_enabled()`), so the plan warns when ranks x
+    weights exceed 80% of the RAM, and only then. 4 ranks on 64 GiB: 1B (~2.3 GiB each) fits, 70B does not."""
+    launch = Launch("torchrun", rank=0, local_rank=0, world_size=4, local_world_size=4, strategy="fsdp")
+    machine = Machine.simulated("A100", count=4, launch=launch, cpu_memory_gib=64)
+    plan = _decide(machine, llama(billions), Request())
+    assert any("expect an OOM kill" in w for w in plan.warnings) is warned
+
+
+def test_8bit_training_keeps_the_matmul_inputs_too() -> None:
+    """LLM.int8 training memory (policy/memory.py `layer_bytes_per_token`): bitsandbytes' MatMul8bitLt saves
+    its input for the backward (bitsandbytes 0.50.2 autograd/_functions.py:187 in `MatMul8bitLt.forward`,
+    `ctx.tensors = (CAt, subA, A)`), so per layer and token an 8-bit run keeps d x (2 hidden + attention + MLP)
+    bytes more than a 16-bit one: the two norms' outputs, the attention output and the MLP product."""
+    from cudaload.policy.memory import estimate_training_memory
+
+    model = llama(8)  # hidden 4096, attention 4096, MLP 14336, 32 layers
+    args: dict[str, Any] = dict(dtype="bfloat16", r=16, targets=("q_proj",), seq_len=128, checkpointing=False)
+    eight = estimate_training_memory(model, quantize="8bit", **args)
+    sixteen = estimate_training_memory(model, quantize=None, **args)
+    assert eight.activations - sixteen.activations == 32 * 128 * 2 * (2 * 4096 + 4096 + 14336)
+
+
+def test_fp8_weights_are_kept_from_sm89_on(tmp_path: Path) -> None:
+    """A FineGrainedFP8 checkpoint runs as stored on compute capability 8.9 and up (L4, L40, RTX 4090:
+    transformers' quantizer_finegrained_fp8.py:48-57), and is dequantized to bf16 below (A100, sm80);
+    sm89 itself is the boundary (tests/test_prequantized.py covers H100 and A100)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    ).save_pretrained(tmp_path)
+    l4 = cudaload.plan(str(tmp_path), machine=Machine.simulated("L4"))
+    assert l4.decision("checkpoint_quantization").value == "fp8"
+    a100 = cudaload.plan(str(tmp_path), machine=Machine.simulated("A100"))
+    assert a100.decision("checkpoint_quantization").value != "fp8"
+
+
+def test_a_tiny_models_clear_bf16_ratio_is_still_a_tie_on_the_cpu() -> None:
+    """decide_plan applies NOTICEABLE_S to the two CPU estimates it has (policy/precision.py
+    `_measured_choice`): a model so small that bf16's clear 1.5x lead is worth milliseconds keeps the
+    checkpoint's dtype (the measured demo model: 10 fresh caches on a Zen 4 put bf16 from 1.5x slower to 1.2x
+    faster)."""
+    tiny = replace(
+        QWEN_06B,
+        parameters=100_000,
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=256,
+        linear_shapes=(("down_proj", 128, 64, 2), ("gate_proj", 64, 128, 2), ("up_proj", 64, 128, 2)),
+        checkpoint_dtype="float32",
+    )
+    machine = Machine.simulated(None, dtype_probe=_probe(1.5))
+    decision = _decide(machine, tiny, Request(workload=Workload(8, 2))).decision("dtype")
+    assert decision.value == "float32"
+    assert "ms apart, under the 50 ms worth choosing for" in decision.reason
