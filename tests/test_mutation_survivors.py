@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 import cudaload
-from cudaload import Decision, DtypeProbe, Launch, LoadFailedError, Machine, Workload
+from cudaload import CudaloadWarning, Decision, DtypeProbe, Launch, LoadFailedError, Machine, Workload
+from cudaload.capability.usable_gpus import gpus_unusable
 from cudaload.facts.dtypes import DTYPES
 from cudaload.facts.kv_cache import GenerationFacts, KvLayers
 from cudaload.facts.machine import ProbeRound
@@ -276,7 +277,9 @@ def test_gpus_torch_cannot_drive_are_planned_as_a_cpu_and_its_dtype_measured(
     import cudaload.capability
 
     h100 = Machine.simulated("H100")
-    cpu_torch = replace(h100, software=replace(h100.software, torch_cuda=None))
+    software = replace(h100.software, torch_cuda=None)
+    # what detect() finds for it: the GPUs this torch cannot drive (capability/usable_gpus.py)
+    cpu_torch = replace(h100, software=software, gpus_unusable=gpus_unusable(h100.gpus, software))
     monkeypatch.setattr(cudaload.capability, "detect", lambda: cpu_torch)
     plan = cudaload.plan(str(config_only))
     assert any("planned for the CPU" in w for w in plan.warnings)
@@ -410,22 +413,24 @@ def test_load_makes_the_ranks_gpu_current_before_from_pretrained(
 
 
 @pytest.mark.slow
-def test_the_generation_plan_of_a_loaded_model_follows_the_dtype_it_stores(
+def test_a_loaded_model_in_another_dtype_keeps_the_planned_generation_and_says_so(
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The loaded model's generation plan is planned for the dtype the model really has (`model.dtype`,
-    modeling_utils.py:912 in 5.22.2: the first floating parameter's), since its KV cache is kept in it;
-    but a storage dtype that is no compute dtype (fp8 weights, as FineGrainedFP8 stores them) keeps the
-    planned one: the cache is never kept in fp8."""
+    """load() selects, it does not re-plan (issue 30 item 1): a model that holds another compute dtype than
+    the plan's (`model.dtype`, modeling_utils.py:912 in 5.22.2: the first floating parameter's) keeps the
+    plan's generation section and gets a note naming both dtypes, since its KV cache is kept in the model's;
+    a storage dtype that is no compute dtype (fp8 weights, as FineGrainedFP8 stores them) gets none."""
     import torch
 
     plan = cudaload.plan(str(tiny_models["llama"]), machine=Machine.simulated(), dtype="float32", generate=True)
     assert plan.generation is not None and plan.generation.dtype == "float32"
 
     _after_from_pretrained(monkeypatch, lambda model: model.to(torch.bfloat16))
-    applied = cudaload.load(plan, verify=False).cudaload_plan.plan.generation
-    assert applied is not None and applied.dtype == "bfloat16"
-    assert applied.kv_bytes_per_token * 2 == plan.generation.kv_bytes_per_token
+    with pytest.warns(CudaloadWarning, match="made for float32, and the loaded model holds bfloat16"):
+        applied = cudaload.load(plan, verify=False).cudaload_plan
+    assert applied.dtype == "bfloat16" and applied.plan.generation == plan.generation
+    (note,) = [w for w in applied.warnings if "generation plan" in w]
+    assert "made for float32, and the loaded model holds bfloat16" in note
 
     def fp8_storage(model: Any) -> None:
         first = next(p for p in model.parameters() if p.is_floating_point())
@@ -435,6 +440,7 @@ def test_the_generation_plan_of_a_loaded_model_follows_the_dtype_it_stores(
     stored = cudaload.load(plan, verify=False)
     assert str(stored.dtype) == "torch.float8_e4m3fn"
     assert stored.cudaload_plan.plan.generation == plan.generation
+    assert not [w for w in stored.cudaload_plan.warnings if "generation plan" in w]
 
 
 # ---- more survivors of the seeded sample (tools/mutate.py, seed 0) --------------------------------

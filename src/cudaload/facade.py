@@ -1,4 +1,4 @@
-"""`load()`: plan (planner.py `plan()`) and apply (loaders.py `apply_plan()`) in one call. The module that
+"""`load()`: plan (planner/ `plan()`) and apply (loaders/ `apply_plan()`) in one call. The module that
 applies a plan imports neither the planner nor the policy; this one composes them."""
 
 from __future__ import annotations

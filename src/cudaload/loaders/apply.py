@@ -24,6 +24,7 @@ __all__ = ["apply_plan"]
 
 
 _warned: set[str] = set()
+_COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _warn_once(message: str) -> None:
@@ -93,7 +94,7 @@ def apply_plan(
 
     import_transformers()
     # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
-    # current device (policy/placement.py, `decide_rank_device` and `decide_current_device`).
+    # current device (policy/current_device.py, `decide_rank_device` and `decide_current_device`).
     set_rank_device(plan)
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain
@@ -144,12 +145,14 @@ def apply_plan(
     notes = [*plan.warnings, *weight_notes]
     if offloaded:
         notes.append(_offload_warning(plan.model, offloaded))
+    dtype = str(model.dtype).removeprefix("torch.")  # transformers: the first floating parameter's
+    notes.extend(_generation_dtype_note(applied_plan, dtype))
     for note in notes:
         _warn_once(note)
     applied = AppliedPlan(
         plan=applied_plan,
         attn_implementation=str(model.config._attn_implementation),
-        dtype=str(model.dtype).removeprefix("torch."),  # transformers: the first floating parameter's
+        dtype=dtype,
         device=str(model.device),
         device_map=dict(device_map) if device_map else None,
         fallbacks=tuple(fallbacks),
@@ -163,6 +166,19 @@ def apply_plan(
     model.cudaload_plan = applied
     logger.info("%s", _summary(applied, type(model).__name__))
     return model
+
+
+def _generation_dtype_note(plan: Plan, dtype: str) -> tuple[str, ...]:
+    """Said, not re-decided: the generation section was sized for the planned dtype (its KV cache is kept in
+    the model's compute dtype), so a model that holds another compute dtype gets a note. An fp8 storage
+    dtype (FineGrainedFP8) is no compute dtype: the cache stays in the planned one."""
+    planned = plan.generation.dtype if plan.generation is not None else None
+    if planned is None or dtype == planned or dtype not in _COMPUTE_DTYPES:
+        return ()
+    return (
+        f"{plan.model}: the generation plan (KV cache per token, batch x context that fits) was made for "
+        f"{planned}, and the loaded model holds {dtype}; plan with dtype={dtype!r} for sizes that match.",
+    )
 
 
 def _summary(applied: AppliedPlan, cls: str) -> str:

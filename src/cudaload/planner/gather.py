@@ -94,8 +94,8 @@ def _read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any
 
 def _judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Plan:
     """A spread (device_map "auto" with max_memory) of an unquantized model, judged as transformers itself will
-    place it (capability/model_config.py `upstream_placement`, then policy/placement.py `judge_upstream_placement`)."""
-    from ..capability.model_config import upstream_placement
+    place it (capability/upstream_placement.py, then policy/placement.py `judge_upstream_placement`)."""
+    from ..capability.upstream_placement import upstream_placement
     from ..policy.placement import judge_upstream_placement
 
     kwargs = result.kwargs

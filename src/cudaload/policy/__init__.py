@@ -38,8 +38,8 @@ __all__ = ["Request", "Workload", "decide_plan", "decide_plan_generation"]
 def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
     """Every decision for `model` on `machine` as `request` asks, composed into a Plan.
 
-    The names: `cudaload.plan()` (planner.py) gathers the facts (detects the machine, reads the
-    config) and calls this; this decides; `Plan` (plans.py) is what it returns; `load()` applies it.
+    The names: `cudaload.plan()` (planner/) gathers the facts (detects the machine, reads the
+    config) and calls this; this decides; `Plan` (plans/plan.py) is what it returns; `load()` applies it.
     """
     machine, device_warnings = usable_machine(machine)
     warnings: list[str] = [*machine.warnings, *device_warnings, *machine.launch.notes]

@@ -331,7 +331,7 @@ def _gpu_max_memory(fit: Fit) -> dict[Any, str]:
 
 def judge_upstream_placement(plan: Plan, landed: Mapping[str, int]) -> Plan:
     """`plan` judged against where transformers' own device_map="auto" puts the weights (`landed`: bytes per
-    device, capability/model_config.py `upstream_placement`). A plan that spreads over the GPUs without offload,
+    device, capability/upstream_placement.py `upstream_placement`). A plan that spreads over the GPUs without offload,
     where upstream offloads to CPU or disk, says so in the device_map reason and a warning with upstream's
     amounts: a budget sum is not upstream's answer, as `infer_auto_device_map` keeps room for the largest layer
     on the first GPU and `get_balanced_memory` balances the GPUs, and a max_memory without a "cpu" key sends the
