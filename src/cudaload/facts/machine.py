@@ -14,7 +14,7 @@ from .hardware import Cpu, GiB, Gpu
 from .hub import Hub, HubKernel
 from .launch import Launch, Strategy
 from .measurements import DtypeProbe, ProbeRound, TunedVariant, TuningRecord
-from .simulated import _catalog_gpu, _check_simulated, _simulated_packages
+from .simulated import catalog_gpu, check_simulated, simulated_packages
 
 __all__ = [
     "Cpu",
@@ -253,14 +253,14 @@ class Machine:
         """
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
 
-        _check_simulated(gpu, count, packages)
+        check_simulated(gpu, count, packages)
         if not isinstance(installed_packages, bool):
             from ..errors import SettingError
 
             raise SettingError(f"installed_packages={installed_packages!r}: pass True or False.")
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
-        gpus = tuple(_catalog_gpu(lookup_gpu(name), i) for i, name in enumerate(names))
-        versions, assumed = _simulated_packages(packages or {}, installed_packages)
+        gpus = tuple(catalog_gpu(lookup_gpu(name), i) for i, name in enumerate(names))
+        versions, assumed = simulated_packages(packages or {}, installed_packages)
         software = Software(
             packages=tuple(sorted(versions.items())),
             torch_cuda="12.8" if gpus else None,

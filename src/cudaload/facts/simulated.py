@@ -8,14 +8,14 @@ from collections.abc import Mapping, Sequence
 from .catalog import CatalogGpu
 from .hardware import GiB, Gpu
 
-__all__ = ["SIMULATED_DEFAULTS"]
+__all__ = ["SIMULATED_DEFAULTS", "catalog_gpu", "check_simulated", "simulated_packages"]
 
 
 SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
 """What a simulated machine has when neither this machine nor `packages=` says otherwise (the tested set)."""
 
 
-def _simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple[dict[str, str], str]:
+def simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple[dict[str, str], str]:
     """A simulated machine's {distribution: version} and one line saying where it comes from."""
     from .. import installed as here  # reads dist-info folder names only: see installed.py
 
@@ -38,7 +38,7 @@ def _simulated_packages(told: Mapping[str, str | None], installed: bool) -> tupl
     return versions, origin + (f", with {added}" if added else "") + (f", without {removed}" if removed else "")
 
 
-def _catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
+def catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
     """A catalog GPU as a simulated machine's GPU `index`: all of its memory free, as far as anyone knows."""
     return Gpu(
         index=index,
@@ -51,7 +51,7 @@ def _catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
     )
 
 
-def _check_simulated(gpu: object, count: object, packages: object) -> None:
+def check_simulated(gpu: object, count: object, packages: object) -> None:
     """Machine.simulated's arguments, checked before any is used (a str for packages would be
     iterated letter by letter, a float count would multiply a list)."""
     from ..errors import SettingError
