@@ -582,3 +582,18 @@ def test_a_tiny_models_clear_bf16_ratio_is_still_a_tie_on_the_cpu() -> None:
     decision = _decide(machine, tiny, Request(workload=Workload(8, 2))).decision("dtype")
     assert decision.value == "float32"
     assert "ms apart, under the 50 ms worth choosing for" in decision.reason
+
+
+def test_a_workload_that_generates_nothing_costs_no_decode_time() -> None:
+    """policy/measured.py `record_estimate`: a prefill-only workload (new_tokens=0, as a training or scoring
+    run is) spends no time decoding; the first new token comes out of the prefill, so decode starts at the
+    second one and never goes below zero (a survivor of the seed-0 sample: `max(0, ...)` -> `max(-1, ...)`)."""
+    from cudaload.facts.machine import TunedVariant, TuningRecord
+    from cudaload.policy.measured import record_estimate
+
+    variant = TunedVariant("bfloat16", "sdpa", load_s=0.5, prefill_s=0.2, decode_tokens_per_s=10.0)
+    record = TuningRecord("shape", 512, 128, (variant,), (("cpu", "x"),), "2026-12-05")
+    for new_tokens, decode in [(0, 0.0), (1, 0.0), (2, 0.1), (11, 1.0)]:
+        estimate = record_estimate(variant, record, Workload(prompt_tokens=512, new_tokens=new_tokens))
+        assert math.isclose(estimate.decode, decode) and estimate.decode >= 0, (new_tokens, estimate)
+        assert math.isclose(estimate.prefill, 0.2)
