@@ -83,7 +83,9 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def mutation(session: nox.Session) -> None:
     """Mutation testing of policy/, planner* and loaders* (tools/mutate.py): a seeded sample of small edits
-    to the rules, each run against the tests that import its module; prints killed/survived and the score.
+    to the rules, each run against the tests that ran its line and those that import its module; prints
+    killed/survived and the score.
     Not in CI (tens of minutes). Pass tools/mutate.py's options after `--`, e.g. `-- --sample 80 --seed 3`."""
     _install(session)
+    session.install("-c", "constraints/tested.txt", "pytest-cov")  # the coverage run that picks each mutant's tests
     session.run("python", "tools/mutate.py", *session.posargs, env=OFFLINE)

@@ -16,16 +16,26 @@ draws a seeded sample of them, and for each one copies `src/` to a temporary fol
 limit (3x the unmutated run, at least 60 s). Numbers inside f-strings are skipped: they only change
 printed text, and on Python 3.11 `ast` gives wrong positions inside f-strings.
 
-Which tests run for a mutant of `src/cudaload/X/Y.py`, in turn until one fails (`-x`): first
-tests/test_mutation_survivors.py in full (`-m "not distributed"`: its load() tests are marked slow), then
-the test files whose import lines name the module (`cudaload.X.Y`, `from cudaload.X import Y`, or
-`import cudaload.X.Y`) plus tests/test_policy.py (it reaches every rule through `decide_plan`), with
-`-m "not slow and not distributed"` (`--markers`). `--fast-suite` runs the whole suite instead of the
-mapped files (minutes per mutant here); `--tests` replaces both stages with the pytest arguments given.
-So the score is a lower bound for the whole suite: a mutant only a slow or an unmapped test notices
-counts as survived.
+Which tests run for a mutant of `src/cudaload/X/Y.py`, in turn until one fails (`-x`):
+
+1. tests/test_mutation_survivors.py in full (`-m "not distributed and not gpu"`: its load() tests are
+   marked slow);
+2. with `--select coverage` (the default; needs pytest-cov): the tests that ran the mutated line, found
+   by running the suite once on the unmutated copy under coverage with one context per test. A line that
+   only runs at import (a constant, a default argument) has no test of its own: the tests that ran any
+   line of its file stand in;
+3. the test files whose import lines name the module (`cudaload.X.Y`, `from cudaload.X import Y`, or
+   `import cudaload.X.Y`) plus tests/test_policy.py (it reaches every rule through `decide_plan`): this
+   finds a test that reaches the line in a subprocess, which coverage does not follow.
+
+Stages 2 and 3 run with `-m "not slow and not distributed and not gpu"` (`--markers`: a -m replaces
+pyproject's "not gpu"). `--select imports` skips stage 2 (the tool's first selection); `--fast-suite`
+runs the whole suite as stage 3 (minutes per mutant here); `--tests` replaces every stage with the
+pytest arguments given. So the score is a lower bound for the whole suite: a mutant only a slow test
+notices counts as survived.
 
     python tools/mutate.py                          # 40 mutants, seed 0, policy/, planner*, loaders*
+    python tools/mutate.py --select imports         # without the coverage run (no pytest-cov needed)
     python tools/mutate.py --sample 80 --seed 3 --files 'src/cudaload/policy/precision.py'
     python tools/mutate.py --list                   # every mutant, nothing run
     python tools/mutate.py --match 'generation.py:16[01] ' --sample 99 --tests tests/test_mutation_survivors.py
@@ -134,7 +144,8 @@ def mutants_of(path: Path) -> list[Mutant]:
     tree = ast.parse(source)
     pos = _Positions(source)
     skipped = _skipped_nodes(tree)
-    rel = str(path.resolve().relative_to(ROOT))
+    # Relative to the repository root, where run() copies from; a file elsewhere keeps its absolute path.
+    rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path.resolve())
     found: list[Mutant] = []
 
     seen: set[tuple[int, int, str]] = set()
@@ -218,6 +229,77 @@ def tests_for(path: str) -> list[str]:
     return sorted(chosen)
 
 
+def _test_function(context: str) -> str:
+    """A pytest-cov context ("tests/test_x.py::test_y[param]|run") -> the test function's node id: a
+    parametrised test runs with all its parameters (a parameter may hold "::" or spaces)."""
+    return re.sub(r"\[.*\]$", "", context.rsplit("|", 1)[0])
+
+
+@dataclass
+class CoverageMap:
+    """Which tests ran each line of the target files in one coverage run of the unmutated copy."""
+
+    lines: dict[tuple[str, int], set[str]]  # (path relative to the root, line) -> test functions
+    files: dict[str, set[str]]  # path -> every test function that ran a line of it
+    seconds: dict[str, float]  # test function -> its setup, call and teardown, summed over parameters
+
+    def tests_for(self, mutant: Mutant) -> list[str]:
+        """The tests that ran the mutated lines (from the node's first line to the edited one); for a
+        line that only runs at import, the tests that ran its file."""
+        edit_line = (ROOT / mutant.path).read_bytes()[: mutant.start].count(b"\n") + 1
+        chosen: set[str] = set()
+        for line in range(min(mutant.line, edit_line), max(mutant.line, edit_line) + 1):
+            chosen |= self.lines.get((mutant.path, line), set())
+        return sorted(chosen or self.files.get(mutant.path, set()))
+
+    def limit(self, tests: list[str]) -> float:
+        """Seconds a mutant may take on `tests`: 3x their time under coverage (which runs slower), plus
+        pytest's start, and at least 60 s."""
+        return max(60.0, 3 * sum(self.seconds.get(t, 1.0) for t in tests) + 30)
+
+
+def coverage_map(copy: Path, markers: str, timeout: float) -> CoverageMap:
+    """Run the suite (`-m markers`) once on the unmutated copy under pytest-cov with one context per test."""
+    try:
+        import coverage
+        import pytest_cov  # noqa: F401  (only to say what is missing before a long run)
+    except ImportError:
+        sys.exit("--select coverage needs coverage and pytest-cov: pip install pytest-cov (or --select imports)")
+    data_file = copy / ".coverage-mutate"
+    package = copy / "src" / "cudaload"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, f"--cov={package}"]
+    command += ["--cov-context=test", "--cov-report=", "--durations=0", "--durations-min=0", "tests"]
+    env = {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
+    env["COVERAGE_FILE"] = str(data_file)
+    print(f"coverage run of the suite (-m {markers!r}) on the unmutated copy ...", flush=True)
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        tail = "\n".join(done.stdout.strip().splitlines()[-15:])
+        sys.exit(f"the unmutated code fails the suite under coverage (exit {done.returncode}):\n{tail}")
+    seconds: dict[str, float] = {}
+    for match in re.finditer(r"^\s*([\d.]+)s (?:setup|call|teardown)\s+(\S.*?)\s*$", done.stdout, re.MULTILINE):
+        test = _test_function(match.group(2))
+        seconds[test] = seconds.get(test, 0.0) + float(match.group(1))
+    data = coverage.CoverageData(basename=str(data_file))
+    data.read()
+    lines: dict[tuple[str, int], set[str]] = {}
+    files: dict[str, set[str]] = {}
+    for measured in data.measured_files():
+        path = str(Path(measured).relative_to(copy))
+        for line, contexts in (data.contexts_by_lineno(measured) or {}).items():
+            tests = {_test_function(c) for c in contexts if c}
+            if tests:
+                lines[(path, line)] = tests
+                files.setdefault(path, set()).update(tests)
+    print(
+        f"coverage run: {len(seconds)} test functions, {len(lines)} lines with a test, "
+        f"{time.perf_counter() - started:.0f} s",
+        flush=True,
+    )
+    return CoverageMap(lines, files, seconds)
+
+
 @dataclass
 class Outcome:
     mutant: Mutant
@@ -263,14 +345,23 @@ def _copy_src(into: Path) -> Path:
     return into
 
 
-def _stages(mutant: Mutant, args: argparse.Namespace) -> list[tuple[str, list[str]]]:
-    """(pytest -m, tests) run in turn for a mutant until one fails: SURVIVORS in full (its tests that load
-    a tiny model are marked slow), then the mapped tests (or the whole suite) without the slow ones."""
+def _stages(
+    mutant: Mutant, args: argparse.Namespace, covered: CoverageMap | None
+) -> list[tuple[str, list[str], float | None]]:
+    """(pytest -m, tests, time limit or None to measure it) run in turn for a mutant until one fails:
+    SURVIVORS in full (its tests that load a tiny model are marked slow), the tests that ran the mutated
+    line (`--select coverage`), then the mapped files (or the whole suite) without the slow ones."""
     if args.tests:
-        return [(args.markers, list(args.tests))]
-    first = [("not distributed", [SURVIVORS])] if (ROOT / SURVIVORS).exists() else []
+        return [(args.markers, list(args.tests), None)]
+    stages: list[tuple[str, list[str], float | None]] = []
+    if (ROOT / SURVIVORS).exists():
+        stages.append(("not distributed and not gpu", [SURVIVORS], None))
+    if covered is not None:
+        ran = [t for t in covered.tests_for(mutant) if not t.startswith(SURVIVORS)]
+        if ran:
+            stages.append((args.markers, ran, covered.limit(ran)))
     rest = ["tests"] if args.fast_suite else [t for t in tests_for(mutant.path) if t != SURVIVORS]
-    return [*first, (args.markers, rest)] if rest else first
+    return [*stages, (args.markers, rest, None)] if rest else stages
 
 
 def run(args: argparse.Namespace) -> int:
@@ -288,11 +379,16 @@ def run(args: argparse.Namespace) -> int:
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="cudaload-mutate-") as tmp:
         copy = _copy_src(Path(tmp))
+        covered = None
+        if args.select == "coverage" and not args.tests:
+            covered = coverage_map(copy, args.markers, timeout=args.baseline_timeout)
         limits: dict[tuple[str, ...], float] = {}
         for number, mutant in enumerate(sample, 1):
             status, seconds, failed = "survived", 0.0, ""
-            for markers, tests in _stages(mutant, args):
+            for markers, tests, limit in _stages(mutant, args, covered):
                 key = (markers, *tests)
+                if limit is not None:  # the coverage run passed these tests and timed them
+                    limits[key] = limit
                 if key not in limits:  # the unmutated copy must pass these tests; its time sets the limit
                     base, took, why = _pytest(copy, tests, markers, timeout=args.baseline_timeout)
                     if base != "survived":
@@ -338,6 +434,7 @@ def _report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
         result = {
             "command": " ".join(["python", "tools/mutate.py", *sys.argv[1:]]),
             "seed": args.seed,
+            "select": "tests" if args.tests else args.select,
             "sample": len(outcomes),
             "score": round(score, 3),
             "files": by_file,
@@ -357,14 +454,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
     parser.add_argument("--tests", nargs="+", help="run these pytest arguments for every mutant instead")
     parser.add_argument(
-        "--markers", default="not slow and not distributed", help="pytest -m for the mapped tests (or --tests)"
+        "--markers",
+        default="not slow and not distributed and not gpu",
+        help="pytest -m for the mapped tests (or --tests)",
     )
     parser.add_argument(
         "--fast-suite",
         action="store_true",
         help="after SURVIVORS, the whole suite (with --markers) instead of the mapped files",
     )
-    parser.add_argument("--baseline-timeout", type=float, default=1200, help="seconds the unmutated run may take")
+    parser.add_argument(
+        "--select",
+        choices=("coverage", "imports"),
+        default="coverage",
+        help="coverage: also run the tests that ran the mutated line (one coverage run first; needs "
+        "pytest-cov); imports: only the files that import the module",
+    )
+    parser.add_argument(
+        "--baseline-timeout", type=float, default=1800, help="seconds an unmutated run (or the coverage run) may take"
+    )
     parser.add_argument("--match", default="", help="only mutants whose description matches this regex")
     parser.add_argument("--list", action="store_true", help="list every mutant and stop")
     parser.add_argument(
