@@ -597,3 +597,166 @@ def test_a_workload_that_generates_nothing_costs_no_decode_time() -> None:
         estimate = record_estimate(variant, record, Workload(prompt_tokens=512, new_tokens=new_tokens))
         assert math.isclose(estimate.decode, decode) and estimate.decode >= 0, (new_tokens, estimate)
         assert math.isclose(estimate.prefill, 0.2)
+
+
+# ---- survivors of the seed-0 sample on the split tree, with coverage selection (tools/mutate.py) -----------
+
+
+def _without(probe: DtypeProbe, **missing: str) -> DtypeProbe:
+    """`probe` with one dtype's prefill and/or decode timing left out, as a record written before that
+    dtype was timed reads (e.g. `decode="bfloat16"`)."""
+    prefill = tuple(p for p in probe.prefill_s if p[0] != missing.get("prefill"))
+    decode = tuple(p for p in probe.decode_s if p[0] != missing.get("decode"))
+    return replace(probe, prefill_s=prefill, decode_s=decode, rounds=())
+
+
+@pytest.mark.parametrize("missing", [{"decode": "bfloat16"}, {"prefill": "bfloat16"}, {"decode": "float32"}])
+def test_a_probe_that_did_not_time_a_dtype_estimates_nothing_for_it(missing: dict[str, str]) -> None:
+    """policy/measured.py `probe_estimate` and policy/precision.py `_probe_ratios`: a dtype the probe has
+    no prefill or no decode timing for gets no estimate and no "x faster" ratio (either one missing is
+    enough), rather than a TypeError from multiplying None; your dtype is still kept, as "your choice"."""
+    from cudaload.policy.measured import probe_estimate
+
+    probe = _without(_probe(2.0), **missing)
+    model = replace(any_model(), parameters=600_000_000, hidden_size=1024, vocab_size=151_936)
+    dtype = next(iter(missing.values()))
+    assert probe_estimate(probe, model, dtype, Workload(512, 128)) is None
+    assert probe_estimate(probe, model, "float16", Workload(512, 128)) is not None
+    decision = _decide(Machine.simulated(None, dtype_probe=probe), model, Request(dtype="bfloat16")).decision("dtype")
+    assert (decision.value, decision.reason, decision.source) == ("bfloat16", "your choice", "user")
+    # The same machine with every timing says how much faster it measured bf16.
+    timed = _decide(Machine.simulated(None, dtype_probe=_probe(2.0)), model, Request(dtype="bfloat16"))
+    assert "2.0x faster than fp32" in timed.decision("dtype").reason
+
+
+def test_rounds_that_estimate_no_time_compare_nothing() -> None:
+    """policy/measured.py `compare_rounds`: a round that estimates 0 s for either dtype (a model of unknown
+    size: 0 parameters, no width; or a record with a 0 s timing), or none at all, is no basis for a ratio, so
+    the comparison is None, not a ZeroDivisionError or a ratio of 0. A small model's sub-second rounds still
+    compare."""
+    from cudaload.policy.measured import compare_rounds
+
+    unknown = replace(any_model(), parameters=0, hidden_size=None, vocab_size=None)
+    assert compare_rounds(_probe(2.0), unknown, Workload(512, 128), "bfloat16") is None
+    small = replace(any_model(), parameters=1_000_000, hidden_size=64, vocab_size=256)
+    spread = compare_rounds(_probe(2.0), small, Workload(8, 2), "bfloat16")
+    assert spread is not None and math.isclose(spread.median, 2.0, rel_tol=1e-6)
+    zero_bf16 = _probe(math.inf)  # bf16 timed at 0 s
+    no_load = Workload(8, 2, include_load=False)  # (casting the weights would add the casts' time)
+    assert compare_rounds(_probe(2.0), small, no_load, "bfloat16") is not None
+    assert compare_rounds(zero_bf16, small, no_load, "bfloat16") is None
+    assert compare_rounds(zero_bf16, small, no_load, "float32", reference="bfloat16") is None
+    # A round without one of the two dtypes' timings compares nothing either, whichever is missing.
+    untimed = _without(_probe(2.0), decode="bfloat16")
+    assert compare_rounds(untimed, small, no_load, "bfloat16") is None
+    assert compare_rounds(untimed, small, no_load, "float32", reference="bfloat16") is None
+
+
+def test_a_tuning_record_that_measured_no_decode_speed_costs_no_decode_time() -> None:
+    """policy/measured.py `record_estimate`: a variant recorded with 0 tokens/s (its decode was not
+    measured) adds no decode time, rather than dividing by zero."""
+    from cudaload.facts.machine import TunedVariant, TuningRecord
+    from cudaload.policy.measured import record_estimate
+
+    variant = TunedVariant("bfloat16", "sdpa", load_s=0.5, prefill_s=0.2, decode_tokens_per_s=0.0)
+    record = TuningRecord("shape", 512, 128, (variant,), (("cpu", "x"),), "2026-12-05")
+    estimate = record_estimate(variant, record, Workload(prompt_tokens=512, new_tokens=64))
+    assert estimate.decode == 0.0 and math.isclose(estimate.prefill, 0.2)
+
+
+def test_the_shortest_generation_context_is_one_token() -> None:
+    """policy/generation.py `_context`: `context=1` (a single-token prompt, nothing generated beyond it)
+    is a valid context and sizes the batch for one token; 0 and below are refused."""
+    from transformers import Qwen3Config
+
+    from cudaload.errors import SettingError
+
+    config = Qwen3Config(
+        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, dtype="bfloat16",
+    )  # fmt: skip
+    h100 = Machine.simulated("H100")
+    one = cudaload.plan(config, machine=h100, generate=True, context=1).generation
+    two = cudaload.plan(config, machine=h100, generate=True, context=2).generation
+    assert one is not None and two is not None and one.max_batch is not None and two.max_batch is not None
+    assert one.max_batch >= 2 * two.max_batch - 1  # one token of KV cache per sequence: twice the sequences
+    with pytest.raises(SettingError, match="context=0"):
+        cudaload.plan(config, machine=h100, generate=True, context=0)
+
+
+def test_compressed_int4_weights_decompress_even_when_optimized_inference_is_asked() -> None:
+    """policy/checkpoint_quantization.py: compressed-tensors keeps weights compressed only on its FP8
+    kernel path, which needs FP8 weights *and* use_optimized_inference *and* sm89+
+    (quantizer_compressed_tensors.py `_process_model_after_weight_loading`, `validate_environment`): int4
+    weights with use_optimized_inference=True on an H100 still decompress on the first forward."""
+    from cudaload.facts.stored_weights import read_quantization_config
+    from cudaload.policy.checkpoint_quantization import decide_checkpoint_quantization
+
+    def config(num_bits: int, kind: str) -> dict[str, Any]:
+        weights = {"num_bits": num_bits, "type": kind, "strategy": "group", "group_size": 128}
+        groups = {"group_0": {"targets": ["Linear"], "weights": weights}}
+        return {"quant_method": "compressed-tensors", "use_optimized_inference": True, "config_groups": groups}
+
+    h100 = Machine.simulated("H100", packages={"compressed-tensors": "0.15.0"})
+    int4 = replace(any_model(), parameters=1000, quantization=read_quantization_config(config(4, "int")))
+    fp8 = replace(any_model(), parameters=1000, quantization=read_quantization_config(config(8, "float")))
+    int4_plan = decide_checkpoint_quantization(h100, int4, "bfloat16", use_kernels=False)
+    fp8_plan = decide_checkpoint_quantization(h100, fp8, "bfloat16", use_kernels=False)
+    assert int4_plan is not None and fp8_plan is not None
+    assert "first forward" in int4_plan.decision.reason
+    assert fp8_plan.decision.value == "compressed-tensors" and "first forward" not in fp8_plan.decision.reason
+
+
+def test_upstreams_map_judges_only_cudaloads_own_spread() -> None:
+    """policy/placement.py `judge_upstream_placement`: where transformers' own device_map would offload,
+    cudaload warns only for the max_memory spread it made itself; a plan on one device (no max_memory) or
+    with your device_map or max_memory is returned as it is (your caps are judged by `_capped_placement`)."""
+    from transformers import Qwen3Config
+
+    from cudaload.policy.placement import judge_upstream_placement
+
+    config = Qwen3Config(
+        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, dtype="bfloat16",
+    )  # fmt: skip
+    two = Machine.simulated("A10G", count=2)
+    landed = {"cuda:0": GiB, "cpu": 2 * GiB}
+    one_device = cudaload.plan(config, machine=two)
+    assert "max_memory" not in one_device.kwargs
+    assert judge_upstream_placement(one_device, landed) is one_device
+    for yours in (
+        cudaload.plan(config, machine=two, device_map="auto", max_memory={0: "10GiB", 1: "10GiB"}),
+        cudaload.plan(config, machine=two, max_memory={0: "10GiB", 1: "10GiB"}),  # device_map "auto" from the caps
+    ):
+        assert yours.kwargs["device_map"] == "auto" and yours.kwargs["max_memory"] == {0: "10GiB", 1: "10GiB"}
+        assert judge_upstream_placement(yours, landed) is yours, yours.explicit
+    your_map = cudaload.plan(config, machine=two, device_map="auto")  # no max_memory: upstream's own map as is
+    assert judge_upstream_placement(your_map, landed) is your_map
+    ours = replace(one_device, kwargs={**one_device.kwargs, "device_map": "auto", "max_memory": {0: "1GiB"}})
+    judged = judge_upstream_placement(ours, landed)
+    assert judged is not ours and any("~2.0 GiB on CPU" in w for w in judged.warnings)
+
+
+def test_a_layer_of_unknown_shape_saves_no_estimated_activations() -> None:
+    """policy/memory.py `layer_bytes_per_token`: a model whose hidden size or layer count is unknown gets 0
+    activation bytes per layer (the estimate does not invent a 1-wide or 1-layer model); a known shape gets a
+    positive estimate."""
+    from cudaload.policy.memory import layer_bytes_per_token
+
+    known = llama(1)
+    assert layer_bytes_per_token(known, "bfloat16", None, ("q_proj",), on_gpu=True) > 0
+    for unknown in (replace(known, hidden_size=None), replace(known, num_layers=None)):
+        assert layer_bytes_per_token(unknown, "bfloat16", None, ("q_proj",), on_gpu=True) == 0
+
+
+def test_the_applied_report_lists_six_weights_and_counts_the_rest() -> None:
+    """loaders/applied.py: `AppliedPlan.explain()` names at most six unexpected (or missing) weights and
+    counts the others, so a headless load of a model with hundreds of head weights stays readable."""
+    from cudaload.loaders.applied import AppliedPlan
+
+    plan = _decide(Machine.simulated(None), any_model(), Request())
+    keys = tuple(f"head.w{i}" for i in range(8))
+    text = AppliedPlan(plan, "sdpa", "float32", "cpu", None, unexpected_weights=keys).explain()
+    assert "head.w5" in text and "head.w6" not in text and "(and 2 more)" in text
+    six = AppliedPlan(plan, "sdpa", "float32", "cpu", None, unexpected_weights=keys[:6]).explain()
+    assert "head.w5" in six and "more)" not in six

@@ -95,8 +95,8 @@ def _max_context(facts: GenerationFacts, dtype_bytes: int, budget: int, cap: int
     return low
 
 
-def _kv_decision(facts: GenerationFacts, dtype: str, per_token: int) -> Decision:
-    d = BYTES.get(dtype, 4)
+def _kv_decision(facts: GenerationFacts, dtype: str, d: int, per_token: int) -> Decision:
+    """The "generation.kv_cache" decision: `per_token` bytes of KV cache at `d` bytes per number."""
     parts = []
     for g in facts.layers:
         if not g.per_token:
@@ -311,7 +311,7 @@ def decide_generation(
     warnings += [f"generation: {note}" for note in facts.notes]
     warnings += _not_modelled(facts, cache, fit.max_batch)
     decisions = (
-        _kv_decision(facts, dtype, per_token),
+        _kv_decision(facts, dtype, d, per_token),
         fit.decision,
         cache,
         _compile_decision(facts, cache, blocker, compiles, attention),

@@ -62,8 +62,8 @@ def compare_rounds(
     ratios = []
     for one in probe.per_round():
         ours, theirs = probe_estimate(one, model, candidate, workload), probe_estimate(one, model, reference, workload)
-        if ours is None or theirs is None or ours.total <= 0 or theirs.total <= 0:
-            return None
+        if ours is None or theirs is None or ours.total <= 0:
+            return None  # (a reference of 0 s gives a ratio of 0, which `spread` refuses)
         ratios.append(theirs.total / ours.total)
     return spread(ratios)
 
