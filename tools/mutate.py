@@ -13,8 +13,9 @@ layout). It parses each target file with `ast`, lists every mutant of these kind
 draws a seeded sample of them, and for each one copies `src/` to a temporary folder, edits the copy
 (never the worktree's files), and runs pytest with PYTHONPATH pointing at the copy. A mutant is
 *killed* when a test fails, *survived* when they all pass, *timeout* when they run past the per-mutant
-limit (3x the unmutated run, at least 60 s). Numbers inside f-strings are skipped: they only change
-printed text, and on Python 3.11 `ast` gives wrong positions inside f-strings.
+limit (3x the unmutated run of those tests, or for coverage-picked tests 3x their time in the coverage
+run plus 30 s; at least 60 s). Numbers inside f-strings are skipped: they only change printed text, and on
+Python 3.11 `ast` gives wrong positions inside f-strings.
 
 Which tests run for a mutant of `src/cudaload/X/Y.py`, in turn until one fails (`-x`):
 
