@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,36 @@ def test_a_registered_attention_backend_is_planned_with_no_edit_elsewhere(
         decide_attention(Machine.simulated(None), facts, "float32", "fake_attention")
     chosen, _, _ = decide_attention(t4, facts, "float16", "fake_attention")
     assert chosen.reason == "your choice (a made-up fused kernel)"
+
+
+@pytest.fixture
+def fake_backend_after_flex() -> Iterator[AttentionBackend]:
+    """A made-up backend tried only when the one before it, flex_attention, was rejected."""
+
+    def check(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+        return OptionCheck("fake_attention", "a made-up fallback kernel", ())
+
+    fake = AttentionBackend("fake_attention", check, "if_previous_rejected")
+    saved = dict(BACKENDS)
+    BACKENDS.clear()
+    for name, backend in saved.items():
+        BACKENDS[name] = backend
+        if name == "flex_attention":
+            BACKENDS[fake.name] = fake
+    yield fake
+    BACKENDS.clear()
+    BACKENDS.update(saved)
+
+
+@pytest.mark.parametrize(("flex", "tried"), [(True, False), (False, True)])
+def test_if_previous_rejected_means_the_backend_just_before(
+    fake_backend_after_flex: AttentionBackend, flex: bool, tried: bool
+) -> None:
+    """`tried="if_previous_rejected"` looks at the backend tried just before it, not the first one: with SDPA
+    rejected and flex_attention planned, a backend after flex is not tried; with flex rejected too, it is."""
+    from cudaload.facts.model import any_model
+
+    model = replace(any_model(), supports_sdpa=False, supports_flex=flex, supports_flash=False)
+    _, chain, _ = decide_attention(Machine.simulated("T4"), model, "float16", None)
+    assert ("flex_attention" in chain) is flex
+    assert ("fake_attention" in chain) is tried, chain

@@ -760,3 +760,25 @@ def test_the_applied_report_lists_six_weights_and_counts_the_rest() -> None:
     assert "head.w5" in text and "head.w6" not in text and "(and 2 more)" in text
     six = AppliedPlan(plan, "sdpa", "float32", "cpu", None, unexpected_weights=keys[:6]).explain()
     assert "head.w5" in six and "more)" not in six
+
+
+def test_adapting_fused_experts_turns_the_default_dropout_off() -> None:
+    """policy/training.py `decide_lora`: `target_parameters` (peft's ParamWrapper, which raises "does not work
+    with lora_dropout != 0", peft/tuners/lora/layer.py) is planned with lora_dropout 0 when you did not set a
+    dropout, instead of refusing cudaload's own default of 0.05; a dropout you set is refused."""
+    from transformers import Qwen3MoeConfig
+
+    from cudaload.errors import FinetuneConfigError
+
+    config = Qwen3MoeConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    experts = ["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]
+    planned = cudaload.plan(config, finetune=True, quantize=None, lora={"target_parameters": experts})
+    assert planned.finetune is not None
+    assert planned.finetune.lora["lora_dropout"] == 0.0 and planned.finetune.lora["target_parameters"] == experts
+    default = cudaload.plan(config, finetune=True, quantize=None).finetune
+    assert default is not None and default.lora["lora_dropout"] == 0.05
+    with pytest.raises(FinetuneConfigError, match="only without dropout"):
+        cudaload.plan(config, finetune=True, quantize=None, lora={"target_parameters": experts, "lora_dropout": 0.1})

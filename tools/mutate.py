@@ -243,11 +243,12 @@ class CoverageMap:
     lines: dict[tuple[str, int], set[str]]  # (path relative to the root, line) -> test functions
     files: dict[str, set[str]]  # path -> every test function that ran a line of it
     seconds: dict[str, float]  # test function -> its setup, call and teardown, summed over parameters
+    root: Path = ROOT  # where the measured source is read: the copy (the worktree may change meanwhile)
 
     def tests_for(self, mutant: Mutant) -> list[str]:
         """The tests that ran the mutated lines (from the node's first line to the edited one); for a
         line that only runs at import, the tests that ran its file."""
-        edit_line = (ROOT / mutant.path).read_bytes()[: mutant.start].count(b"\n") + 1
+        edit_line = (self.root / mutant.path).read_bytes()[: mutant.start].count(b"\n") + 1
         chosen: set[str] = set()
         for line in range(min(mutant.line, edit_line), max(mutant.line, edit_line) + 1):
             chosen |= self.lines.get((mutant.path, line), set())
@@ -298,7 +299,7 @@ def coverage_map(copy: Path, markers: str, timeout: float) -> CoverageMap:
         f"{time.perf_counter() - started:.0f} s",
         flush=True,
     )
-    return CoverageMap(lines, files, seconds)
+    return CoverageMap(lines, files, seconds, root=copy)
 
 
 @dataclass
