@@ -782,3 +782,20 @@ def test_adapting_fused_experts_turns_the_default_dropout_off() -> None:
     assert default is not None and default.lora["lora_dropout"] == 0.05
     with pytest.raises(FinetuneConfigError, match="only without dropout"):
         cudaload.plan(config, finetune=True, quantize=None, lora={"target_parameters": experts, "lora_dropout": 0.1})
+
+
+def test_attention_activations_scale_with_the_attention_width_not_the_hidden_size() -> None:
+    """policy/memory.py `layer_bytes_per_token`: fused attention saves q, k, v and its output, each as wide
+    as the attention (o_proj's input: heads x head_dim), which differs from the hidden size in e.g.
+    Qwen3-0.6B (16 x 128 = 2048 over hidden 1024). Doubling the attention width at the same hidden size
+    adds 4 x d x (the extra width) bytes per token."""
+    from cudaload.policy.memory import layer_bytes_per_token
+
+    narrow = llama(1)
+    wide_shapes = tuple(
+        (name, 2 * i if name == "o_proj" else i, 2 * o if name == "q_proj" else o, n)
+        for name, i, o, n in narrow.linear_shapes
+    )
+    wide = replace(narrow, linear_shapes=wide_shapes)
+    per_token = {m: layer_bytes_per_token(m, "bfloat16", None, (), on_gpu=True) for m in (narrow, wide)}
+    assert per_token[wide] - per_token[narrow] == 4 * 2 * 4096

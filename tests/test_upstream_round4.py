@@ -83,6 +83,9 @@ def test_fa4_is_not_planned_for_sinks_on_sm120() -> None:
     assert "Learnable sink is not supported" in rejected(result)["flash_attention_4"]
     blackwell = plan(Machine.simulated("B200", packages={**FA4, **KERNELS}), GPT_OSS, hub_kernels=True)
     assert blackwell.attention_chain[0] == "flash_attention_4"
+    # sm110 (Thor) takes learnable sinks as sm90 and sm100 do (FA4_SINK_MAJORS, policy/flash_rules.py).
+    thor = plan(Machine.simulated("custom:sm110:128GiB", packages={**FA4, **KERNELS}), GPT_OSS, hub_kernels=True)
+    assert thor.attention_chain[0] == "flash_attention_4"
 
 
 def test_sink_kernels_are_not_planned_in_fp16() -> None:
