@@ -105,6 +105,21 @@ def test_an_unknown_quantize_lists_the_registered_methods(tiny_models: dict[str,
 # --- an attention backend is one record -----------------------------------------------------------
 
 
+def _registered(fake: AttentionBackend, before: str) -> Iterator[AttentionBackend]:
+    """BACKENDS with `fake` inserted just before the backend named `before`, for as long as the caller yields."""
+    saved = dict(BACKENDS)
+    BACKENDS.clear()
+    for name, backend in saved.items():
+        if name == before:
+            BACKENDS[fake.name] = fake
+        BACKENDS[name] = backend
+    try:
+        yield fake
+    finally:
+        BACKENDS.clear()
+        BACKENDS.update(saved)
+
+
 @pytest.fixture
 def fake_backend_first() -> Iterator[AttentionBackend]:
     """A made-up backend registered first in BACKENDS (so the automatic chain tries it before SDPA)."""
@@ -114,12 +129,7 @@ def fake_backend_first() -> Iterator[AttentionBackend]:
         return OptionCheck("fake_attention", "a made-up fused kernel", blockers)
 
     fake = AttentionBackend("fake_attention", check, "always")
-    saved = dict(BACKENDS)
-    BACKENDS.clear()
-    BACKENDS.update({fake.name: fake, **saved})
-    yield fake
-    BACKENDS.clear()
-    BACKENDS.update(saved)
+    yield from _registered(fake, before="sdpa")
 
 
 def test_a_registered_attention_backend_is_planned_with_no_edit_elsewhere(
@@ -151,15 +161,7 @@ def fake_backend_after_flex() -> Iterator[AttentionBackend]:
         return OptionCheck("fake_attention", "a made-up fallback kernel", ())
 
     fake = AttentionBackend("fake_attention", check, "if_previous_rejected")
-    saved = dict(BACKENDS)
-    BACKENDS.clear()
-    for name, backend in saved.items():
-        BACKENDS[name] = backend
-        if name == "flex_attention":
-            BACKENDS[fake.name] = fake
-    yield fake
-    BACKENDS.clear()
-    BACKENDS.update(saved)
+    yield from _registered(fake, before="eager")
 
 
 @pytest.mark.parametrize(("flex", "tried"), [(True, False), (False, True)])

@@ -664,17 +664,22 @@ def test_a_tuning_record_that_measured_no_decode_speed_costs_no_decode_time() ->
     assert estimate.decode == 0.0 and math.isclose(estimate.prefill, 0.2)
 
 
-def test_the_shortest_generation_context_is_one_token() -> None:
-    """policy/generation.py `_context`: `context=1` (a single-token prompt, nothing generated beyond it)
-    is a valid context and sizes the batch for one token; 0 and below are refused."""
+def _small_qwen3() -> Any:
+    """A 2-layer Qwen3 config (GQA 4/2 heads of 64): plans through `cudaload.plan` like a saved checkpoint."""
     from transformers import Qwen3Config
 
-    from cudaload.errors import SettingError
-
-    config = Qwen3Config(
+    return Qwen3Config(
         vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, dtype="bfloat16",
     )  # fmt: skip
+
+
+def test_the_shortest_generation_context_is_one_token() -> None:
+    """policy/generation.py `_context`: `context=1` (a single-token prompt, nothing generated beyond it)
+    is a valid context and sizes the batch for one token; 0 and below are refused."""
+    from cudaload.errors import SettingError
+
+    config = _small_qwen3()
     h100 = Machine.simulated("H100")
     one = cudaload.plan(config, machine=h100, generate=True, context=1).generation
     two = cudaload.plan(config, machine=h100, generate=True, context=2).generation
@@ -711,14 +716,9 @@ def test_upstreams_map_judges_only_cudaloads_own_spread() -> None:
     """policy/placement.py `judge_upstream_placement`: where transformers' own device_map would offload,
     cudaload warns only for the max_memory spread it made itself; a plan on one device (no max_memory) or
     with your device_map or max_memory is returned as it is (your caps are judged by `_capped_placement`)."""
-    from transformers import Qwen3Config
-
     from cudaload.policy.placement import judge_upstream_placement
 
-    config = Qwen3Config(
-        vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, dtype="bfloat16",
-    )  # fmt: skip
+    config = _small_qwen3()
     two = Machine.simulated("A10G", count=2)
     landed = {"cuda:0": GiB, "cpu": 2 * GiB}
     one_device = cudaload.plan(config, machine=two)

@@ -146,7 +146,8 @@ def mutants_of(path: Path) -> list[Mutant]:
     pos = _Positions(source)
     skipped = _skipped_nodes(tree)
     # Relative to the repository root, where run() copies from; a file elsewhere keeps its absolute path.
-    rel = str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path.resolve())
+    resolved = path.resolve()
+    rel = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
     found: list[Mutant] = []
 
     seen: set[tuple[int, int, str]] = set()
@@ -230,6 +231,12 @@ def tests_for(path: str) -> list[str]:
     return sorted(chosen)
 
 
+def _copy_env(copy: Path) -> dict[str, str]:
+    """The environment every pytest run of the tool gets: Python imports cudaload from the copy, writes no
+    bytecode beside it, and never reaches the Hub."""
+    return {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
+
+
 def _test_function(context: str) -> str:
     """A pytest-cov context ("tests/test_x.py::test_y[param]|run") -> the test function's node id: a
     parametrised test runs with all its parameters (a parameter may hold "::" or spaces)."""
@@ -271,8 +278,7 @@ def coverage_map(copy: Path, markers: str, timeout: float) -> CoverageMap:
     package = copy / "src" / "cudaload"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", markers, f"--cov={package}"]
     command += ["--cov-context=test", "--cov-report=", "--durations=0", "--durations-min=0", "tests"]
-    env = {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
-    env["COVERAGE_FILE"] = str(data_file)
+    env = {**_copy_env(copy), "COVERAGE_FILE": str(data_file)}
     print(f"coverage run of the suite (-m {markers!r}) on the unmutated copy ...", flush=True)
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -311,7 +317,7 @@ class Outcome:
 
 
 def _pytest(copy: Path, tests: list[str], markers: str, timeout: float) -> tuple[str, float, str]:
-    env = {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1"}
+    env = _copy_env(copy)
     command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", markers, *tests]
     started = time.perf_counter()
     try:
@@ -337,7 +343,7 @@ def _copy_src(into: Path) -> Path:
             (into / entry.name).symlink_to(entry)
     probe = subprocess.run(
         [sys.executable, "-c", "import cudaload; print(cudaload.__file__)"],
-        env={**os.environ, "PYTHONPATH": str(into / "src"), "PYTHONDONTWRITEBYTECODE": "1"},
+        env=_copy_env(into),
         capture_output=True,
         text=True,
         check=True,
