@@ -100,3 +100,9 @@ def test_the_stages_run_the_covering_tests_between_the_survivors_file_and_the_im
     assert stages[1] == ("not slow", ["tests/test_cpu.py::test_y"], 60.0)  # the survivors' file already ran
     assert stages[2][0] == "not slow" and "tests/test_policy.py" in stages[2][1] and stages[2][2] is None
     assert [s[1] for s in mutate._stages(mutant, args, None)] == [[mutate.SURVIVORS], stages[2][1]]
+
+
+def test_the_coverage_selection_without_pytest_cov_says_what_to_install(mutate, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pytest_cov", None)  # `import pytest_cov` raises ImportError
+    with pytest.raises(SystemExit, match=r"pip install pytest-cov \(or --select imports\)"):
+        mutate.coverage_map(tmp_path, "not slow", timeout=1)
