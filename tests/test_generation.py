@@ -284,6 +284,26 @@ def test_checkpoint_generation_config_is_respected() -> None:
     assert "generation_config.json" in gen.decision("generation.cache_implementation").reason
 
 
+@pytest.mark.parametrize("old_name", ["sliding_window", "hybrid_chunked", "offloaded_hybrid"])
+def test_a_checkpoints_old_static_cache_name_is_planned_as_the_static_cache_generate_builds(old_name: str) -> None:
+    # generate() builds a StaticCache for these (DEPRECATED_STATIC_CACHE_IMPLEMENTATIONS) and compiles on a GPU;
+    # the plan said "dynamic, no compile".
+    gen = _decide(H100, replace(FULL, checkpoint_cache_implementation=old_name))
+    assert gen.cache_implementation == old_name
+    assert "as a static cache" in gen.decision("generation.cache_implementation").reason
+    assert gen.compile is True
+    assert _decide(Machine.simulated(None), replace(FULL, checkpoint_cache_implementation=old_name)).compile is False
+
+
+def test_llama4_is_never_compiled_by_generate() -> None:
+    # PreTrainedModel.get_compiled_call returns `self.__call__` for any model_type containing "llama4".
+    static = {"cache_implementation": "static"}
+    assert _decide(H100, **static).compile is True
+    gen = _decide(H100, replace(FULL, model_type="llama4_text"), **static)
+    assert gen.compile is False
+    assert "get_compiled_call" in gen.decision("generation.compile").reason
+
+
 def test_padding_side() -> None:
     assert _decide(H100).padding_side == "left"
     assert _decide(H100, replace(FULL, encoder_decoder=True)).padding_side == "right"

@@ -6,7 +6,14 @@ from dataclasses import replace
 
 import pytest
 
-from cudaload import AttentionUnavailableError, DtypeUnsupportedError, Machine, MissingPackageError, PlacementError
+from cudaload import (
+    AttentionUnavailableError,
+    DtypeUnsupportedError,
+    Machine,
+    MissingPackageError,
+    PlacementError,
+    SettingError,
+)
 from cudaload.facts.catalog import KNOWN_GPUS
 from cudaload.facts.machine import Launch
 from cudaload.facts.model import ModelFacts, any_model
@@ -330,7 +337,13 @@ def test_explicit_settings_win_and_are_marked() -> None:
         device_map="auto",
         passthrough={"revision": "main"},
     )
-    assert plan.kwargs == {"dtype": "float16", "attn_implementation": "eager", "device_map": "auto", "revision": "main"}
+    assert plan.kwargs == {
+        "dtype": "float16",
+        "attn_implementation": "eager",
+        "device_map": "auto",
+        "use_kernels": False,
+        "revision": "main",
+    }
     assert {"dtype", "attn_implementation", "device_map", "revision"} <= plan.explicit
     assert plan.attention_chain == ("eager",)
 
@@ -340,7 +353,8 @@ def test_use_kernels_is_validated() -> None:
         plan_for(Machine.simulated("A100"), use_kernels=True)
     plan = plan_for(Machine.simulated("A100", packages=KERNELS), use_kernels=True)
     assert plan.kwargs["use_kernels"] is True
-    assert "use_kernels" not in plan_for(Machine.simulated("A100", packages=KERNELS)).kwargs
+    # Not asked: passed as False all the same, since transformers 5.25 turns it on when it is not passed.
+    assert plan_for(Machine.simulated("A100", packages=KERNELS)).kwargs["use_kernels"] is False
 
 
 @pytest.mark.parametrize(
@@ -447,6 +461,35 @@ def test_more_ranks_than_visible_gpus_is_a_clear_error() -> None:
         plan_for(Machine.simulated("A100", count=2, launch=launch))
 
 
-def test_use_kernels_without_a_gpu_is_refused() -> None:
-    with pytest.raises(MissingPackageError, match="no CUDA GPU"):
-        plan_for(Machine.simulated(None, packages=KERNELS), use_kernels=True)
+def test_use_kernels_without_a_gpu_follows_the_installed_transformers() -> None:
+    # 5.25's Hub layer mapping has no CPU entry: refused. 5.22 maps gpt-oss's MegaBlocksMoeMLP to a CPU kernel.
+    new = {"kernels": "0.19.1", "transformers": "5.25.0"}
+    with pytest.raises(MissingPackageError, match=r"no CUDA GPU.*transformers 5\.25\.0 maps no layer"):
+        plan_for(Machine.simulated(None, packages=new), use_kernels=True)
+    old = plan_for(Machine.simulated(None, packages={"kernels": "0.17.2", "transformers": "5.22.2"}), use_kernels=True)
+    assert old.kwargs["use_kernels"] is True
+
+
+def test_use_hub_kernels_off_is_a_fact_the_plan_follows() -> None:
+    a100 = Machine.simulated("A100", packages=KERNELS)
+    disabled = replace(a100, hub=replace(a100.hub, layer_kernels_disabled="USE_HUB_KERNELS=NO"))
+    decision = plan_for(disabled).decision("use_kernels")
+    assert decision.value is False and "USE_HUB_KERNELS=NO" in decision.rejected[0].reason
+    # Asked for anyway: transformers would drop it with a log line; cudaload says so before loading.
+    with pytest.raises(SettingError, match="USE_HUB_KERNELS=NO turns Hub layer kernels off"):
+        plan_for(disabled, use_kernels=True)
+    from cudaload.capability.software import layer_kernels_disabled
+
+    assert [layer_kernels_disabled(env) for env in ({}, {"USE_HUB_KERNELS": "yes"}, {"USE_HUB_KERNELS": "0"})] == [
+        None,
+        None,
+        "USE_HUB_KERNELS=0",
+    ]
+
+
+def test_kernel_config_and_kernels_mode_ask_for_hub_layer_kernels() -> None:
+    from cudaload.planner.arguments import split_overrides
+
+    assert split_overrides({"kernel_config": object()}).use_kernels is True
+    with pytest.raises(SettingError, match="kernel_config was given with use_kernels=False"):
+        split_overrides({"kernel_config": object(), "use_kernels": False})

@@ -167,3 +167,32 @@ def test_cpu_fine_tuning_keeps_fused_adamw_where_torch_has_it(torch: str, optim:
     if optim == "adamw_torch_fused":
         assert "_foreach_utils.py" in decision.reason and "training_args.py" in decision.reason
         assert [r.value for r in decision.rejected] == ["adamw_torch", "paged_adamw_8bit"]
+
+
+def test_tf32_follows_the_current_device_trainingarguments_judges() -> None:
+    # T4 (cuda:0) + A100 (cuda:1): the model goes on the A100, but TrainingArguments(tf32=True) checks
+    # torch.cuda.current_device() (is_torch_tf32_available), cuda:0 here, and raises.
+    mixed = finetune(Machine.simulated(["T4", "A100"], packages=BNB), quantize=None, device_map="cuda:1")
+    tf32 = mixed.decision("training.tf32")
+    assert tf32.value is False and "cuda:0 (Tesla T4, sm_75)" in tf32.reason
+    assert (
+        finetune(Machine.simulated(["A100", "T4"], packages=BNB), quantize=None, device_map="cuda:0")
+        .decision("training.tf32")
+        .value
+        is True
+    )
+
+
+def test_a_paged_8bit_optimizer_is_planned_only_where_bitsandbytes_is_installed() -> None:
+    from cudaload.policy.training import decide_training_arguments
+
+    _, without = decide_training_arguments(
+        Machine.simulated("A100", packages={"peft": "0.21.2"}), "bfloat16", "checkpoint", True
+    )
+    _, with_bnb = decide_training_arguments(Machine.simulated("A100", packages=BNB), "bfloat16", "checkpoint", True)
+    assert (without["optim"], with_bnb["optim"]) == ("adamw_torch_fused", "paged_adamw_8bit")
+
+
+def test_qlora_that_would_offload_to_the_cpu_is_refused_when_planned() -> None:
+    with pytest.raises(PlacementError, match="llm_int8_enable_fp32_cpu_offload"):
+        finetune(Machine.simulated("T4", packages=BNB), llama(70), quantize="4bit")

@@ -221,6 +221,9 @@ def test_mxfp4_on_a_cpu(folders) -> None:
     old = plan(folders, "gpt-oss-20b", Machine.simulated(packages=cpu, cpu_memory_gib=256))
     assert old.decision("checkpoint_quantization").value == "dequantized"  # 5.22 needs use_kernels on CPU
     assert "use_kernels=True" in old.decision("checkpoint_quantization").reason
+    # ... which 5.22 accepts on a CPU (a CPU megablocks kernel): then it stays MXFP4.
+    kept = plan(folders, "gpt-oss-20b", Machine.simulated(packages=cpu, cpu_memory_gib=256), use_kernels=True)
+    assert kept.decision("checkpoint_quantization").value == "mxfp4"
     new = {"transformers": "5.25.0", "triton": "3.5.0", "kernels": "0.19.1"}
     assert plan(folders, "gpt-oss-20b", Machine.simulated(packages=new)).decision("checkpoint_quantization").value == (
         "mxfp4"
@@ -328,8 +331,8 @@ def test_quantize_stacked_on_a_quantized_checkpoint_raises(folders, asked) -> No
     [
         ({}, "bitsandbytes is not installed (pip install bitsandbytes)"),
         (
-            {"bitsandbytes": "0.47.0"},
-            "bitsandbytes 0.47.0 has no CPU backend (0.48+ has one); this machine has no CUDA GPU",
+            {"bitsandbytes": "0.46.0"},
+            "bitsandbytes 0.46.0 has no CPU backend (0.46.1+ has one); this machine has no CUDA GPU",
         ),
     ],
 )

@@ -33,3 +33,18 @@ def test_kernels_range_matches_the_installed_transformers() -> None:
     minor = ".".join(transformers.__version__.split(".")[:2])
     assert minor in KERNELS_RANGES, f"transformers {minor}: add its kernels range {installed} to KERNELS_RANGES"
     assert KERNELS_RANGES[minor] == installed
+
+
+def test_compileable_quant_methods_are_the_installed_quantizers_own() -> None:
+    # generate() compiles a quantized model only where its quantizer's `is_compileable` is True
+    # (`_valid_auto_compile_criteria`); the table must list exactly those of the installed transformers.
+    from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING
+
+    from cudaload.upstream import COMPILEABLE_QUANT_METHODS
+
+    upstream = {
+        method
+        for method, quantizer in AUTO_QUANTIZER_MAPPING.items()
+        if quantizer.is_compileable.fget(object.__new__(quantizer))  # a constant in every 5.22-5.25 quantizer
+    }
+    assert upstream == set(COMPILEABLE_QUANT_METHODS)

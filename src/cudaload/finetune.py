@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 import warnings
@@ -12,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import CudaloadWarning, FinetuneConfigError, MissingPackageError, install_hint
 from .loaders import apply_plan
+from .loaders.readback import lora_targets_read_back
 from .plans import FinetunePlan, Plan
+from .upstream_imports import import_bitsandbytes
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -123,12 +126,8 @@ def load_for_finetune(
         >>> args.get("gradient_checkpointing", args.get("activation_checkpointing"))
         True
     """
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as exc:
-        raise MissingPackageError(
-            f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}."
-        ) from exc
+    if importlib.util.find_spec("peft") is None:
+        raise MissingPackageError(f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}.")
     from .capability.model_config import model_class_name
     from .capability.transformers_api import check_lora_settings
     from .planner import plan
@@ -165,6 +164,10 @@ def load_for_finetune(
         )
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
+    # peft imports bitsandbytes, whose import may fetch Hub code: cudaload imports it first, with the plan's consent.
+    import_bitsandbytes(hub_code=the_plan.hub_code)
+    from peft import LoraConfig, get_peft_model
+
     if isinstance(model, Plan):  # plan() checked its LoRA settings where it was made, if peft was there
         check_lora_settings(the_plan.finetune.lora, lora)
     lora_config = LoraConfig(**the_plan.finetune.lora)
@@ -177,10 +180,14 @@ def load_for_finetune(
         peft_model = get_peft_model(base, lora_config)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     applied = base.cudaload_plan
+    differences = lora_targets_read_back(the_plan, peft_model)
+    for difference in differences:
+        warnings.warn(difference, CudaloadWarning, stacklevel=2)
     peft_model.cudaload_plan = replace(
         applied,
         plan=replace(applied.plan, finetune=replace(the_plan.finetune, trainable_parameters=trainable)),
         timings={"plan": planned, **applied.timings},
+        warnings=(*applied.warnings, *differences),
     )
     return peft_model
 

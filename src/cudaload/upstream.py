@@ -189,10 +189,11 @@ TESTED_KERNELS_RANGE = KERNELS_RANGES["5.22"]
 FP16_FRAGILE_FAMILIES = frozenset({"gemma2", "gemma3", "gemma3_text", "plamo2", "glm4"})
 
 
-COMPILEABLE_QUANT_METHODS = frozenset({"compressed-tensors", "fp8", "gemma", "gguf", "nvfp4", "torchao"})
+COMPILEABLE_QUANT_METHODS = frozenset({"compressed-tensors", "fp8", "gemma", "gguf", "mxfp8", "nvfp4", "torchao"})
 """`quant_method`s whose quantizer says `is_compileable` True (transformers 5.22-5.25
 quantizers/quantizer_compressed_tensors.py, quantizer_finegrained_fp8.py, quantizer_gemma.py,
-quantizer_gguf.py, quantizer_nvfp4.py, quantizer_torchao.py); every other quantizer inherits False
+quantizer_gguf.py, quantizer_nvfp4.py, quantizer_torchao.py; quantizers/auto.py: AUTO_QUANTIZER_MAPPING maps
+"mxfp8" to FineGrainedFP8HfQuantizer too); every other quantizer inherits False
 from quantizers/base.py (`HfQuantizer.is_compileable`), and generate() then never compiles
 (`_valid_auto_compile_criteria`)."""
 

@@ -1,4 +1,5 @@
-"""The first import of transformers, made once under a lock.
+"""First imports of upstream packages whose import has effects: transformers (once, under a lock) and
+bitsandbytes (without Hub code unless the user allowed it).
 
 transformers resolves its public names lazily (`_LazyModule.__getattr__` imports the submodule on
 first access). Done from several threads at once on a fresh interpreter, the threads that lose the
@@ -9,9 +10,15 @@ of 8 threads calling `load()` (transformers 5.25.0). cudaload's entry points cal
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
+import logging
+import sys
 import threading
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["import_transformers"]
+__all__ = ["bitsandbytes_hub_kernel_refused", "import_bitsandbytes", "import_transformers"]
 
 _LOCK = threading.Lock()
 _DONE = False
@@ -43,3 +50,82 @@ def import_transformers() -> None:
         for name in _NAMES:
             getattr(transformers, name)
         _DONE = True
+
+
+# bitsandbytes (0.48 to 0.50.2 at least) fetches and runs `kernels-community/quantization-bitsandbytes` from the Hub
+# when it is imported on a CPU with AVX512-BF16 and `kernels` is installed (bitsandbytes 0.50.2
+# backends/cpu/ops.py, the `if has_avx512bf16():` block calling `kernels.get_kernel`). peft imports bitsandbytes,
+# and so does transformers' bitsandbytes quantizer. Without the user's consent cudaload imports bitsandbytes
+# first, with `kernels.get_kernel` refusing for that one import: bitsandbytes then keeps its built-in CPU path
+# (the same one it takes when the fetch fails) and no Hub host is contacted. Once imported, later imports of
+# peft or transformers reuse the module and fetch nothing.
+_BNB_KERNEL_LOGGER = "bitsandbytes.backends.cpu.ops"
+_REFUSAL = "Hub code refused by cudaload (no consent)"
+_bnb_lock = threading.Lock()
+_bnb_kernel_refused: list[str] = []  # the repos bitsandbytes asked for during the guarded import
+
+
+class _HubKernelRefused(RuntimeError):
+    """Raised by the stand-in for `kernels.get_kernel` while bitsandbytes is imported without consent."""
+
+
+class _DropRefusal(logging.Filter):
+    """bitsandbytes logs a WARNING telling users to install kernels when the fetch fails; after our refusal
+    that advice is wrong, so the line is dropped (the refusal is logged by cudaload instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _REFUSAL not in record.getMessage()
+
+
+def import_bitsandbytes(*, hub_code: bool) -> bool:
+    """Import bitsandbytes (if installed) before peft or transformers do; without `hub_code` consent the
+    import fetches no Hub kernel. Returns True when bitsandbytes is imported (now or before)."""
+    if "bitsandbytes" in sys.modules:
+        return True
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return False
+    with _bnb_lock:
+        if "bitsandbytes" in sys.modules:
+            return True
+        if hub_code:
+            import bitsandbytes
+
+            return True
+        with _no_hub_kernels():
+            import bitsandbytes  # noqa: F401
+    for repo in _bnb_kernel_refused:
+        logging.getLogger("cudaload").info(
+            "bitsandbytes asked for %s from the Hub at import; not fetched (Hub code needs hub_kernels=True): "
+            "it runs its built-in CPU path",
+            repo,
+        )
+    return True
+
+
+def bitsandbytes_hub_kernel_refused() -> tuple[str, ...]:
+    """The Hub kernels bitsandbytes asked for at import and cudaload refused (empty when none were asked for)."""
+    return tuple(_bnb_kernel_refused)
+
+
+@contextlib.contextmanager
+def _no_hub_kernels() -> Iterator[None]:
+    try:
+        import kernels
+    except Exception:  # not installed, or broken: bitsandbytes' own fallback handles it
+        yield
+        return
+    original = kernels.get_kernel
+
+    def refused(repo_id: str, *args: Any, **kwargs: Any) -> Any:
+        _bnb_kernel_refused.append(repo_id)
+        raise _HubKernelRefused(f"{repo_id}: {_REFUSAL}")
+
+    quiet = _DropRefusal()
+    logger = logging.getLogger(_BNB_KERNEL_LOGGER)
+    kernels.get_kernel = refused
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        kernels.get_kernel = original
+        logger.removeFilter(quiet)

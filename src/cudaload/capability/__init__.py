@@ -19,7 +19,7 @@ from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
 from .software import probe_hub, probe_software
 from .tuning_records import read_tuning_records
-from .usable_gpus import gpus_unusable
+from .usable_gpus import gpus_unusable, torch_arch_list
 
 if TYPE_CHECKING:
     from ..facts.model import ModelFacts
@@ -39,6 +39,8 @@ def detect_uncached(
     env = dict(os.environ) if env is None else env
     report = probe_gpus(env, probes)
     software = probe_software(report.driver)
+    if report.gpus and software.torch_cuda is not None:
+        software = replace(software, torch_arch_list=torch_arch_list())
     return Machine(
         gpus=report.gpus,
         cpu=probe_cpu(),

@@ -134,6 +134,7 @@ def read_generation_facts(
         supports_cache=supports_cache,
         compiles_fullgraph=fullgraph,
         checkpoint_cache_implementation=str(checkpoint_cache) if checkpoint_cache else None,
+        model_type=str(getattr(config, "model_type", "") or "") or None,
         notes=tuple(notes),
     )
 

@@ -207,13 +207,21 @@ def _generation_facts(
 
 def _linear_shapes(meta: Any) -> dict[tuple[str, int, int], int]:
     """(leaf name, in, out) -> how many, for the decoder's projections (heads excluded). GPT-2 style
-    models use transformers' Conv1D (weight stored transposed) for them; peft's LoRA wraps both."""
+    models use transformers' Conv1D (weight stored transposed) for them; peft's LoRA wraps both.
+
+    The head is excluded as peft's "all-linear" excludes it (peft 0.21 tuners/tuners_utils.py:
+    `_maybe_include_all_linear_layers` drops `model.get_output_embeddings()`, whatever its name: RWKV's `head`,
+    GPT-NeoX-Japanese's `embed_out`), and by the usual names where a class has no output embeddings."""
     import torch
 
+    try:
+        output = meta.get_output_embeddings()
+    except (AttributeError, NotImplementedError, TypeError):
+        output = None
     shapes: dict[tuple[str, int, int], int] = {}
     for name, module in meta.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf in {"lm_head", "score", "classifier"}:
+        if leaf in {"lm_head", "score", "classifier"} or (output is not None and module is output):
             continue
         if isinstance(module, torch.nn.Linear):
             key = (leaf, module.in_features, module.out_features)

@@ -344,7 +344,17 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
             kernels.append(
                 find_cached_kernel(cache, repo, version, torch_version, software.torch_cuda, system, offline=offline)
             )
-    return Hub(offline=offline, kernels=tuple(kernels))
+    return Hub(offline=offline, kernels=tuple(kernels), layer_kernels_disabled=layer_kernels_disabled(env))
+
+
+def layer_kernels_disabled(env: Mapping[str, str]) -> str | None:
+    """ "USE_HUB_KERNELS=<value>" when it turns Hub layer kernels off, as transformers reads it (5.25
+    integrations/hub_kernels.py `_kernels_enabled`: `is_env_variable_true("USE_HUB_KERNELS", default="YES")`,
+    true for 1/true/y/yes/on; 5.22 reads 1/on/yes/true); None when unset or true."""
+    value = env.get("USE_HUB_KERNELS")
+    if value is None or value.strip().lower() in ("1", "true", "y", "yes", "on"):
+        return None
+    return f"USE_HUB_KERNELS={value}"
 
 
 def check_hub_reachable(

@@ -43,6 +43,8 @@ class Hub:
     Attributes:
         offline: True when HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) is set: nothing can be fetched.
         kernels: One `HubKernel` per Hub attention kernel repository cudaload knows.
+        layer_kernels_disabled: "USE_HUB_KERNELS=<value>" when that variable turns transformers' Hub layer
+            kernels off (use_kernels); None when it does not.
 
     Examples:
         >>> import cudaload
@@ -53,6 +55,7 @@ class Hub:
 
     offline: bool = False
     kernels: tuple[HubKernel, ...] = ()
+    layer_kernels_disabled: str | None = None
 
     def kernel(self, repo: str) -> HubKernel | None:
         for kernel in self.kernels:

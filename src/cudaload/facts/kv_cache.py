@@ -8,12 +8,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["CACHE_IMPLEMENTATIONS", "PER_TOKEN_TYPES", "STATE_TYPES", "WINDOW_TYPES", "GenerationFacts", "KvLayers"]
+__all__ = [
+    "CACHE_IMPLEMENTATIONS",
+    "CHECKPOINT_STATIC_CACHES",
+    "PER_TOKEN_TYPES",
+    "STATE_TYPES",
+    "STATIC_CACHES",
+    "WINDOW_TYPES",
+    "GenerationFacts",
+    "KvLayers",
+]
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static", "offloaded", "offloaded_static", "quantized")
 """`cache_implementation` values generate() builds a cache for (transformers 5.22-5.24,
 generation/configuration_utils.py: STATIC_CACHE_IMPLEMENTATIONS + DYNAMIC_CACHE_IMPLEMENTATIONS;
 "paged" switches generate() to continuous batching and is not planned here)."""
+
+CHECKPOINT_STATIC_CACHES = ("sliding_window", "hybrid_chunked", "offloaded_hybrid", "offloaded_hybrid_chunked")
+"""Old names a checkpoint's generation_config may still carry that generate() builds as a static cache
+(transformers 5.22-5.25 generation/configuration_utils.py: DEPRECATED_STATIC_CACHE_IMPLEMENTATIONS, part of
+ALL_STATIC_CACHE_IMPLEMENTATIONS; `GenerationMixin._prepare_cache_for_generation` warns and builds a StaticCache).
+"hybrid" is not one: `GenerationMixin._prepare_generation_config` unsets it, so Gemma 2/3 checkpoints get the
+dynamic sliding-window cache (capability/kv_layout.py reads it so). cudaload never plans these names."""
+
+STATIC_CACHES = ("static", "offloaded_static", *CHECKPOINT_STATIC_CACHES)
+"""Every cache_implementation generate() builds as a static cache, and so may compile the forward for."""
 
 # How each upstream cache layer type (cache_utils.DYNAMIC_LAYER_TYPE_MAPPING) stores tokens.
 PER_TOKEN_TYPES = frozenset({"full_attention", "hybrid", "indexed_attention"})
@@ -69,6 +88,8 @@ class GenerationFacts:
     """The class's `_can_compile_fullgraph`: its forward traces into one graph under torch.compile."""
     checkpoint_cache_implementation: str | None = None
     """`cache_implementation` set by the checkpoint's generation_config.json, if any."""
+    model_type: str | None = None
+    """The config's `model_type` (transformers returns llama4's forward uncompiled, whatever the cache)."""
     notes: tuple[str, ...] = ()
     """What could not be read exactly (unknown layer types, missing sizes)."""
 

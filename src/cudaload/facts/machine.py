@@ -43,6 +43,9 @@ class Software:
         torch_cuda: CUDA version torch was built with (None for a CPU build).
         driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
         kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
+        torch_arch_list: The GPU architectures the installed CUDA torch was built for
+            (`torch.cuda.get_arch_list()`, e.g. ("sm_75", "sm_80", ..., "compute_120")); None when not read
+            (no GPU, a CPU build, or a simulated machine).
         assumed: For a simulated machine, where its packages come from ("as installed here" or
             cudaload's defaults, and what `packages=` / `--with` changed); None when detected.
 
@@ -61,6 +64,8 @@ class Software:
     driver: str | None = None
     kernels_range: tuple[str, str] | None = None
     """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
+    torch_arch_list: tuple[str, ...] | None = None
+    """The architectures the installed CUDA torch was built for; None when not read."""
     assumed: str | None = None
     """For a simulated machine, where its packages come from; None when detected."""
 

@@ -101,8 +101,10 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             package="bitsandbytes",
             quant_method="bitsandbytes",
             config_class="BitsAndBytesConfig",
-            # bitsandbytes runs 4-/8-bit on CPU from 0.48 on (before that only CUDA); measured here with 0.50.2.
-            cpu_since="0.48.0",
+            # bitsandbytes runs 4-/8-bit on CPU in every release transformers accepts (BITSANDBYTES_MIN_VERSION
+            # 0.46.1 in 5.22-5.25): nf4 and LLM.int8 load + LoRA forward/backward measured on CPU with 0.46.1,
+            # 0.47.0 and 0.50.2 (2026-12-06). Older releases have no CPU backend, and transformers refuses them.
+            cpu_since="0.46.1",
             # nf4: 4 bits; absmax per block of 64 as uint8 (double quantization): 8/64; an fp32 scale per
             # 256 of those blocks: 32/(64·256). 4.127 bits per weight, as the QLoRA paper says
             # (bitsandbytes/nn/modules.py:230-231: blocks of 64).
@@ -121,7 +123,7 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             package="bitsandbytes",
             quant_method="bitsandbytes",
             config_class="BitsAndBytesConfig",
-            cpu_since="0.48.0",
+            cpu_since="0.46.1",
             # LLM.int8: int8 weights (CB) and one fp32 scale per output row (SCB).
             bits_per_weight=8,
             row_scale_bytes=4,

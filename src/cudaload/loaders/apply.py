@@ -14,6 +14,7 @@ from .applied import AppliedPlan, Fallback
 from .attribution import _is_attention_failure, _no_fallback, _unrelated
 from .hub_code import _unasked_hub_code
 from .kwargs import from_pretrained_kwargs, set_rank_device
+from .readback import read_back
 from .verify import _Failure, _verify
 from .weights import _check_weights, _offload_warning, _offloaded, _WeightsReport
 
@@ -90,9 +91,11 @@ def apply_plan(
     Weights the checkpoint does not fill raise before any test forward (`_check_weights`).
     """
     from ..capability.model_config import resolve_auto_class
-    from ..upstream_imports import import_transformers
+    from ..upstream_imports import import_bitsandbytes, import_transformers
 
     import_transformers()
+    if "quantization_config" in plan.kwargs or any(d.setting == "checkpoint_quantization" for d in plan.decisions):
+        import_bitsandbytes(hub_code=plan.hub_code)  # transformers' quantizers import it: no Hub code unasked
     # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
     # current device (policy/current_device.py, `decide_rank_device` and `decide_current_device`).
     set_rank_device(plan)
@@ -147,6 +150,7 @@ def apply_plan(
         notes.append(_offload_warning(plan.model, offloaded))
     dtype = str(model.dtype).removeprefix("torch.")  # transformers: the first floating parameter's
     notes.extend(_generation_dtype_note(applied_plan, dtype))
+    notes.extend(read_back(applied_plan, model))  # every value the plan shows, against the model's own state
     for note in notes:
         _warn_once(note)
     applied = AppliedPlan(

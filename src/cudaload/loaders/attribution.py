@@ -119,10 +119,15 @@ def _load_error(plan: Plan, exc: BaseException) -> LoadFailedError:
     model = plan.model
     text = str(exc)
     kind = type(exc).__name__
-    if "Torch not compiled with CUDA enabled" in text:  # torch 2.13 torch/cuda/__init__.py:522, a CPU build
+    if "Torch not compiled with CUDA enabled" in text:  # torch.cuda._lazy_init on a CPU build (2.13-2.15)
         hint = (
             f"the plan places weights on a GPU (device_map={plan.kwargs.get('device_map')!r}) and torch here "
             "cannot use CUDA (a CPU build of torch)"
+        )
+    elif "Found no NVIDIA driver" in text:  # torch.cuda._lazy_init, a CUDA build on a machine without a driver
+        hint = (
+            f"the plan places weights on a GPU (device_map={plan.kwargs.get('device_map')!r}) and torch here "
+            "cannot use CUDA (a CUDA build of torch, but no NVIDIA driver on this machine)"
         )
     elif (
         "size mismatch" in text

@@ -82,8 +82,33 @@ def split_overrides(overrides: dict[str, Any], **extra: Any) -> Request:
         if "dtype" in rest:
             raise DtypeUnsupportedError("Both dtype= and torch_dtype= were given; pass only dtype=.")
         rest["dtype"] = rest.pop("torch_dtype")
+    _kernel_arguments(rest)
     known = {k: rest.pop(k) for k in _SETTINGS if k in rest}
     return Request(**known, passthrough=rest, **extra)
+
+
+def _kernel_arguments(rest: dict[str, Any]) -> None:
+    """`kernel_config` and `kernels_mode` switch Hub layer kernels on in from_pretrained (transformers 5.22
+    modeling_utils.py `PreTrainedModel.from_pretrained`: "A kernel_config was provided but use_kernels is False;
+    setting use_kernels=True automatically"; 5.25 applies both only when use_kernels is on): asking for either is
+    asking for use_kernels=True, and contradicting use_kernels=False is refused rather than resolved for you."""
+    given = [name for name in ("kernel_config", "kernels_mode") if rest.get(name) is not None]
+    if not given:
+        return
+    if rest.get("use_kernels") is False:
+        raise SettingError(
+            f"{' and '.join(given)} was given with use_kernels=False: transformers would switch Hub layer kernels on "
+            f"for {given[0]}. Drop {given[0]}, or pass use_kernels=True."
+        )
+    if "kernels_mode" in given:
+        from ..capability.transformers_api import takes_kernels_mode
+
+        if not takes_kernels_mode():
+            raise SettingError(
+                "kernels_mode was given, but the installed transformers has no kernels_mode (it arrived with "
+                "PreTrainedModel.kernels_mode in transformers 5.25): upgrade transformers, or drop kernels_mode."
+            )
+    rest["use_kernels"] = True
 
 
 def _check_model(model: Any) -> None:

@@ -59,7 +59,7 @@ class Plan:
         >>> path = build_tiny_model(tempfile.mkdtemp())
         >>> plan = cudaload.plan(path, machine=cudaload.Machine.simulated("A100"))
         >>> plan.kwargs
-        {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0'}
+        {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0', 'use_kernels': False}
         >>> plan.attention_chain, plan.machine
         (('sdpa', 'eager'), '1x NVIDIA A100-SXM4-80GB (sm_80)')
         >>> print(plan.explain().splitlines()[1].split()[:3])  # a simulated machine: its packages

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
-from ..facts.machine import Machine
+from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
@@ -127,7 +127,14 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     dtype, dtype_warnings = decide_dtype(judged, model, request.dtype, workload)
     warnings += dtype_warnings
     hub_code = request.hub_kernels is True or request.use_kernels is True
-    attention, chain, cautions = decide_attention(judged, model, dtype.value, request.attn_implementation, hub_code)
+    attention, chain, cautions = decide_attention(
+        judged,
+        model,
+        dtype.value,
+        request.attn_implementation,
+        hub_code,
+        output_attentions=request.passthrough.get("output_attentions") is True,
+    )
     warnings += cautions
     dtype, attention, chain = tune_on_gpu(judged, model, workload, dtype, attention, chain)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
@@ -160,8 +167,7 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     decisions += [*where.decisions, use_kernels]
     warnings += where.warnings
     kwargs |= where.kwargs
-    if use_kernels.value:
-        kwargs["use_kernels"] = True
+    kwargs["use_kernels"] = use_kernels.value  # always passed: transformers 5.25 defaults it to True
     for key, value in request.passthrough.items():
         kwargs[key] = value
         decisions.append(Decision(key, value, "passed to from_pretrained as given", source="user"))
@@ -180,6 +186,13 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
         finetune=section.plan if section is not None else None,
         assumed_packages=_assumed_packages(machine),
     )
+
+
+def _current_gpu(machine: Machine) -> Gpu | None:
+    """The GPU torch's current device is when the training script builds TrainingArguments: the launcher's
+    LOCAL_RANK, else cuda:0 (torch's default)."""
+    index = machine.launch.local_rank or 0
+    return machine.gpus[index] if index < len(machine.gpus) else None
 
 
 def _assumed_packages(machine: Machine) -> str | None:
@@ -235,7 +248,7 @@ def _finetune_section(
         machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
     arguments, training_args = decide_training_arguments(
-        judged, dtype, quant.value or False, training.gradient_checkpointing
+        judged, dtype, quant.value or False, training.gradient_checkpointing, _current_gpu(machine)
     )
     warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype))
     use_cache = _training_cache(training.gradient_checkpointing)

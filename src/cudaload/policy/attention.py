@@ -164,19 +164,40 @@ def _decision(trace: list[TraceEntry], gpu: Gpu | None) -> tuple[Decision, tuple
     return Decision("attn_implementation", choice.value, reason, rejected), tuple(e.value for e in accepted)
 
 
+# transformers returns attention weights from eager alone: PretrainedConfig.output_attentions' setter and
+# `validate_output_attentions` (5.22-5.25 configuration_utils.py) raise for any other attn_implementation.
+OUTPUT_ATTENTIONS = "output_attentions=True: transformers returns attention weights only from eager"
+
+
 def decide_attention(
-    machine: Machine, model: ModelFacts, dtype: str, requested: str | None, hub_code: bool = False
+    machine: Machine,
+    model: ModelFacts,
+    dtype: str,
+    requested: str | None,
+    hub_code: bool = False,
+    output_attentions: bool = False,
 ) -> tuple[Decision, tuple[str, ...], tuple[str, ...]]:
     """The attention decision, its fallback chain (the first link is the choice) and warnings
     (what an explicit choice costs; the automatic chain passes such options over instead).
+    `output_attentions` (from_pretrained's, passed through) leaves eager alone: no other returns the weights.
 
     Hub code runs only with consent: a Hub kernel is planned when it is already cached (it was
     fetched before) or `hub_code` is True (hub_kernels=True or use_kernels=True), as `use_kernels`
     itself is opt-in. Naming a Hub kernel as `attn_implementation` is consent for that kernel.
     """
+    if output_attentions and requested not in (None, "eager"):
+        raise AttentionUnavailableError(
+            f"attn_implementation={requested!r} was asked with output_attentions=True, but transformers returns "
+            "attention weights only from 'eager' (configuration_utils.py: PretrainedConfig.output_attentions). "
+            "Pass attn_implementation='eager', or drop output_attentions."
+        )
     if requested is not None:
         decision, warnings = _explicit(machine, model, dtype, requested, hub_code)
         return decision, (requested,), warnings
+    if output_attentions:
+        automatic, _, _ = decide_attention(machine, model, dtype, None, hub_code)
+        rejected = (Rejected(automatic.value, OUTPUT_ATTENTIONS),) if automatic.value != "eager" else ()
+        return Decision("attn_implementation", "eager", OUTPUT_ATTENTIONS, rejected), ("eager",), ()
     trace = _with_consent(_flash_trace(machine, model, dtype), machine, hub_code)
     decision, chain = _decision(trace + _portable_trace(machine, model, dtype), machine.weakest_gpu)
     return decision, chain, ()

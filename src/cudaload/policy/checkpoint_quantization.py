@@ -42,15 +42,19 @@ def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
     old_rule = _transformers_before(machine, MXFP4_USE_KERNELS_RULE_UNTIL)
     kernels_ok, kernels_why = kernels_status(machine)
     if not machine.gpus:
-        if old_rule:
-            return (
-                f"on a CPU transformers {machine.software.version('transformers')} runs MXFP4 only with "
-                "use_kernels=True (quantizer_mxfp4.py:179-184), and cudaload plans Hub layer kernels only on CUDA"
-            )
         triton_ok, triton_why = _at_least(machine, "triton", "3.5.0")
         if not triton_ok:
             return f"MXFP4 on a CPU needs triton >= 3.5.0 (quantizer_mxfp4.py:85-88, 104-111): {triton_why}"
-        return None if kernels_ok else f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:113-121): {kernels_why}"
+        if not kernels_ok:
+            return f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:113-121): {kernels_why}"
+        if old_rule and not use_kernels:
+            return (
+                f"on a CPU transformers {machine.software.version('transformers')} runs MXFP4 only with "
+                "use_kernels=True (5.22 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer."
+                "_process_model_before_weight_loading), which fetches kernels-community/megablocks from the Hub: "
+                "pass use_kernels=True to keep it quantized"
+            )
+        return None
     gpu = min(machine.gpus, key=lambda g: g.capability)
     if gpu.capability < (7, 5):
         return f"MXFP4 kernels need compute capability >= 7.5 and {gpu.name} is {gpu.sm} (quantizer_mxfp4.py:80-102)"

@@ -3,7 +3,7 @@ CUDA graphs: the generation section's compile decisions (policy/generation.py co
 
 from __future__ import annotations
 
-from ..facts.kv_cache import GenerationFacts
+from ..facts.kv_cache import STATIC_CACHES, GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision
 from ..upstream import COMPILEABLE_QUANT_METHODS
@@ -27,6 +27,11 @@ def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: str | 
         return f"{quantized}-quantized models are not compileable (their `HfQuantizer.is_compileable` is False)"
     if offloaded:
         return "weights offloaded to CPU/disk (`_valid_auto_compile_criteria` refuses offloaded models)"
+    if facts.model_type is not None and "llama4" in facts.model_type:
+        return (
+            "transformers returns llama4's forward uncompiled (5.22-5.25 modeling_utils.py: "
+            "PreTrainedModel.get_compiled_call)"
+        )
     # `_can_compile_fullgraph` is no blocker: `_valid_auto_compile_criteria` (generation/utils.py, 5.22-5.25)
     # never reads it, so generate() compiles such a class too; `_cache_decision` weighs it instead.
     return None
@@ -43,7 +48,7 @@ def _compile_decision(
     facts: GenerationFacts, cache: Decision, blocker: str | None, compiles: bool, attention: str
 ) -> Decision:
     if not compiles:
-        static = cache.value in ("static", "offloaded_static")
+        static = cache.value in STATIC_CACHES
         why = blocker if static else f"the cache is {cache.value or 'the model own'}, not static"
         return Decision(
             "generation.compile", False, f"generate() does not compile: {why} (`_valid_auto_compile_criteria`)"

@@ -131,7 +131,8 @@ def _fa2_sinks(gpu: Gpu, dtype: str, installed: str | None) -> tuple[str, ...]:
 def _bf16_sinks(dtype: str) -> tuple[str, ...]:
     if dtype == "bfloat16":
         return ()
-    # transformers casts the sinks to the query dtype (integrations/flash_attention.py:103, `s_aux.to(...)`).
+    # transformers casts the sinks to the query dtype (transformers 5.22-5.25
+    # integrations/flash_attention.py: flash_attention_forward, `s_aux.to(query.dtype)`).
     return (
         f"the model has attention sinks and the sink kernels take only bf16 sinks; the dtype is {dtype} "
         '(flash_api_stable.cpp: "We only support bf16 dtype for S aux"; FA4 interface.py: '

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..errors import SettingError
 from ..facts.dtypes import BYTES
-from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, GenerationFacts
+from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, CHECKPOINT_STATIC_CACHES, STATIC_CACHES, GenerationFacts
 from ..facts.machine import Machine
 from ..plans import Decision, GenerationPlan, Rejected
 from ..request import Workload
@@ -143,6 +143,14 @@ def _cache_decision(
             "the model builds its own cache (generate() skips `cache_implementation` when "
             "`_supports_default_dynamic_cache` is False)",
         )
+    if facts.checkpoint_cache_implementation in CHECKPOINT_STATIC_CACHES:
+        return Decision(
+            "generation.cache_implementation",
+            facts.checkpoint_cache_implementation,
+            "set by the checkpoint's generation_config.json; generate() builds "
+            f"{facts.checkpoint_cache_implementation!r} as a static cache (generation/configuration_utils.py: "
+            "DEPRECATED_STATIC_CACHE_IMPLEMENTATIONS)",
+        )
     if facts.checkpoint_cache_implementation in CACHE_IMPLEMENTATIONS:
         return Decision(
             "generation.cache_implementation",
@@ -199,7 +207,8 @@ def _not_modelled(facts: GenerationFacts, cache: Decision, max_batch: int | None
     notes: list[str] = []
     if facts.state_layers and max_batch:
         # e.g. Qwen3-Next's Gated DeltaNet layers: a recurrent state + a convolution state per sequence
-        # (transformers cache_utils.py:1158 `LinearAttentionLayer`), ~74 MiB in fp32 at its sizes, whatever the length.
+        # (transformers 5.22-5.25 cache_utils.py: LinearAttentionLayer), ~74 MiB in fp32 at its sizes, whatever
+        # the length.
         notes.append(
             f"generation: {facts.state_layers} layer(s) keep a fixed-size recurrent/convolution state per sequence "
             f"(linear attention) that max_batch={max_batch} does not count (not modelled): the real limit is lower, "
@@ -302,7 +311,7 @@ def decide_generation(
     offloaded = isinstance(device_map, str) and device_map == "auto" and budget is not None and budget < 0
     blocker = _compile_blocker(machine, facts, quantized, offloaded)
     cache = _cache_decision(machine, facts, cache_implementation, workload, blocker, fit.max_batch != 0)
-    compiles = cache.value in ("static", "offloaded_static") and blocker is None
+    compiles = cache.value in STATIC_CACHES and blocker is None
     padding, padding_warnings = _padding_decision(facts, padding_side)
     warnings += padding_warnings
     generate_kwargs: dict[str, Any] = {}

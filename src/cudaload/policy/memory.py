@@ -141,8 +141,8 @@ def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False, softcapp
                     log-probs and their gradient are freed.
 
     `Trainer.compute_loss` drops the model's outputs (and so the logits) before the backward
-    (transformers/trainer.py:2144, 2189, 2062, 2098), so the peak is 12 bytes in every dtype. A
-    loop that keeps `outputs` alive through `backward()` holds the d-byte logits too:
+    (transformers 5.22-5.25 trainer.py: Trainer.compute_loss and Trainer.training_step), so the peak is 12
+    bytes in every dtype. A loop that keeps `outputs` alive through `backward()` holds the d-byte logits too:
     `outputs_kept=True` -> 12 + d. Measured on CPU (peak RSS growth per extra logit, vocabulary
     64000 vs 32000 at 512 tokens): bf16 10.0 forward / 12.0 backward / 14.0 with the outputs kept;
     fp32 8.0 / 12.0 / 16.0.
@@ -174,7 +174,8 @@ def layer_bytes_per_token(
     - two RMSNorms save the fp32 upcast of their input (modeling_qwen3.py:60-63): 2 x 4h;
     - fused attention (SDPA / flash) saves q, k, v and its output: d·4q, with k and v repeated to
       every head as transformers does when a padding mask is passed
-      (integrations/sdpa_attention.py:113-118; without a mask GQA keeps them narrower);
+      (transformers 5.22-5.25 integrations/sdpa_attention.py: use_gqa_in_sdpa, then repeat_kv;
+      without a mask GQA keeps them narrower);
     - the SwiGLU MLP (modeling_qwen3.py:81) saves act_fn's input and both operands of the product:
       3·d·I;
     - each LoRA adapter (peft/tuners/lora/layer.py:1100-1102: `lora_B(lora_A(dropout(x)))` with x

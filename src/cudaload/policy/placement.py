@@ -261,6 +261,16 @@ def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, q
         return _training_overflow_placement(weights.gpu, weights.need, fit)
     if weights.fits_spread:
         return _spread_placement(weights, what), _gpu_max_memory(weights), ()
+    if training_bytes is not None and quantized:
+        # transformers' bitsandbytes quantizers refuse modules dispatched to the CPU unless
+        # llm_int8_enable_fp32_cpu_offload is set (5.22-5.25 quantizers/quantizer_bnb_4bit.py:
+        # Bnb4BitHfQuantizer.validate_environment), and those modules then train unquantized in fp32 on the CPU.
+        raise PlacementError(
+            f"{weights_phrase(weights.need)} (quantized) exceed all GPU memory together, so fine-tuning would "
+            "offload part of the base to the CPU: transformers' bitsandbytes quantizer refuses that unless "
+            "llm_int8_enable_fp32_cpu_offload=True, and the offloaded layers would then run unquantized in fp32 on "
+            "the CPU, every step. Use more or larger GPUs, or a smaller model."
+        )
     return _offload_placement(machine, weights, quantized)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import DtypeUnsupportedError, FinetuneConfigError
-from ..facts.machine import Machine
+from ..errors import DtypeUnsupportedError, FinetuneConfigError, install_hint
+from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from .memory import quantized_optimizer
@@ -216,10 +216,11 @@ def _cpu_optimizer(machine: Machine) -> tuple[str, str, Rejected, Rejected]:
 
 
 def decide_training_arguments(
-    machine: Machine, dtype: str, quantized: bool | str, checkpointing: bool
+    machine: Machine, dtype: str, quantized: bool | str, checkpointing: bool, current: Gpu | None = None
 ) -> tuple[tuple[Decision, ...], dict[str, Any]]:
     """The TrainingArguments flags. `quantized`: the plan's `quantize` ("4bit", "checkpoint", ...; True: a
-    quantized base of unnamed method) or False/None; a quantized base trains with its method's optimizer."""
+    quantized base of unnamed method) or False/None; a quantized base trains with its method's optimizer.
+    `current`: the GPU that is torch's current device when TrainingArguments is built (it judges tf32 there)."""
     gpu = machine.weakest_gpu
     decisions: list[Decision] = []
 
@@ -233,11 +234,34 @@ def decide_training_arguments(
         else:
             add("bf16", dtype == "bfloat16", f"mixed precision in the plan's dtype ({dtype})")
             add("fp16", dtype == "float16", f"mixed precision in the plan's dtype ({dtype})")
-        if gpu.bf16:
+        if gpu.bf16 and current is not None and not current.bf16:
+            # TrainingArguments(tf32=True) raises unless `is_torch_tf32_available()`, which reads
+            # `torch.cuda.current_device()` (transformers 5.22-5.25 utils/import_utils.py), not the model's GPU.
+            add(
+                "tf32",
+                False,
+                f"the current CUDA device when TrainingArguments checks TF32 is cuda:{current.index} "
+                f"({current.name}, {current.sm}), which has none (is_torch_tf32_available): tf32=True would raise",
+                Rejected(True, f"{gpu.sm} has TF32, but TrainingArguments judges the current device"),
+            )
+        elif gpu.bf16:
             add("tf32", True, f"{gpu.sm} has TF32 tensor cores: fp32 matmuls (LoRA, optimizer) run faster")
         if quantized:
             optim, why = quantized_optimizer(quantized if isinstance(quantized, str) else "checkpoint")
-            add("optim", optim, why, Rejected("adamw_torch", "4x the optimizer memory"))
+            if optim.endswith("8bit") and machine.software.version("bitsandbytes") is None:
+                # A base quantized by its checkpoint (FP8, GPTQ, AWQ) needs no bitsandbytes to load, but Trainer
+                # raises ImportError for a bitsandbytes optimizer without it (trainer_optimizer.py).
+                add(
+                    "optim",
+                    "adamw_torch_fused",
+                    "fused AdamW: the 8-bit paged optimizer needs bitsandbytes, which is not installed",
+                    Rejected(
+                        optim,
+                        f"bitsandbytes is not installed ({install_hint('bitsandbytes')}): Trainer raises ImportError",
+                    ),
+                )
+            else:
+                add("optim", optim, why, Rejected("adamw_torch", "4x the optimizer memory"))
         else:
             add("optim", "adamw_torch_fused", "fused AdamW: one kernel per step on CUDA")
     else:
