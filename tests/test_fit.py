@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from cudaload import Launch, Machine
+from cudaload import Launch, Machine, PlacementError
 from cudaload.facts.machine import GiB
 from cudaload.plans import Plan
 from cudaload.policy import Request, decide_plan
@@ -87,20 +87,18 @@ def test_a_model_that_fits_no_gpu_is_quantized_judged_on_the_big_gpu_and_placed_
     assert "QLoRA needs ~43.0 GiB" in quantize.reason
 
 
-def test_even_4bit_too_big_warns_naming_the_gpu_it_was_judged_on() -> None:
+def test_even_4bit_too_big_is_refused_before_it_would_offload_a_quantized_base() -> None:
+    # Placement would spread it over both GPUs and the CPU for the rest, but transformers' bitsandbytes
+    # quantizer refuses CPU-dispatched modules unless llm_int8_enable_fp32_cpu_offload is set (and they would
+    # then train unquantized in fp32 on the CPU): refused when planned, not when from_pretrained raises.
     machine = Machine.simulated(["T4", "A100"], packages=BNB)
-    plan = finetune(machine, 300)  # ~165 GiB even as QLoRA
-    assert plan.decision("quantize").value == "4bit"
-    (warning,) = [w for w in plan.warnings if w.startswith("Even 4-bit")]
-    assert "NVIDIA A100-SXM4-80GB (cuda:1," in warning and "T4" not in warning
-    # Placement agrees it fits no single GPU: it spreads over both, with the CPU for the rest.
-    assert plan.kwargs["device_map"] == "auto"
-    # 80% of each one's free memory: T4 15 GiB, A100 80 GiB, the simulated CPU's 64 GiB.
-    assert plan.kwargs["max_memory"] == {0: "12.0GiB", 1: "64.0GiB", "cpu": "51.2GiB"}
+    with pytest.raises(PlacementError) as refused:
+        finetune(machine, 300)  # ~165 GiB even as QLoRA
     # By hand: 1200 layers of the 8B's: nf4 projections 261,724,569,600 x (1/2 + 1/64 + 4/16384) B
-    # = 135,015,628,800 + embeddings 2 x 1,050,673,152 B = 127.70 GiB; LoRA 1,572,864,000 x 10.03125 B
-    # = 14.69 GiB; activations 1200 x 2048 x 4096 x 2 B + 12 x 2048 x 128256 B = 21.69 GiB; + 1 GiB.
-    assert "Even 4-bit needs ~165.1 GiB" in warning
+    # = 135,015,628,800 + embeddings 2 x 1,050,673,152 B = 127.70 GiB of weights.
+    message = str(refused.value)
+    assert "~127.7 GiB of weights (quantized) exceed all GPU memory together" in message
+    assert "llm_int8_enable_fp32_cpu_offload" in message
 
 
 def test_two_equal_gpus_are_judged_and_used_at_the_first() -> None:

@@ -426,8 +426,13 @@ def test_a_loaded_model_in_another_dtype_keeps_the_planned_generation_and_says_s
     assert plan.generation is not None and plan.generation.dtype == "float32"
 
     _after_from_pretrained(monkeypatch, lambda model: model.to(torch.bfloat16))
-    with pytest.warns(CudaloadWarning, match="made for float32, and the loaded model holds bfloat16"):
+    with pytest.warns(CudaloadWarning) as said:
         applied = cudaload.load(plan, verify=False).cudaload_plan
+    # Two facts, said once each: the generation sizes assumed float32; the plan's dtype was not applied.
+    assert sorted(str(w.message).split(": ", 1)[1][:40] for w in said) == [
+        "the generation plan (KV cache per token,",
+        "the plan's dtype is float32, and the loa",
+    ]
     assert applied.dtype == "bfloat16" and applied.plan.generation == plan.generation
     (note,) = [w for w in applied.warnings if "generation plan" in w]
     assert "made for float32, and the loaded model holds bfloat16" in note
