@@ -102,7 +102,7 @@ def remeasure_report(model: str | None) -> str:
     facts = reference_model() if model is None else read_model_facts(model)
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
     bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
-    before, after = remeasure(machine, bucket)
+    before, after = remeasure(machine, bucket, model=facts.source)
     kept = f"  recorded in {probe_path(machine, bucket)}"
     if after.confidence != "quiet":
         kept = (
