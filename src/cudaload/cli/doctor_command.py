@@ -135,6 +135,10 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False) -> s
         warnings=(*machine.warnings, *device_warnings),
     )
     backends = _backends(replace(machine, gpus=usable.gpus))
+    if check_hub:
+        from ..announce import announce
+
+        announce("cudaload.doctor", "doctor: asking the Hub whether each kernel can be fetched now (network)")
     reachable = _hub_reachability(machine) if check_hub else None
     if as_json:
         return json.dumps(
