@@ -107,6 +107,19 @@ def test_the_disturbed_reason_gives_each_figure_once_in_one_sentence() -> None:
     assert reason.startswith("not measured reliably: the CPU dtype probe was disturbed: its rounds disagree")
 
 
+def test_the_probe_times_cpu_time_on_one_thread_and_gives_torch_its_threads_back() -> None:
+    # Issue 37: one thread's CPU time (waiting for a core is not counted); the record is for the
+    # model's thread count, which torch has again afterwards.
+    import torch
+
+    before = torch.get_num_threads()
+    probe = dtype_timing.measure_dtypes(256, 256)
+    assert torch.get_num_threads() == before and probe.threads == before
+    assert "timed in CPU time on one thread, it " in probe.conditions  # after what disturbed it, if anything
+    assert " s of CPU in " in probe.conditions  # what it cost, both clocks
+    assert len(probe.rounds) >= dtype_timing.FLOOR_ROUNDS
+
+
 def test_steal_makes_a_probe_disturbed() -> None:
     confidence, words = judge([one_round(0.25)] * 5, [], replace(QUIET, steal_share=0.2))
     assert confidence == "disturbed" and "hypervisor stole 20%" in words
