@@ -10,9 +10,12 @@ import pytest
 from cudaload.cli import main
 
 
-def test_doctor_json_describes_this_machine(capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_json_describes_this_machine(capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    monkeypatch.delenv("CUDALOAD_QUIET", raising=False)
     assert main(["doctor", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)  # stdout stays JSON: what doctor is doing goes to stderr (issue 37)
+    assert captured.err.startswith("cudaload: doctor: checking this machine's GPUs, CPU and packages")
     # The CPUs this process may run on, as the OS reports them (not only "at least one").
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     assert report["machine"]["cpu"]["cores"] == cores

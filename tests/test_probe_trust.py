@@ -83,12 +83,41 @@ def test_a_quiet_probe_whose_re_run_agrees_is_trusted() -> None:
     confidence, words = judge([one_round(0.25)] * 5, [one_round(0.26)] * 2, QUIET)
     assert confidence == "quiet"
     assert "waited for a core 1% of the time" in words and "a re-run agreed" in words and "load 0.30" in words
+    assert words.startswith("timed in CPU time on one thread")
 
 
-def test_threads_that_waited_for_a_core_make_a_probe_disturbed() -> None:
+def test_waiting_for_a_core_is_said_but_does_not_disturb_a_cpu_time_probe() -> None:
+    # Issue 37: the timings are CPU time, which waiting for a core does not add to; a busy machine
+    # whose rounds and re-run agree still gets an answer.
     busy = replace(QUIET, wait_share=0.75, load_1min=5.2)
     confidence, words = judge([one_round(0.25)] * 5, [one_round(0.25)] * 2, busy)
-    assert confidence == "disturbed" and "other processes held the cores (waited 75% of the time)" in words
+    assert confidence == "quiet" and "waited for a core 75% of the time" in words and "load 5.20" in words
+
+
+def test_the_disturbed_reason_gives_each_figure_once_in_one_sentence() -> None:
+    # Issue 37: the reason read "other processes held the cores (waited 38% of the time) (its threads
+    # waited for a core 38% of the time, ...".
+    busy = replace(QUIET, wait_share=0.38, steal_share=0.0, load_1min=7.2)
+    confidence, words = judge([one_round(s) for s in (1.5, 0.6, 1.4, 0.7, 1.5)], [], busy)
+    assert confidence == "disturbed"
+    assert words.count("38%") == 1 and words.count("waited") == 1 and words.count("(") == 0
+    machine = Machine.simulated(dtype_probe=probe_of(0.5, "disturbed", words))
+    reason = decide_plan(machine, BF16_CKPT, Request()).decision("dtype").reason
+    assert reason.count("38%") == 1 and reason.count("not measured") == 1
+    assert reason.startswith("not measured reliably: the CPU dtype probe was disturbed: its rounds disagree")
+
+
+def test_the_probe_times_cpu_time_on_one_thread_and_gives_torch_its_threads_back() -> None:
+    # Issue 37: one thread's CPU time (waiting for a core is not counted); the record is for the
+    # model's thread count, which torch has again afterwards.
+    import torch
+
+    before = torch.get_num_threads()
+    probe = dtype_timing.measure_dtypes(256, 256)
+    assert torch.get_num_threads() == before and probe.threads == before
+    assert "timed in CPU time on one thread, it " in probe.conditions  # after what disturbed it, if anything
+    assert " s of CPU in " in probe.conditions  # what it cost, both clocks
+    assert len(probe.rounds) >= dtype_timing.FLOOR_ROUNDS
 
 
 def test_steal_makes_a_probe_disturbed() -> None:
@@ -130,11 +159,11 @@ def test_different_kernels_at_different_times_are_no_plateau() -> None:
 
 
 def test_a_disturbed_probe_keeps_the_checkpoint_dtype_and_says_why() -> None:
-    words = "other processes held the cores (waited 75% of the time)"
+    words = "a re-run disagreed (prefill bf16 1.20x then 0.50x fp32's speed)"
     machine = Machine.simulated(dtype_probe=probe_of(0.1, "disturbed", words))
     decision = decide_plan(machine, BF16_CKPT, Request()).decision("dtype")
     assert decision.value == "bfloat16"  # the probe's numbers (bf16 10x slower) are not believed
-    assert decision.reason.startswith("not measured reliably: the CPU dtype probe was disturbed (" + words)
+    assert decision.reason.startswith("not measured reliably: the CPU dtype probe was disturbed: " + words)
     assert "kept the checkpoint's bfloat16 until a quiet measurement" in decision.reason
     assert "cudaload probe" in decision.reason
     fp16_ckpt = replace(BF16_CKPT, checkpoint_dtype="float16")

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,8 @@ def test_without_the_package_the_bench_default_is_the_built_in_shape(monkeypatch
 # The conversion itself, with a fast fake in place of transformers' (no package needed).
 
 
-def _fake_convert(gguf: Path, folder: Path) -> None:
+def _fake_convert(gguf: Path, folder: Path, say: Callable[[str], None]) -> None:
+    say("writing the fake files")
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (folder / name).write_text("{}")
     (folder / smollm2.MARKER).write_text("{}")
@@ -125,7 +127,7 @@ _KILLED_CONVERSION = """
 import sys, time
 from pathlib import Path
 from cudaload import smollm2
-def convert(gguf, folder):
+def convert(gguf, folder, say):
     (folder / "config.json").write_text("{}")  # half written
     print("started", flush=True)
     time.sleep(60)
@@ -179,7 +181,7 @@ def test_a_cache_that_cannot_be_written_says_what_to_do(fake_package, tmp_path) 
 
 
 def test_a_conversion_that_cannot_import_its_reader_says_what_installs_it(fake_package, monkeypatch) -> None:
-    def old_gguf(gguf: Path, folder: Path) -> None:
+    def old_gguf(gguf: Path, folder: Path, say: Callable[[str], None]) -> None:
         raise ImportError("gguf>=0.10.0 is required")
 
     monkeypatch.setattr(smollm2, "_convert", old_gguf)
@@ -211,3 +213,19 @@ def test_the_pinned_release_is_the_one_the_install_line_names() -> None:
     constraints = (Path(__file__).parents[1] / "constraints" / "tested.txt").read_text()
     assert f"{smollm2.DISTRIBUTION}=={smollm2.VERSION}" in constraints.splitlines()
     assert f"--no-deps {smollm2.DISTRIBUTION}=={smollm2.VERSION}" in smollm2.INSTALL
+
+
+def test_a_conversion_says_each_stage_before_it_starts(fake_package, caplog, capsys, monkeypatch) -> None:
+    # Issue 37: a step longer than 2 s says what it does first, on stderr and through the logger.
+    import logging
+
+    monkeypatch.delenv("CUDALOAD_QUIET", raising=False)
+    caplog.set_level(logging.INFO, logger="cudaload")
+    smollm2.converted(cache=fake_package)
+    said = [r.getMessage() for r in caplog.records if r.name == "cudaload.smollm2"]
+    assert said[0].startswith(f"converting {smollm2.GGUF_NAME} into ") and said[1] == "writing the fake files"
+    err = capsys.readouterr().err
+    assert f"cudaload: {said[0]}\n" in err and "cudaload: writing the fake files" in err
+    shown: list[str] = []
+    smollm2.converted(cache=fake_package.parent / "other", progress=shown.append)  # the demo's own printer
+    assert shown[0].startswith("converting ") and "converting" not in capsys.readouterr().err

@@ -18,6 +18,7 @@ by the next conversion once its process is gone.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from .announce import announce
 from .errors import MissingPackageError, SettingError, describe_error
 
 __all__ = ["DISTRIBUTION", "GGUF_NAME", "INSTALL", "converted", "find_gguf", "missing"]
@@ -102,8 +104,8 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
     target = converted_folder(cache)
     if is_complete(target):
         return target
-    if progress is not None:
-        progress(f"converting {gguf.name} into {target} (once; about 30 s on 2 cores)")
+    say = _stages(progress)
+    say(f"converting {gguf.name} into {target} (once; about 30 s on 2 cores)")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned(target.parent)
@@ -114,7 +116,7 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
             "CUDALOAD_CACHE at a folder you can write."
         ) from exc
     try:
-        _convert(gguf, partial)
+        _convert(gguf, partial, say)
         _commit(partial, target)
     except ImportError as exc:  # e.g. a gguf older than transformers' GGUF_MIN_VERSION
         raise MissingPackageError(
@@ -126,19 +128,37 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
     return target
 
 
-def _convert(gguf: Path, folder: Path) -> None:
-    """Dequantize the GGUF file and save model, tokenizer and marker into `folder` (the marker last)."""
+def _stages(progress: Callable[[str], None] | None) -> Callable[[str], None]:
+    """Each conversion stage said before it starts: to the `cudaload.smollm2` logger, and to
+    `progress` when given (the demo prints it), else on stderr (`announce`)."""
+
+    def say(line: str) -> None:
+        if progress is None:
+            announce("cudaload.smollm2", line)
+        else:
+            logging.getLogger("cudaload.smollm2").info(line)
+            progress(line)
+
+    return say
+
+
+def _convert(gguf: Path, folder: Path, say: Callable[[str], None] = lambda line: None) -> None:
+    """Dequantize the GGUF file and save model, tokenizer and marker into `folder` (the marker last),
+    each stage said first."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}
+    say(f"reading the tokenizer from {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(**source)
     # transformers >= 5.22 may keep the GGUF blocks packed (GgufConfig), which save_pretrained refuses:
     # ask for dense weights. Older 5.x releases have no GgufConfig and always dequantize.
     gguf_config = getattr(transformers, "GgufConfig", None)
     options = {} if gguf_config is None else {"quantization_config": gguf_config(dequantize=True)}
+    say("dequantizing the 4-bit Q4_1 weights to bfloat16 (most of the conversion's time)")
     model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.bfloat16, **options)
+    say(f"saving the bfloat16 model and tokenizer into {folder}")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     size = gguf.stat().st_size

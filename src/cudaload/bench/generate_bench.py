@@ -28,8 +28,9 @@ from typing import Any
 
 from ..errors import describe_error
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS
-from .harness import BenchRun, _Memory, _StepClock
+from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, _Memory, _StepClock
 from .results import _median, _ratio
+from .rounds import RoundBudget, ratios_settled
 
 __all__ = ["GenerationVariant", "compare_generation", "generation_variants", "prompt_lengths"]
 
@@ -233,13 +234,14 @@ def _compare_rounds(
     alone = [planned.generate(p[None], torch.ones(1, int(p.shape[0]), dtype=torch.long), {}) for p in prompts]
     reference = [out.sequences[0, -new:].cpu() for out in alone]
     del alone
-    rounds = work.warmup + work.repeats
-    for r in range(rounds):
-        say(f"generation round {r + 1}/{rounds}")
+    budget, r = RoundBudget(work, 1 - LOAD_SHARE - RUN_SHARE), 0
+    while budget.another(r, lambda: ratios_settled([v.decode_tps for v in variants if v.error is None])):
+        say(f"generation {budget.label(r)}")
         for v in variants:
             if v.error is not None:
                 continue
             _time_round(torch, planned, v, r, prompts, reference, work, memory, sync)
+        r += 1
 
 
 def _time_round(

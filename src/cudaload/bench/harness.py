@@ -10,7 +10,6 @@ the result says it was interrupted.
 from __future__ import annotations
 
 import gc
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -20,8 +19,14 @@ from typing import Any, Protocol
 
 from ..errors import SettingError, describe_error
 from ..loaders import input_device
+from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
 
-__all__ = ["BenchRun", "Measurement", "Variant", "measure", "workload_for"]
+__all__ = ["BUDGET_S", "BenchRun", "Measurement", "Variant", "measure", "workload_for"]
+
+BUDGET_S = 120.0
+"""Wall seconds the measured rounds of a full `cudaload bench` (no --repeats) may take: loads
+LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`)."""
+LOAD_SHARE, RUN_SHARE = 0.25, 0.5
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,10 @@ class BenchRun:
     new_tokens: int
     batch: int = 1
     repeats: int = 3
+    """Measured rounds: exactly these with no `budget_s`, else at most these (`bench.rounds`)."""
     warmup: int = 1
+    min_repeats: int = 2
+    budget_s: float | None = None
     threads: int | None = None
     """torch CPU threads during the run; None: torch's default (one per usable core)."""
     generation_batch: int = 4
@@ -55,7 +63,7 @@ def workload_for(
         # made 2-thread decode up to 50x slower and erratic (measured on a 2-vCPU KVM guest).
         BenchRun(prompt_tokens=64, new_tokens=16, repeats=1, threads=1, generation_batch=2)
         if quick
-        else BenchRun(prompt_tokens=256, new_tokens=64)
+        else BenchRun(prompt_tokens=256, new_tokens=64, repeats=5, budget_s=None if repeats else BUDGET_S)
     )
     chosen = {
         "prompt_tokens": prompt_tokens,
@@ -187,12 +195,6 @@ class _Memory:
         variant.peak_bytes = max(variant.peak_bytes or 0, peak)
 
 
-def _progress(total: int, enabled: bool) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True, leave=False)
-
-
 class _Loader:
     """Loads variants and tidies up after them on one device, remembering the parameter count.
 
@@ -222,24 +224,6 @@ class _Loader:
         return model, time.perf_counter() - start
 
 
-@contextmanager
-def _quiet_threads(torch: Any, threads: int | None) -> Iterator[None]:
-    """Silence transformers' progress bars and pin torch's CPU threads for the run, restoring both."""
-    from transformers.utils import logging as hf_logging
-
-    progress_bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous_threads)
-        if progress_bars_were_on:
-            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
-
-
 def measure(
     path: Path,
     variants: list[Variant],
@@ -258,9 +242,9 @@ def measure(
     loader = _Loader(torch, on_cuda, path)
     rounds = work.warmup + work.repeats
     interrupted = False
-    bar = _progress(2 * rounds * len(variants), progress)
+    bar = terminal_bar(2 * rounds * len(variants), progress)
     try:
-        with _quiet_threads(torch, work.threads):
+        with quiet_threads(torch, work.threads):
             _time_loads(variants, work, loader, bar, say)
             _load_resident(variants, loader)
             _time_runs(variants, work, vocab_size, loader, memory, bar, say)
@@ -281,11 +265,11 @@ def measure(
 
 def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: Any, say: Callable[[str], None]) -> None:
     """Phase 1: load times, interleaved; each model is dropped before the next load."""
-    rounds = work.warmup + work.repeats
-    for r in range(rounds):
-        say(f"load round {r + 1}/{rounds}")
+    budget, r = RoundBudget(work, LOAD_SHARE), 0
+    while budget.another(r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])):
+        say(f"load {budget.label(r)}")
         for v in variants:
-            bar.set_description(f"load {r + 1}/{rounds} {v.name}")
+            bar.set_description(f"load {r + 1} {v.name}")
             bar.update(1)
             if v.error is not None:
                 continue
@@ -303,6 +287,7 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
             loader.parameters = loader.parameters or sum(int(p.numel()) for p in model.parameters())
             del model
             loader.release()
+        r += 1
 
 
 def _load_resident(variants: list[Variant], loader: _Loader) -> None:
@@ -327,13 +312,15 @@ def _time_runs(
 ) -> None:
     """Phase 2: prefill and decode, interleaved over all loaded variants, on one fixed prompt."""
     torch = loader.torch
-    rounds = work.warmup + work.repeats
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
-    for r in range(rounds):
-        say(f"prefill/decode round {r + 1}/{rounds}")
+    budget, r = RoundBudget(work, RUN_SHARE), 0
+    running = [v for v in variants if v.error is None]
+    while budget.another(r, lambda: ratios_settled([v.prefill_s for v in running if v.error is None])
+                         and ratios_settled([v.decode_tps for v in running if v.error is None])):  # fmt: skip
+        say(f"prefill/decode {budget.label(r)}")
         for v in variants:
-            bar.set_description(f"run {r + 1}/{rounds} {v.name}")
+            bar.set_description(f"run {r + 1} {v.name}")
             bar.update(1)
             if v.error is not None or v.model is None:
                 continue
@@ -352,6 +339,7 @@ def _time_runs(
                 v.prefill_s.append(prefill_s)
                 v.decode_tps.append(decode_tps)
                 v.generate_s.append(generate_s)
+        r += 1
 
 
 def _run(

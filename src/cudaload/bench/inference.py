@@ -25,6 +25,7 @@ from .environment import machine_facts, versions
 from .harness import BenchRun, Measurement, Variant, measure, workload_for
 from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, summarise
+from .rounds import ticking
 
 __all__ = ["ATTENTION", "DTYPES", "SCHEMA", "run_bench"]
 
@@ -34,6 +35,9 @@ ATTENTION = ("sdpa", "eager")
 """Attention implementations tried besides the plan's chain (on CUDA the chain adds FlashAttention etc.)."""
 
 SCHEMA = 3
+OVERHEAD_BUDGET_S = 30.0
+"""Seconds the overhead phase of a full `cudaload bench` (no --repeats) may take: one round of
+fresh processes at least, more while they fit (each imports torch: ~5 s of CPU)."""
 """3: adds `generation` (the generation comparison) and `workload.generation_batch`."""
 
 
@@ -122,11 +126,10 @@ def run_bench(
         generation_batch=generation_batch,
     )
     started = time.perf_counter()
-    say = _phase_logger(log, started)
     machine = detect()
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     default_threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp, ticking(_phase_logger(log, started)) as say:
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
         phases = _measure_model(
             model, workdir, machine, work, quick=quick, random_weights=random_weights, progress=progress, say=say
@@ -215,7 +218,13 @@ def _run_extras(
         from .overhead import run_overhead
 
         try:
-            phases.costs = run_overhead(bench_model.path, repeats=max(work.repeats, 3), say=say)
+            adaptive = work.budget_s is not None  # a fixed --repeats N measures N rounds here too
+            phases.costs = run_overhead(
+                bench_model.path,
+                repeats=max(work.repeats, 3),
+                budget_s=OVERHEAD_BUDGET_S if adaptive else None,
+                say=say,
+            )
         except KeyboardInterrupt:
             phases.costs, phases.interrupted = None, True
 
@@ -237,7 +246,7 @@ def _result_of(
         "machine": machine_facts(machine),
         "versions": versions(),
         "model": {**phases.bench_model.to_dict(), "parameters": measured.parameters},
-        "workload": _workload_of(work, measured, threads_used),
+        "workload": _workload_of(work, measured, threads_used, phases.variants),
         "plan": {
             "kwargs": jsonable(dict(the_plan.kwargs)),
             "attention_chain": list(the_plan.attention_chain),
@@ -259,7 +268,7 @@ def _result_of(
     return result, rows
 
 
-def _workload_of(work: BenchRun, measured: Measurement, threads_used: int) -> dict[str, Any]:
+def _workload_of(work: BenchRun, measured: Measurement, threads_used: int, variants: list[Variant]) -> dict[str, Any]:
     """The result's `workload` section: what was run and how each number is defined."""
     return {
         "prompt_tokens": work.prompt_tokens,
@@ -268,7 +277,8 @@ def _workload_of(work: BenchRun, measured: Measurement, threads_used: int) -> di
         "threads": threads_used,
         "generation_batch": work.generation_batch,
         "warmup_rounds": work.warmup,
-        "measured_rounds": work.repeats,
+        "measured_rounds": max((len(v.prefill_s) for v in variants), default=0) or work.repeats,
+        "round_budget_s": work.budget_s,
         "statistic": "median",
         "device": measured.device,
         "prefill": "model(input_ids, use_cache=True, logits_to_keep=1)",

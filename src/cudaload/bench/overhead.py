@@ -126,9 +126,14 @@ def _stats(values: list[float]) -> dict[str, Any]:
 
 
 def run_overhead(
-    model: str | os.PathLike[str], *, repeats: int = 5, say: Callable[[str], None] = lambda line: None
+    model: str | os.PathLike[str],
+    *,
+    repeats: int = 5,
+    budget_s: float | None = None,
+    say: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """Measure cudaload's overhead on `model` (a local folder with weights); see the module docstring."""
+    """Measure cudaload's overhead on `model` (a local folder with weights); see the module docstring.
+    `budget_s`: stop after the round past which another would not fit (at least one round)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats}")
     folder = str(Path(model))
@@ -144,7 +149,12 @@ def run_overhead(
 
         kwargs = from_pretrained_kwargs(plan(folder))  # what bare from_pretrained is given
         _child("plan", folder, warm)  # fills the warm cache (probe + model facts) and writes bytecode
+        started = time.perf_counter()
         for r in range(repeats):
+            spent = time.perf_counter() - started
+            if budget_s is not None and r and spent + spent / r > budget_s:
+                repeats = r  # what was measured: the medians below are of these rounds
+                break
             say(f"overhead round {r + 1}/{repeats}")
             for kind in ("import", "detect"):
                 out = _child(kind, folder, warm)

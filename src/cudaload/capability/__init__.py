@@ -110,5 +110,5 @@ def measure_for(
     cpu_plan = not machine.gpus if on_cpu is None else on_cpu
     if probe and probe_enabled(env) and cpu_plan and not dtype_chosen and not matched:
         bucket = shape_bucket(model.hidden_size, model.intermediate_size)
-        measured, unmeasured = dtype_probe_for(machine, bucket, env)
+        measured, unmeasured = dtype_probe_for(machine, bucket, env, model=model.source)
     return replace(machine, tuning=records, dtype_probe=measured, unmeasured=unmeasured)

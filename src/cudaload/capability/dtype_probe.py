@@ -48,9 +48,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from ..announce import announce
 from ..facts.machine import DtypeProbe, Machine
 from .cache import exclusive, write_json
-from .dtype_timing import measure_dtypes
+from .dtype_timing import expected_cost_s, measure_dtypes
 from .probe_record import expected_fingerprint, probe_path, probe_to_json, read_probe
 
 __all__ = [
@@ -115,8 +116,23 @@ _measured_here: dict[Path, DtypeProbe] = {}
 measurement): the next plan() of the same process uses them instead of measuring again."""
 
 
+def _announce(bucket: tuple[int, int], model: str) -> None:
+    """Say that the probe starts (it takes seconds; a blank terminal that long looks hung)."""
+    cost = expected_cost_s(*bucket)
+    announce(
+        "cudaload.probe",
+        f"measuring this CPU's dtypes for {model or 'this model'}, ~{max(1, round(cost))} s of CPU "
+        f"(F.linear {bucket[0]}x{bucket[1]}; once per machine and shape, then cached; CUDALOAD_PROBE=0 skips it)",
+    )
+
+
 def dtype_probe_for(
-    machine: Machine, bucket: tuple[int, int], env: Mapping[str, str] | None = None, *, measure: bool = True
+    machine: Machine,
+    bucket: tuple[int, int],
+    env: Mapping[str, str] | None = None,
+    *,
+    measure: bool = True,
+    model: str = "",
 ) -> tuple[DtypeProbe | None, str]:
     """This machine's probe for `bucket`, and why there is none (or "").
 
@@ -141,6 +157,7 @@ def dtype_probe_for(
         found = usable()
         if found is not None:
             return found, ""
+        _announce(bucket, model)
         measured = replace(
             measure_dtypes(*bucket), fingerprint=tuple(sorted(expected_fingerprint(machine, bucket).items()))
         )
@@ -158,7 +175,7 @@ def cached_dtype_probe(
 
 
 def remeasure(
-    machine: Machine, bucket: tuple[int, int], env: Mapping[str, str] | None = None
+    machine: Machine, bucket: tuple[int, int], env: Mapping[str, str] | None = None, *, model: str = ""
 ) -> tuple[DtypeProbe | None, DtypeProbe]:
     """Measure `bucket` again now, whatever is cached: (the record it replaces, if any, of any age;
     the new measurement). Holds the lock; a quiet result replaces the record, a disturbed one does
@@ -166,6 +183,7 @@ def remeasure(
     path = probe_path(machine, bucket, env)
     with exclusive(path.with_suffix(".lock")):
         before, _ = read_probe(machine, bucket, env, any_age=True)
+        _announce(bucket, model)
         after = replace(
             measure_dtypes(*bucket), fingerprint=tuple(sorted(expected_fingerprint(machine, bucket).items()))
         )

@@ -1,5 +1,23 @@
 """Time `F.linear` in every dtype on this CPU now, in rounds, until the rounds agree (`measure_dtypes`).
 
+Every timing is CPU time consumed, not wall time: the GEMMs run on one torch thread (the calling
+one) and `time.thread_time` counts only the time that thread ran, so waiting for a core costs
+nothing and a busy machine still gets an answer. Measured on the 2-core Zen 4 box (2026-12-06):
+under a load average of 7-14 the wall time of a 128x2048 @ 2048x2048 matmul was 10x inflated while
+the CPU time kept the fp32/bf16 ratio. Why one thread, not the model's N: torch's other intra-op
+threads are not the calling thread, and the process clock (`time.process_time`) sums them only as
+the scheduler ticks them (here a 2-thread GEMM read 7.99, 11.98, 15.99 ms: multiples of the 4 ms
+tick) and counts the spin-waits of idle OpenMP workers. One thread measures the per-core speed of
+each dtype; the verdict is their ratio, and N threads divide the work of both dtypes alike (on the
+Zen 4 box 2 threads sped fp32 prefill up 1.9x, bf16 1.55x: bf16's lead shrank from 4.4x to 3.6x,
+same verdict). On a machine quiet enough that wall time can be trusted, one more round on the
+model's N threads in wall time cross-checks that, and the conditions record whether it agreed.
+
+Decode (a GEMV that reads weights from memory) is memory-bound: a thread stalled on memory is
+still running, so its CPU time holds the stall, and neighbours that share the memory bandwidth
+slow both dtypes alike to first order (bf16 reads half the bytes of fp32 in either case); the
+re-run rounds, which must reach the same verdict, catch a neighbour whose bandwidth use changed.
+
 No cache and no lock here: `dtype_probe.py` reads and writes the records around it, and
 `probe_confidence.py` judges whether the numbers can be trusted.
 """
@@ -12,12 +30,13 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any
 
 from ..facts.dtypes import DTYPES
 from ..facts.machine import DtypeProbe, ProbeRound
-from .probe_confidence import Watch, confidence_of, rounds_disagree
+from .probe_confidence import Watch, confidence_of, rounds_disagree, wall_agreement
 
-__all__ = ["FLOOR_ROUNDS", "MAX_ROUNDS", "MIN_ROUNDS", "PREFILL_TOKENS", "measure_dtypes"]
+__all__ = ["FLOOR_ROUNDS", "MAX_ROUNDS", "MIN_ROUNDS", "PREFILL_TOKENS", "expected_cost_s", "measure_dtypes"]
 
 PREFILL_TOKENS = 128
 """Rows of the prefill GEMM: enough to be compute-bound like a real prompt, small enough to stay
@@ -35,7 +54,11 @@ MAX_ROUNDS = 15
 FLOOR_ROUNDS = 3
 """Rounds measured even past the budget (a loaded or slow machine): fewer cannot show a spread."""
 BUDGET_S = 1.0
-"""Seconds of measured rounds (the warm-up not counted) after which no further round starts."""
+"""CPU seconds of measured rounds (the warm-up not counted) after which no further round starts."""
+WALL_CAP_S = 12.0
+"""Wall seconds of measured rounds after which no further round starts even within BUDGET_S: on a
+machine with 2 CPU-bound neighbours per core one thread gets about a third of a core, so BUDGET_S
+of CPU takes ~3 s of wall; past this cap the machine is too crowded to wait for."""
 MIN_TIMED_S = 1e-3
 """A prefill GEMM is repeated within a round (at least twice, at most 16 times) until the repeats
 span about this long, and the fastest counts: on a busy CPU, noise only ever adds time."""
@@ -48,22 +71,43 @@ RERUN_ROUNDS = 2
 ATTEMPTS = 2
 """Tries at a quiet measurement before giving up for this process."""
 RETRY_PAUSE_S = 1.0
+WALL_QUIET_WAIT = 0.05
+"""Share of the time the measuring thread may have waited for a core for the wall-time cross-check
+on the model's threads to run: above it, wall time measures the neighbours, not this CPU."""
 """Pause before another try: processes starting beside this one (importing torch) settle, or wait
 on the lock, asleep."""
 
 
-def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
+def expected_cost_s(in_features: int, out_features: int) -> float:
+    """About how many CPU seconds a quiet measurement of this bucket takes (the announcement's ~N s):
+    warm-ups, the rounds' budget and the re-run, from the 2-core Zen 4 box (2026-12-06: 1024x2048
+    took 1.6-2.4 s of CPU, smaller buckets less)."""
+    return 0.6 + BUDGET_S * (1 + RERUN_ROUNDS / MIN_ROUNDS) * min(1.0, in_features * out_features / (1024 * 2048))
+
+
+def measure_dtypes(in_features: int, out_features: int, threads: int | None = None) -> DtypeProbe:
     """Time F.linear in every dtype on this CPU now (no cache), up to ATTEMPTS times until the
-    measurement is quiet; the last try's numbers and confidence. Imports torch."""
+    measurement is quiet; the last try's numbers and confidence. `threads`: the torch threads the
+    model will use (default: torch's count now), for the wall-time cross-check and the record; the
+    timed rounds run on one. Imports torch."""
     import torch
+
+    model_threads = threads or torch.get_num_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # see the module docstring: CPU time of the one thread doing the work
+    try:
+        return _measure(torch, in_features, out_features, model_threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
     import torch.nn.functional as F
 
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.thread_time()
     dtypes = {name: getattr(torch, name) for name in DTYPES}
-    k, n = in_features, out_features
     copies = min(MAX_COPIES, max(1, math.ceil(DECODE_WORKING_SET / (4 * k * n))))
     pairs = [(a, b) for a in dtypes for b in dtypes if a != b]
-    threads = torch.get_num_threads()
     with torch.inference_mode():
         generator = torch.Generator().manual_seed(0)
         base = torch.randn(n, k, generator=generator).mul_(0.02)
@@ -71,14 +115,15 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
         weights = {name: [(base + 1e-3 * i).to(dtype) for i in range(copies)] for name, dtype in dtypes.items()}
         prompt = torch.randn(PREFILL_TOKENS, k, generator=generator)
         inputs = {name: (prompt.to(dtype), prompt[:1].to(dtype)) for name, dtype in dtypes.items()}
+        clock: Callable[[], float] = time.thread_time
 
         def fastest(call: Callable[[], object], repeats: int) -> float:
             best = math.inf
             for _ in range(repeats):
-                start = time.perf_counter()
+                start = clock()
                 call()
-                best = min(best, time.perf_counter() - start)
-            return best  # noise only ever adds time
+                best = min(best, clock() - start)
+            return max(best, 1e-9)  # noise only ever adds time; a zero would divide the ratios
 
         def one_round(index: int, repeats: int) -> ProbeRound:
             prefill: dict[str, float] = {}
@@ -91,11 +136,11 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
                 per_weight = [math.inf] * copies
                 for _ in range(DECODE_SWEEPS):
                     for i, weight in enumerate(weights[name]):
-                        start = time.perf_counter()
+                        start = clock()
                         F.linear(token, weight)
-                        per_weight[i] = min(per_weight[i], time.perf_counter() - start)
+                        per_weight[i] = min(per_weight[i], clock() - start)
                 # The median weight, not the fastest: the last weights read may still sit in cache.
-                decode[name] = statistics.median(per_weight)
+                decode[name] = max(statistics.median(per_weight), 1e-9)
             casts: dict[tuple[str, str], float] = {}
             for source, target in pairs if index % 2 == 0 else reversed(pairs):
                 weight = weights[source][index % copies]
@@ -111,23 +156,42 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
         fp32 = dict(one_round(0, 1).prefill_s)["float32"]
         repeats = max(2, min(16, math.ceil(MIN_TIMED_S / max(fp32, 1e-9))))
 
+        def wall_check(watch: Watch) -> str:
+            """The model's threads timed in wall time, one round, where the machine lets wall time
+            be trusted: whether it reaches the CPU-time verdict (recorded, not judged)."""
+            nonlocal clock
+            waited = watch.conditions().wait_share
+            if model_threads == 1 or waited is None or waited > WALL_QUIET_WAIT:
+                return ""
+            torch.set_num_threads(model_threads)
+            clock = time.perf_counter
+            try:
+                return wall_agreement(rounds_so_far, [one_round(0, repeats)], model_threads)
+            finally:
+                clock = time.thread_time
+                torch.set_num_threads(1)
+
+        rounds_so_far: list[ProbeRound] = []
+
         def attempt() -> tuple[list[ProbeRound], str, str]:
-            watch = Watch(threads)
-            measuring = time.perf_counter()
+            nonlocal rounds_so_far
+            watch = Watch(1)
+            measuring, measuring_cpu = time.perf_counter(), time.thread_time()
             rounds: list[ProbeRound] = []
+            rounds_so_far = rounds
             while len(rounds) < MAX_ROUNDS:
                 if len(rounds) >= MIN_ROUNDS and not rounds_disagree(rounds):
                     break
-                if len(rounds) >= FLOOR_ROUNDS and time.perf_counter() - measuring > BUDGET_S:
-                    break  # a loaded or slow machine: fewer rounds rather than a long stall
+                if len(rounds) >= FLOOR_ROUNDS and (
+                    time.thread_time() - measuring_cpu > BUDGET_S or time.perf_counter() - measuring > WALL_CAP_S
+                ):
+                    break  # a slow machine (or one too crowded to wait for): fewer rounds, not a long stall
                 rounds.append(one_round(len(rounds), repeats))
-            # Already disturbed by the waits alone: no re-run can make it quiet, so none is spent.
-            early = confidence_of(rounds, [], watch.conditions())
-            if early[0] == "disturbed":
-                return rounds, *early
             rerun = [one_round(len(rounds) + i, repeats) for i in range(RERUN_ROUNDS)]
-            confidence, conditions = confidence_of(rounds, rerun, watch.conditions())
-            return rounds, confidence, conditions
+            conditions = watch.conditions()
+            confidence, said = confidence_of(rounds, rerun, conditions)
+            checked = wall_check(watch) if confidence == "quiet" else ""
+            return rounds, confidence, f"{said}; {checked}" if checked else said
 
         for tries in range(1, ATTEMPTS + 1):
             rounds, confidence, conditions = attempt()
@@ -136,6 +200,9 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
             time.sleep(RETRY_PAUSE_S)
     if tries > 1:
         conditions += f"; try {tries} of {ATTEMPTS}"
+    cpu_s = time.thread_time() - started_cpu
+    wall_s = time.perf_counter() - started
+    conditions += f"; took {cpu_s:.1f} s of CPU in {wall_s:.1f} s"
 
     median = statistics.median
     return DtypeProbe(
@@ -145,9 +212,9 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
         prefill_s=tuple((d, median(dict(r.prefill_s)[d] for r in rounds)) for d in dtypes),
         decode_s=tuple((d, median(dict(r.decode_s)[d] for r in rounds)) for d in dtypes),
         cast_s=tuple((a, b, median(r.cast_s[i][2] for r in rounds)) for i, (a, b) in enumerate(pairs)),
-        threads=threads,
+        threads=model_threads,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        cost_s=time.perf_counter() - started,
+        cost_s=wall_s,
         rounds=tuple(rounds),
         confidence=confidence,
         conditions=conditions,

@@ -1,9 +1,11 @@
 """Whether a CPU dtype measurement can be trusted: what the machine did while it ran, and the verdict.
 
-The time the probe's threads spent runnable but waiting for a core (the kernel's per-thread
-`schedstat`), the steal time (/proc/stat), a quick re-run that must reach the same verdict, and the
-plateau a time slice leaves (`time_slice_plateau`) make a measurement "quiet" or "disturbed"
-(`confidence_of`). `dtype_probe.py` says what is done with each.
+The probe counts CPU time (`dtype_timing.py`), so time spent runnable but waiting for a core (the
+kernel's per-thread `schedstat`) costs it nothing: it is recorded, not judged. What can still make
+a measurement "disturbed" (`confidence_of`): rounds that disagree, a quick re-run that reaches
+another verdict (a neighbour that changed what it does to the caches and the memory bandwidth),
+steal time (/proc/stat: a hypervisor's vCPU accounting), or a plateau a time slice leaves
+(`time_slice_plateau`). `dtype_probe.py` says what is done with each.
 """
 
 from __future__ import annotations
@@ -18,12 +20,8 @@ from dataclasses import dataclass
 from ..facts.machine import ProbeRound
 from ..facts.spread import TIE_MARGIN, spread
 
-__all__ = ["Conditions", "Watch", "confidence_of", "rounds_disagree", "time_slice_plateau"]
+__all__ = ["Conditions", "Watch", "confidence_of", "rounds_disagree", "time_slice_plateau", "wall_agreement"]
 
-WAIT_SHARE_LIMIT = 0.15
-"""Share of its threads' time the probe may spend runnable but waiting for a core. Measured on the
-2-core AVX2 EPYC (2026-12-05): 2 threads of F.linear waited 75-82% of the time while other processes
-ran, so a threshold anywhere between "almost never" and that separates the cases."""
 STEAL_SHARE_LIMIT = 0.05
 """Share of the CPU time the hypervisor may steal while measuring (a neighbour VM running)."""
 PLATEAU_MIN_S = 2e-3
@@ -143,25 +141,24 @@ def _side(ratio: float) -> int:
 
 
 def confidence_of(rounds: Sequence[ProbeRound], rerun: Sequence[ProbeRound], conditions: Conditions) -> tuple[str, str]:
-    """("quiet" or "disturbed", what the probe saw in words) for a measurement.
+    """("quiet" or "disturbed", what the probe saw, in one sentence with its figures).
 
-    Disturbed: its threads waited for a core more than WAIT_SHARE_LIMIT of the time, the hypervisor
-    stole more than STEAL_SHARE_LIMIT, the main rounds still disagree, the quick re-run reaches
-    another verdict (bf16 faster / tie / slower, at prefill or decode), or the timings sit on a
-    time-slice plateau while the threads did wait.
+    Disturbed: the hypervisor stole more than STEAL_SHARE_LIMIT, the main rounds still disagree,
+    the quick re-run reaches another verdict (bf16 faster / tie / slower, at prefill or decode), or
+    the timings sit on a time-slice plateau while the thread did wait. Waiting for a core is said
+    but not judged: the timings are CPU time, which waiting does not add to.
     """
     c = conditions
     seen = []
     problems = []
     if c.wait_share is not None:
-        seen.append(f"its threads waited for a core {c.wait_share:.0%} of the time")
-        if c.wait_share > WAIT_SHARE_LIMIT:
-            problems.append(f"other processes held the cores (waited {c.wait_share:.0%} of the time)")
+        seen.append(f"waited for a core {c.wait_share:.0%} of the time")
     if c.steal_share is not None:
-        seen.append(f"steal {c.steal_share:.0%}")
         if c.steal_share > STEAL_SHARE_LIMIT:
             problems.append(f"the hypervisor stole {c.steal_share:.0%} of the CPU time")
-    seen.append(f"load {c.load_1min:.2f} on {c.cores} usable cores, {c.threads} threads")
+        else:
+            seen.append(f"steal {c.steal_share:.0%}")
+    seen.append(f"load {c.load_1min:.2f} on {c.cores} usable cores")
     main, again = _verdicts(rounds), _verdicts(rerun) if rerun else None
     if main is None or rounds_disagree(list(rounds)):
         problems.append("its rounds disagree on bf16 against fp32")
@@ -186,6 +183,16 @@ def confidence_of(rounds: Sequence[ProbeRound], rerun: Sequence[ProbeRound], con
     plateau = time_slice_plateau(timings)
     if plateau is not None and (c.wait_share is None or c.wait_share > 0.02):
         problems.append(f"several timings sit at {plateau * 1e3:.1f} ms, a scheduler time slice")
-    if problems:
-        return "disturbed", "; ".join(problems) + f" ({', '.join(seen)})"
-    return "quiet", ", ".join(seen)
+    timed = f"timed in CPU time on one thread, it {', '.join(seen)}"
+    return ("disturbed", f"{' and '.join(problems)}; {timed}") if problems else ("quiet", timed)
+
+
+def wall_agreement(rounds: Sequence[ProbeRound], wall: Sequence[ProbeRound], threads: int) -> str:
+    """Whether a wall-time round on the model's `threads` reaches the CPU-time rounds' verdict, in
+    words for the record (a difference is recorded, not judged: the CPU-time verdict stands)."""
+    main, check = _verdicts(rounds), _verdicts(wall)
+    if main is None or check is None:
+        return ""
+    agree = all(_side(main[p]) == _side(check[p]) for p in main)
+    figures = ", ".join(f"{p} bf16 {check[p]:.2f}x" for p in check)
+    return f"wall time on {threads} threads {'agreed' if agree else 'DIFFERED'} ({figures} fp32's speed)"

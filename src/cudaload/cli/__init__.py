@@ -53,7 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         if args.command == "doctor":
+            from ..announce import announce
             from ..capability import detect
+
+            # torch's import and the GPU/CPU checks take seconds on a busy machine: say so first.
+            announce("cudaload.doctor", "doctor: checking this machine's GPUs, CPU and packages (a few seconds)")
 
             if args.remeasure:
                 emit(remeasure_report(None) + "\n", sys.stderr if args.json else None)

@@ -102,7 +102,7 @@ def remeasure_report(model: str | None) -> str:
     facts = reference_model() if model is None else read_model_facts(model)
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
     bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
-    before, after = remeasure(machine, bucket)
+    before, after = remeasure(machine, bucket, model=facts.source)
     kept = f"  recorded in {probe_path(machine, bucket)}"
     if after.confidence != "quiet":
         kept = (
@@ -135,6 +135,10 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False) -> s
         warnings=(*machine.warnings, *device_warnings),
     )
     backends = _backends(replace(machine, gpus=usable.gpus))
+    if check_hub:
+        from ..announce import announce
+
+        announce("cudaload.doctor", "doctor: asking the Hub whether each kernel can be fetched now (network)")
     reachable = _hub_reachability(machine) if check_hub else None
     if as_json:
         return json.dumps(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..announce import announce
 from ..capability.model_config import model_class_name
 from ..errors import SettingError
 from ..facts.machine import Machine
@@ -187,4 +189,13 @@ def plan(
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
+    if measured is not None and measured.confidence != "quiet" and request.dtype is None:
+        # Said here, where the dtype is known: the plan kept the checkpoint's (policy/precision.py: _kept_checkpoint).
+        kept = next((d.value for d in result.decisions if d.setting == "dtype"), "the checkpoint's dtype")
+        announce(
+            "cudaload.probe",
+            f"the CPU dtype probe for {facts.source} was disturbed ({measured.conditions}): kept {kept}; "
+            f"`cudaload probe {facts.source}` measures again",
+            logging.WARNING,
+        )
     return result

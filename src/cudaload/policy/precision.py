@@ -235,8 +235,7 @@ def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decis
     if probe is not None and probe.confidence != "quiet":
         return _kept_checkpoint(
             model,
-            f"not measured reliably: the CPU dtype probe was disturbed ({probe.conditions}), so its numbers are "
-            "not used",
+            f"not measured reliably: the CPU dtype probe was disturbed: {probe.conditions}",
             ignored,
         )
     if probe is None and machine.unmeasured:
@@ -248,7 +247,8 @@ def _cpu_dtype(machine: Machine, model: ModelFacts, workload: Workload) -> Decis
         if machine.launch.distributed:
             threads += " per rank (the record a single process with the same OMP_NUM_THREADS reads)"
         source = (
-            f"F.linear {probe.in_features}x{probe.out_features}, {threads}, probed on this CPU on "
+            f"F.linear {probe.in_features}x{probe.out_features} in CPU time, one thread for a model on {threads}, "
+            f"probed on this CPU on "
             f"{probe.measured_at}{' (cached)' if probe.from_cache else ''}; `cudaload probe` measures again"
         )
         if ratios:

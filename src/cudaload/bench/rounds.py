@@ -1,0 +1,148 @@
+"""How many rounds a benchmark measures, and a progress line at least every few seconds.
+
+`cudaload bench` with no `--repeats` measures an adaptive number of rounds within a time budget
+(`RoundBudget`): at least `BenchRun.min_repeats` after the warm-up, then more only while the
+variants' ratios to each other are not settled and another round fits in the phase's share of
+`BenchRun.budget_s`. A fixed 1 + 3 rounds of SmolLM2 with every variant took over 15 minutes on 2
+busy cores (issue 37); a settled ratio needs no more rounds, an unsettled one gets what the budget
+allows and its spread says how sure it is. `--repeats N` measures exactly N.
+
+`ticking` wraps a phase logger so that a line is said at least every TICK_S seconds, even inside
+a long round (a blank terminal for minutes looks hung); `terminal_bar` is the tqdm bar a terminal
+shows, and `quiet_threads` keeps transformers' own bars off and torch's threads pinned meanwhile.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+__all__ = ["SETTLED_SPREAD", "TICK_S", "RoundBudget", "quiet_threads", "ratios_settled", "terminal_bar", "ticking"]
+
+SETTLED_SPREAD = 0.10
+"""A variant's per-round ratio to the first variant is settled when its rounds span at most 10% of
+their median: interleaved rounds share the machine's slow moments, so the ratio settles before
+the raw times do."""
+TICK_S = 5.0
+"""The longest a benchmark stays silent (issue 37: at least every 5 s)."""
+
+
+class _Work(Protocol):
+    @property
+    def warmup(self) -> int: ...
+    @property
+    def repeats(self) -> int: ...
+    @property
+    def min_repeats(self) -> int: ...
+    @property
+    def budget_s(self) -> float | None: ...
+
+
+def ratios_settled(series: Sequence[Sequence[float]]) -> bool:
+    """Whether every variant's per-round ratio to the first variant's value of the same round is
+    settled (`SETTLED_SPREAD`). `series[i]`: variant i's measured values, one per round; variants
+    without a value in every round (a failed one) are left out."""
+    rounds = max((len(s) for s in series), default=0)
+    full = [list(s) for s in series if len(s) == rounds and all(v > 0 for v in s)]
+    if rounds < 2 or len(full) < 2:
+        return rounds >= 2
+    for other in full[1:]:
+        ratios = [o / r for o, r in zip(other, full[0], strict=True)]
+        if (max(ratios) - min(ratios)) / statistics.median(ratios) > SETTLED_SPREAD:
+            return False
+    return True
+
+
+class RoundBudget:
+    """When a phase stops measuring rounds (see the module docstring). `share`: this phase's part
+    of `work.budget_s`, counted from when the phase starts."""
+
+    def __init__(self, work: _Work, share: float) -> None:
+        self.fixed = work.budget_s is None
+        self.most = work.warmup + work.repeats
+        self.least = work.warmup + min(work.min_repeats, work.repeats)
+        self.started = time.perf_counter()
+        self.deadline = self.started + (work.budget_s or 0.0) * share
+
+    def another(self, done: int, settled: Callable[[], bool]) -> bool:
+        """Whether round `done + 1` starts, after `done` rounds; `settled()`: whether the values so
+        far are (`ratios_settled` of each measured quantity)."""
+        if done >= self.most:
+            return False
+        if self.fixed or done < self.least:
+            return True
+        if settled():
+            return False
+        now = time.perf_counter()
+        return now + (now - self.started) / done <= self.deadline  # the next round, at the mean so far
+
+    def label(self, done: int) -> str:
+        """ "round 3/4" (fixed) or "round 3 (2-6, until the ratios settle)" (adaptive)."""
+        if self.fixed:
+            return f"round {done + 1}/{self.most}"
+        return f"round {done + 1} ({self.least}-{self.most}, until the ratios settle or the time budget is spent)"
+
+
+@contextmanager
+def ticking(say: Callable[[str], None], every: float = TICK_S) -> Iterator[Callable[[str], None]]:
+    """A `say` that also repeats the last line ("still: ...", with its age) whenever nothing was
+    said for `every` seconds, from a daemon thread, until the block ends."""
+    started = time.perf_counter()
+    last: list[tuple[str, float]] = [("starting", started)]  # (line, when it was said)
+    out = [started]  # when anything was last written
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def said(line: str) -> None:
+        with lock:
+            last[0] = (line, time.perf_counter())
+            out[0] = last[0][1]
+        say(line)
+
+    def tick() -> None:
+        while not done.wait(every / 5):
+            with lock:
+                (line, when), now = last[0], time.perf_counter()
+                due = now - out[0] >= every
+                if due:
+                    out[0] = now
+            if due:
+                say(f"still: {line.strip()} ({now - when:.0f} s so far)")
+
+    thread = threading.Thread(target=tick, name="cudaload-bench-ticker", daemon=True)
+    thread.start()
+    try:
+        yield said
+    finally:
+        done.set()
+        thread.join()
+
+
+def terminal_bar(total: int, enabled: bool) -> Any:
+    """A tqdm bar on stderr (off unless `enabled`: a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, disable=not enabled, file=sys.stderr, unit="step", dynamic_ncols=True, leave=False)
+
+
+@contextmanager
+def quiet_threads(torch: Any, threads: int | None) -> Iterator[None]:
+    """Silence transformers' progress bars and pin torch's CPU threads for the run, restoring both."""
+    from transformers.utils import logging as hf_logging
+
+    progress_bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous_threads)
+        if progress_bars_were_on:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
