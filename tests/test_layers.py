@@ -19,10 +19,10 @@ import pytest
 import cudaload
 
 PACKAGE = Path(cudaload.__file__).parent
-ANYONE = {"errors", "upstream", "upstream_imports", "version", "installed"}
+ANYONE = {"errors", "upstream", "upstream_imports", "version", "installed", "announce"}
 """Import nothing of cudaload but each other (exceptions, tables of upstream facts, transformers' first
-import under a lock, the version string, the installed distributions' names and versions) and may be
-imported by every module."""
+import under a lock, the version string, the installed distributions' names and versions, the announcement
+of a long step) and may be imported by every module."""
 FACADE = {
     "facts",
     "capability",
