@@ -56,10 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ..capability import detect
 
             if args.remeasure:
-                emit(remeasure_report(None) + "\n", sys.stderr if args.json else None)
+                emit(remeasure_report(None, _to_stderr) + "\n", sys.stderr if args.json else None)
             emit(doctor_report(detect(), args.json, args.check_hub))
         elif args.command == "probe":
-            emit(remeasure_report(args.model))
+            emit(remeasure_report(args.model, _to_stderr))
         elif args.command == "plan":
             emit(plan_command(args, parser))
         elif args.command == "bench":
@@ -94,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     return 0
+
+
+def _to_stderr(line: str) -> None:
+    """A progress line (`cudaload probe` waiting on another process's lock) where it does not mix with the output."""
+    emit(f"cudaload: {line}", sys.stderr)
 
 
 def _report(message: str) -> None:

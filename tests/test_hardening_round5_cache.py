@@ -1,0 +1,142 @@
+"""Hardening round 5, the caches (issue 39, items 6-10): a cache nobody else can poison, and
+detection that never fails on one.
+
+Each test failed before its fix. No timing of this machine is asserted: the probe boundary
+(`measure_dtypes`) returns hand-made numbers."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from cudaload import CudaloadWarning, DtypeProbe
+from cudaload.capability import cache, detect, dtype_probe
+from cudaload.capability.dtype_probe import dtype_probe_for, remeasure
+from cudaload.capability.probe_record import probe_path
+from cudaload.errors import SettingError
+from cudaload.facts.dtypes import DTYPES
+from cudaload.facts.machine import Machine, ProbeRound
+
+
+def _probe(bucket: tuple[int, int]) -> DtypeProbe:
+    prefill = {"float32": 0.010, "bfloat16": 0.005, "float16": 0.010}
+    decode = {"float32": 1e-3, "bfloat16": 5e-4, "float16": 1e-3}
+    r = ProbeRound(
+        tuple(prefill.items()), tuple(decode.items()), tuple((a, b, 1e-4) for a in DTYPES for b in DTYPES if a != b)
+    )
+    return DtypeProbe(
+        *bucket, 128, r.prefill_s, r.decode_s, r.cast_s, 2, "2026-12-06T00:00:00Z",
+        rounds=(r,) * 5, confidence="quiet", conditions="by hand",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def measured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The probe boundary: a hand-made quiet probe at once; the buckets asked for are counted."""
+    calls: list[tuple[int, int]] = []
+
+    def measure(k: int, n: int) -> DtypeProbe:
+        calls.append((k, n))
+        return _probe((k, n))
+
+    monkeypatch.setattr(dtype_probe, "measure_dtypes", measure)
+    monkeypatch.setattr(dtype_probe, "_warned", set())
+    return calls
+
+
+@pytest.fixture
+def machine() -> Machine:
+    return replace(detect(), threads=3)
+
+
+def _lock(machine: Machine, env: dict[str, str]) -> Path:
+    lock = probe_path(machine, (256, 256), env).with_suffix(".lock")
+    lock.parent.mkdir(parents=True, mode=0o700)
+    lock.parent.parent.chmod(0o700)
+    return lock
+
+
+# ---- item 7: the probe lock ---------------------------------------------------------------------
+
+
+def test_a_symlink_at_the_lock_path_is_never_followed_and_its_target_is_kept(tmp_path, machine, measured) -> None:
+    env = {"CUDALOAD_CACHE": str(tmp_path / "cache")}
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    lock = _lock(machine, env)
+    lock.symlink_to(victim)
+    with pytest.warns(
+        CudaloadWarning,
+        match=r"it is a symbolic link, which cudaload never follows, not a lock file cudaload made; delete it",
+    ):
+        probe, why = dtype_probe_for(machine, (256, 256), env)
+    assert victim.read_text() == "precious"  # before: truncated and overwritten with a pid
+    assert probe is not None and why == "" and measured == [(256, 256)]
+    with pytest.raises(SettingError, match=r"cudaload probe did not measure: no lock file .*symbolic link.*rm "):
+        remeasure(machine, (256, 256), env)
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize(
+    ("make", "found"),
+    [
+        (lambda lock, tmp: os.mkfifo(lock), "a FIFO"),
+        (lambda lock, tmp: lock.mkdir(), "a folder"),
+        (
+            lambda lock, tmp: ((tmp / "other").write_text("x"), os.link(tmp / "other", lock)),
+            "a file with another name or owner",
+        ),
+    ],
+    ids=["fifo", "folder", "hard-link"],
+)
+def test_a_lock_path_that_is_not_a_lock_file_is_named_and_never_written(tmp_path, machine, measured, make, found):
+    env = {"CUDALOAD_CACHE": str(tmp_path / "cache")}
+    lock = _lock(machine, env)
+    make(lock, tmp_path)
+    with pytest.warns(CudaloadWarning, match=f"{lock}: it is {found}.*delete it"):
+        probe, _ = dtype_probe_for(machine, (256, 256), env)  # before: a bare OSError (EINVAL) from a FIFO
+    assert probe is not None  # planning goes on, measured without the lock
+    with pytest.raises(SettingError, match=f"cudaload probe did not measure: no lock file {lock}: it is {found}"):
+        remeasure(machine, (256, 256), env)
+    if (tmp_path / "other").exists():
+        assert (tmp_path / "other").read_text() == "x"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o702])
+def test_no_lock_is_taken_in_a_folder_others_can_write(tmp_path, machine, mode) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    folder.chmod(mode)
+    with cache.exclusive(folder / "x.lock") as refused:
+        assert refused is not None and refused.kind == "untrusted" and "writable by" in refused
+    assert not (folder / "x.lock").exists()  # before: created and written there
+
+
+def test_cudaload_probe_says_it_waits_on_a_held_lock_and_then_does_not_measure(
+    tmp_path, machine, measured, monkeypatch, capsys
+) -> None:
+    from cudaload.cli import main
+
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.3)
+    machine = detect()
+    threaded = replace(machine, threads=dtype_probe.torch_threads(None, machine.cpu.cores))
+    from cudaload.facts.model import reference_model
+
+    facts = reference_model()
+    bucket = dtype_probe.shape_bucket(facts.hidden_size, facts.intermediate_size)
+    lock = probe_path(threaded, bucket).with_suffix(".lock")
+    lock.parent.mkdir(parents=True)
+    with open(lock, "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        holder.write("4242")
+        holder.flush()
+        status = main(["probe"])
+    err = capsys.readouterr().err
+    assert f"cudaload: waiting for another process (pid 4242), which holds {lock}" in err  # before: silent
+    assert status == 2 and "has held" in err and "run it again when that process is done" in err
+    assert measured == []  # before: measured (and wrote) beside the holder after the timeout
