@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cudaload import CudaloadWarning, DtypeProbe
-from cudaload.capability import cache, detect, dtype_probe
+from cudaload.capability import cache, detect, dtype_probe, lock_file
 from cudaload.capability.dtype_probe import dtype_probe_for, remeasure
 from cudaload.capability.probe_record import probe_path
 from cudaload.errors import SettingError
@@ -111,7 +111,7 @@ def test_no_lock_is_taken_in_a_folder_others_can_write(tmp_path, machine, mode) 
     folder = tmp_path / "shared"
     folder.mkdir()
     folder.chmod(mode)
-    with cache.exclusive(folder / "x.lock") as refused:
+    with lock_file.exclusive(folder / "x.lock") as refused:
         assert refused is not None and refused.kind == "untrusted" and "writable by" in refused
     assert not (folder / "x.lock").exists()  # before: created and written there
 
@@ -122,7 +122,7 @@ def test_cudaload_probe_says_it_waits_on_a_held_lock_and_then_does_not_measure(
     from cudaload.cli import main
 
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(lock_file, "LOCK_TIMEOUT_S", 0.3)
     machine = detect()
     threaded = replace(machine, threads=dtype_probe.torch_threads(None, machine.cpu.cores))
     from cudaload.facts.model import reference_model
@@ -140,3 +140,62 @@ def test_cudaload_probe_says_it_waits_on_a_held_lock_and_then_does_not_measure(
     assert f"cudaload: waiting for another process (pid 4242), which holds {lock}" in err  # before: silent
     assert status == 2 and "has held" in err and "run it again when that process is done" in err
     assert measured == []  # before: measured (and wrote) beside the holder after the timeout
+
+
+# ---- item 8: a cache detection and planning cannot read ------------------------------------------
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each cache folder warns once per process: start from none warned."""
+    monkeypatch.setattr(cache, "_refused", set())
+    monkeypatch.setattr(cache, "_warned", set())
+
+
+@pytest.mark.parametrize("probe", ["0", "1"])
+def test_a_cache_name_over_255_bytes_warns_and_planning_goes_on(
+    tiny_models, tmp_path, monkeypatch, fresh_warnings, measured, probe
+) -> None:
+    import cudaload
+
+    too_long = tmp_path / ("c" * 300)
+    monkeypatch.setenv("CUDALOAD_CACHE", str(too_long))
+    monkeypatch.setenv("CUDALOAD_PROBE", probe)
+    with pytest.warns(CudaloadWarning) as seen:
+        planned = cudaload.plan(str(tiny_models["llama"]))  # before: OSError [Errno 36] from the tuning folder
+    assert any("cannot read the cache folder" in str(w.message) for w in seen)
+    assert all("File name too long" in str(w.message) for w in seen)
+    assert planned.decision("dtype").value in ("float32", "bfloat16")
+    assert measured == ([] if probe == "0" else [measured[0]])
+
+
+def test_an_unreadable_hub_cache_is_taken_as_not_cached_and_detection_goes_on(
+    tmp_path, monkeypatch, fresh_warnings, capsys
+) -> None:
+    from cudaload.cli import main
+
+    unreadable = tmp_path / ("h" * 300)  # as another user's 0700 folder: stat fails (root reads any folder)
+    monkeypatch.setenv("HF_HUB_CACHE", str(unreadable))
+    detect.cache_clear()
+    try:
+        with pytest.warns(CudaloadWarning, match=f"cannot read the cache folder {unreadable}"):
+            machine = detect()  # before: OSError from the kernel cache's folder
+        assert main(["doctor"]) == 0 and "cudaload doctor" in capsys.readouterr().out
+    finally:
+        detect.cache_clear()  # the next test detects this machine without the setting
+    assert machine.hub.kernels and all(
+        not k.cached and "cannot be read (File name too long)" in k.detail for k in machine.hub.kernels
+    )
+
+
+def test_a_cache_on_dev_null_is_not_called_untrusted(tmp_path, machine, measured, fresh_warnings) -> None:
+    env = {"CUDALOAD_CACHE": "/dev/null"}
+    with pytest.warns(CudaloadWarning, match="could not write its measurement cache in /dev/null/probes") as seen:
+        dtype_probe_for(machine, (256, 256), env)
+    assert not any("chmod" in str(w.message) for w in seen)  # before: "Run `chmod go-w /dev/null`"
+
+
+def test_a_cache_under_an_unknown_users_home_names_the_setting(machine, measured) -> None:
+    env = {"CUDALOAD_CACHE": "~nosuchuser-39/x"}
+    with pytest.raises(SettingError, match=r"CUDALOAD_CACHE='~nosuchuser-39/x': there is no user 'nosuchuser-39'"):
+        dtype_probe_for(machine, (256, 256), env)  # before: a bare RuntimeError "Could not determine home directory."

@@ -31,7 +31,7 @@ that just started (N processes starting together) and remembers ones that ended.
 
 It runs with the torch CPU thread count the process uses, on the CPU only (never touches CUDA).
 A quiet result is cached per machine fingerprint and shape bucket (`cache.py`) for MAX_AGE_DAYS;
-processes that start together take turns through a lock file beside the record (`cache.exclusive`),
+processes that start together take turns through a lock file beside the record (`lock_file.exclusive`),
 so one measures and the others read its record. `CUDALOAD_PROBE=0` (or `plan(..., probe=False)`)
 turns it off; `cudaload probe` measures again (`remeasure`).
 
@@ -51,8 +51,9 @@ from pathlib import Path
 
 from ..errors import CudaloadWarning
 from ..facts.machine import DtypeProbe, Machine
-from .cache import exclusive, write_json
+from .cache import write_json
 from .dtype_timing import measure_dtypes
+from .lock_file import exclusive
 from .probe_record import expected_fingerprint, probe_path, probe_to_json, read_probe
 
 __all__ = [
