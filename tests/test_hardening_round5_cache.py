@@ -199,3 +199,25 @@ def test_a_cache_under_an_unknown_users_home_names_the_setting(machine, measured
     env = {"CUDALOAD_CACHE": "~nosuchuser-39/x"}
     with pytest.raises(SettingError, match=r"CUDALOAD_CACHE='~nosuchuser-39/x': there is no user 'nosuchuser-39'"):
         dtype_probe_for(machine, (256, 256), env)  # before: a bare RuntimeError "Could not determine home directory."
+
+
+# ---- item 9: bench --random-weights keys its folder on the config ------------------------------------
+
+
+def test_random_weights_folders_are_keyed_on_the_config_not_the_sanitised_name(tiny_models, tmp_path) -> None:
+    import shutil
+
+    from cudaload.bench.models import resolve_model
+
+    named = {}
+    for name, source in (("a.b", "llama"), ("a-b", "gpt2")):  # both sanitise to "random-a-b"
+        named[name] = tmp_path / "models" / name
+        shutil.copytree(tiny_models[source], named[name])
+    work = tmp_path / "work"
+    first = resolve_model(str(named["a.b"]), work, quick=False, random_weights=True)
+    second = resolve_model(str(named["a-b"]), work, quick=False, random_weights=True)
+    assert first.architecture == "LlamaForCausalLM"
+    assert second.architecture == "GPT2LMHeadModel"  # before: LlamaForCausalLM, the first one's folder
+    assert first.path != second.path and first.path.parent == second.path.parent == work
+    again = resolve_model(str(named["a.b"]), work, quick=False, random_weights=True)
+    assert again.path == first.path  # the same config reuses its folder
