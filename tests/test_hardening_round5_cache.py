@@ -221,3 +221,38 @@ def test_random_weights_folders_are_keyed_on_the_config_not_the_sanitised_name(t
     assert first.path != second.path and first.path.parent == second.path.parent == work
     again = resolve_model(str(named["a.b"]), work, quick=False, random_weights=True)
     assert again.path == first.path  # the same config reuses its folder
+
+
+# ---- item 10: the weak cases ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a positive integer"),
+        ({"RANK": "0", "WORLD_SIZE": "\u0662"}, "WORLD_SIZE='\u0662' is not a positive integer"),  # Arabic-Indic 2
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, "LOCAL_WORLD_SIZE=4 is more than WORLD_SIZE=2"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "DEEPSPEED_ZERO_STAGE": "4"}, "DEEPSPEED_ZERO_STAGE=4 is not a ZeRO stage"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "ACCELERATE_USE_FSDP": "true", "ACCELERATE_USE_DEEPSPEED": "true"},
+            "both FSDP and DeepSpeed are enabled",
+        ),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "2"}, "SLURM_PROCID=5 is not below SLURM_NTASKS=2"),  # before: RANK=5
+    ],
+)
+def test_launch_variables_that_cannot_be_a_launch_are_problems(env, problem) -> None:
+    from cudaload.capability.launch import read_launch
+
+    launch = read_launch(env)
+    assert any(problem in p for p in launch.problems), launch.problems  # before: accepted, or a wrong name
+
+
+def test_a_lowercase_gpu_uuid_is_said_to_hide_every_gpu() -> None:
+    from cudaload.capability.visible import RawDevice, visible_gpus
+
+    raw = [RawDevice(0, "NVIDIA H100", "GPU-1234abcd", (9, 0), 80 * 2**30)]
+    assert len(visible_gpus(raw, "GPU-1234", None)[0]) == 1
+    gpus, notes = visible_gpus(raw, "gpu-1234", None)
+    assert gpus == () and any("'gpu-1234' is neither a GPU number nor a GPU-/MIG- UUID" in n for n in notes)
+    gpus, _ = visible_gpus([*raw, replace(raw[0], nvml_index=1, uuid="GPU-2")], "\u0661", None)  # Arabic-Indic 1
+    assert gpus == ()  # CUDA's strtoul reads ASCII digits only; before: GPU 1
