@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -256,3 +257,45 @@ def test_a_lowercase_gpu_uuid_is_said_to_hide_every_gpu() -> None:
     assert gpus == () and any("'gpu-1234' is neither a GPU number nor a GPU-/MIG- UUID" in n for n in notes)
     gpus, _ = visible_gpus([*raw, replace(raw[0], nvml_index=1, uuid="GPU-2")], "\u0661", None)  # Arabic-Indic 1
     assert gpus == ()  # CUDA's strtoul reads ASCII digits only; before: GPU 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("custom:sm999:80GiB", "compute capability 99.9, which no CUDA GPU has"),
+        ("custom:sm00:80GiB", "compute capability 0.0, which no CUDA GPU has"),
+        ("custom:sm90:80GiB:0sm", "gives 0 SMs"),
+    ],
+)
+def test_a_gpu_description_no_gpu_can_have_is_refused(spec, message) -> None:
+    from cudaload.errors import UnknownGpuError
+
+    with pytest.raises(UnknownGpuError, match=re.escape(message)):  # before: accepted
+        Machine.simulated(spec)
+    assert Machine.simulated("custom:sm120:32GiB:170sm").gpus[0].capability == (12, 0)
+
+
+@pytest.mark.parametrize(("gpu", "sm"), [("custom:sm61:8GiB", "sm_61"), ("custom:sm52:12GiB", "sm_52")])
+def test_a_gpu_before_volta_is_not_said_to_have_tensor_cores(gpu, sm) -> None:
+    from cudaload.facts.model import any_model
+    from cudaload.policy import Request, decide_plan
+
+    dtype = decide_plan(Machine.simulated(gpu), any_model(), Request()).decision("dtype")
+    assert dtype.value == "float16" and f"({sm}) predates bf16 (sm80) and tensor cores (sm70)" in dtype.reason
+    assert "runs on its tensor cores" not in dtype.reason  # before: said so
+
+
+@pytest.mark.parametrize(
+    ("argument", "message"),
+    [
+        ({"cpu_flags": "amx_bf16"}, "cpu_flags='amx_bf16': pass a list of names"),  # before: {'a', 'm', 'x', ...}
+        ({"cached_kernels": "kernels-community/flash-attn2"}, "cached_kernels='kernels-community/flash-attn2'"),
+        ({"offline": "no"}, "offline='no': pass True or False"),  # before: a truthy string, offline
+        ({"cpu_memory_gib": 0}, "cpu_memory_gib=0: pass the machine's RAM"),
+        ({"cpu_memory_gib": -5}, "cpu_memory_gib=-5"),
+        ({"packages": {"transformers": "banana"}}, "'banana' is not a version"),
+    ],
+)
+def test_simulated_machine_arguments_of_the_wrong_kind_are_refused(argument, message) -> None:
+    with pytest.raises(SettingError, match=re.escape(message)):
+        Machine.simulated(**argument)
