@@ -299,3 +299,52 @@ def test_a_gpu_before_volta_is_not_said_to_have_tensor_cores(gpu, sm) -> None:
 def test_simulated_machine_arguments_of_the_wrong_kind_are_refused(argument, message) -> None:
     with pytest.raises(SettingError, match=re.escape(message)):
         Machine.simulated(**argument)
+
+
+def test_a_json_command_that_fails_prints_a_json_error_object(capsys) -> None:
+    import json
+
+    from cudaload.cli import main
+
+    assert main(["plan", "no/such-model-39", "--gpu", "custom:sm999:80GiB", "--json"]) == 2
+    out, err = capsys.readouterr()
+    error = json.loads(out)["error"]  # before: stdout empty, so `| jq` read nothing
+    assert error["type"] == "UnknownGpuError" and "which no CUDA GPU has" in error["message"]
+    assert "cudaload: error: " in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--out", "/dev/full"], "--out /dev/full: that is not a regular file"),
+        (["--out", "{tmp}"], "that is a folder"),
+        (["--chart", "{tmp}/missing/chart.png"], "the folder '{tmp}/missing' is missing or not writable"),
+        (["--save"], "--save with --quick: a smoke test"),
+    ],
+)
+def test_bench_refuses_what_could_only_fail_after_the_run_before_it(tmp_path, capsys, flags, message) -> None:
+    from cudaload.cli import main
+
+    flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]
+    assert main(["bench", "--quick", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message.replace("{tmp}", str(tmp_path)) in err
+    assert "[bench]" not in err  # before: the whole run, then the failure (or, for --save, a stored smoke test)
+
+
+def test_a_world_size_beyond_the_simulated_gpus_is_refused(tiny_models, capsys) -> None:
+    from cudaload.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["plan", str(tiny_models["llama"]), "--gpu", "A100", "--count", "2", "--world-size", "4"])
+    assert (
+        done.value.code == 2 and "--world-size 4 with 2 simulated GPU(s)" in capsys.readouterr().err
+    )  # before: silent
+
+
+@pytest.mark.parametrize("name", ["kernels-community/../../evil", "a/b/c", "../x", "org/re po"])
+def test_an_attention_name_that_is_no_hub_repo_is_refused(tiny_models, capsys, name) -> None:
+    from cudaload.cli import main
+
+    assert main(["plan", str(tiny_models["llama"]), "--gpu", "A100", "--attn", name]) == 2  # before: accepted
+    assert "is not an attention implementation transformers knows" in capsys.readouterr().err

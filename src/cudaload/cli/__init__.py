@@ -76,13 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(f"cudaload: interrupted (Ctrl-C){nothing}")
         return 130
     except CudaloadError as exc:
-        _report(f"cudaload: error: {exc}")
+        _report(f"cudaload: error: {exc}", args, exc)
         return 2
     except OSError as exc:  # a file that cannot be read or written: the message names it
         if debug:
             raise
         hint = " (check that path and its permissions)" if exc.errno in _PATH_ERRNOS else ""
-        _report(f"cudaload: error: {_doing(args)} failed: {_describe(exc)}{hint}")
+        _report(f"cudaload: error: {_doing(args)} failed: {_describe(exc)}{hint}", args, exc)
         return 2
     except Exception as exc:
         if debug:
@@ -90,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(
             f"cudaload: error: {_doing(args)} failed: {_describe(exc)}\n"
             "cudaload: cudaload did not expect this error (it is not one of its own messages): if the model and "
-            f"options are right, please report it with the traceback that --debug (or {DEBUG_ENV}=1) shows."
+            f"options are right, please report it with the traceback that --debug (or {DEBUG_ENV}=1) shows.",
+            args,
+            exc,
         )
         return 2
     return 0
@@ -101,9 +103,15 @@ def _to_stderr(line: str) -> None:
     emit(f"cudaload: {line}", sys.stderr)
 
 
-def _report(message: str) -> None:
-    """The error line on stderr; nothing more to do when stderr itself is a closed pipe."""
+def _report(message: str, args: argparse.Namespace | None = None, exc: BaseException | None = None) -> None:
+    """The error line on stderr; with --json also a JSON object on stdout, so a script that parses stdout
+    reads the error instead of nothing. Nothing more to do when a stream is a closed pipe."""
     try:
         emit(message, sys.stderr)
+        if exc is not None and getattr(args, "json", False):
+            import json
+
+            text = message.removeprefix("cudaload: error: ")
+            emit(json.dumps({"error": {"type": type(exc).__name__, "message": text}}, indent=2))
     except OutputClosed as closed:
         silence(closed.stream)
