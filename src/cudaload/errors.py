@@ -276,8 +276,9 @@ class SettingError(CudaloadError, ValueError):
     `load_for_finetune(plan, ...)` and `pipeline(task, plan, ...)` given overrides, a `machine` or
     another `model_class` (a Plan loads as planned), and by `load()` given a fine-tuning plan (its
     LoRA would be dropped: `load_for_finetune(plan)` applies it); for a `seq_len`/`batch_size` that
-    is not a positive int and a `config=` that is not a PretrainedConfig. Pass a value of the kind
-    the message names.
+    is not a positive int and a `config=` that is not a PretrainedConfig; by `cudaload probe` when its
+    lock file is not one (a symbolic link, a FIFO: delete it) or another process holds it too long.
+    Pass a value of the kind the message names.
 
     Examples:
         >>> import cudaload

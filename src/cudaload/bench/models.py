@@ -98,14 +98,15 @@ def _describe(folder: Path, name: str, random_weights: bool) -> BenchModel:
     )
 
 
-def _build_from_config(source: str, target: Path) -> None:
-    """Save a seeded random-weight causal LM with `source`'s config into `target` (once)."""
-    if (target / "config.json").is_file() and _has_weights(target):
-        return
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def _build_from_config(source: str, workdir: Path, stem: str) -> Path:
+    """A seeded random-weight causal LM with `source`'s config, saved (once) in `workdir` under a folder
+    keyed on the config itself (`<stem>-<hash>`): two models whose names differ only in punctuation
+    (`a.b`, `a-b`) or a config that changed under the same name never share a folder."""
+    from ..capability.cache import cache_key
 
     try:
+        from transformers import AutoConfig
+
         config = AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as exc:
         raise ModelConfigError(
@@ -113,6 +114,12 @@ def _build_from_config(source: str, target: Path) -> None:
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}). Pass a local folder, a Hub id "
             "whose config is cached or reachable, or no model for the built-in one."
         ) from exc
+    target = workdir / f"{stem}-{cache_key(config.to_json_string(use_diff=False))}"
+    if (target / "config.json").is_file() and _has_weights(target):
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM
+
     dtype = str(getattr(config, "dtype", None) or "bfloat16").removeprefix("torch.")
     if dtype not in ("float32", "float16", "bfloat16"):
         dtype = "bfloat16"
@@ -126,6 +133,7 @@ def _build_from_config(source: str, target: Path) -> None:
             f"({exc}). The benchmark times generate(): pass a decoder model."
         ) from exc
     model.save_pretrained(target)
+    return target
 
 
 def _real_default(workdir: Path, random_weights: bool) -> BenchModel | None:
@@ -138,8 +146,7 @@ def _real_default(workdir: Path, random_weights: bool) -> BenchModel | None:
     folder = smollm2.converted()
     if not random_weights:
         return _describe(folder, smollm2.DESCRIPTION, random_weights=False)
-    target = workdir / "random-smollm2-135m-instruct"
-    _build_from_config(str(folder), target)
+    target = _build_from_config(str(folder), workdir, "random-smollm2-135m-instruct")
     return _describe(target, smollm2.DESCRIPTION, random_weights=True)
 
 
@@ -172,6 +179,6 @@ def resolve_model(
         ready = folder if local and _has_weights(folder) else None if local else _cached_snapshot(name)
         if ready is not None:
             return _describe(ready, name, random_weights=False)
-    target = workdir / ("random-" + "".join(c if c.isalnum() else "-" for c in name.strip("/"))[-80:])
-    _build_from_config(str(folder) if local else name, target)
+    stem = "random-" + "".join(c if c.isalnum() else "-" for c in name.strip("/"))[-80:]
+    target = _build_from_config(str(folder) if local else name, workdir, stem)
     return _describe(target, name, random_weights=True)

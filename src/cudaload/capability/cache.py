@@ -5,7 +5,7 @@ home folder, as a shell would expand it). Files are written atomically (a tempor
 into place, mode 0600), so a reader never sees half a file, in folders created 0700. As ssh does
 for its keys, a folder another user can write to (or that another user owns) is not read: anyone
 could plant measurements there; one warning names it. Writers that must not race (N processes
-measuring the same thing at once) hold `exclusive(...)`, a lock file beside the record. A reader
+measuring the same thing at once) hold a lock file beside the record (`lock_file.exclusive`). A reader
 states the layout it expects (`conforms`): a file that cannot be parsed, or parses but has a wrong
 type, a NaN, an infinite or a negative number anywhere, is treated as missing, so the caller
 measures (or reads) again and rewrites it. An unwritable folder is not an error: the caller
@@ -14,20 +14,17 @@ measures again next time, and is warned once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
 import os
 import stat
 import tempfile
-import time
 import types
 import typing
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +37,11 @@ __all__ = [
     "cache_key",
     "conforms",
     "decode",
-    "exclusive",
+    "listing",
+    "make_folders",
     "read_json",
     "read_regular_file",
+    "unreadable",
     "untrusted",
     "write_json",
 ]
@@ -66,7 +65,17 @@ def _expand(value: str, env: Mapping[str, str]) -> Path:
     from the password database), never a folder literally called `~`."""
     if value == "~" or value.startswith("~/"):
         return Path(env.get("HOME") or Path.home()) / value[2:]
-    return Path(value).expanduser()
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:  # ~user with no such user (pathlib: "Could not determine home directory.")
+        from ..errors import SettingError
+
+        name = "CUDALOAD_CACHE" if env.get("CUDALOAD_CACHE") == value else "XDG_CACHE_HOME"
+        user = value[1:].split("/", 1)[0]
+        raise SettingError(
+            f"{name}={value!r}: there is no user {user!r} whose home folder `~{user}` could name. Set it to a "
+            "folder path (e.g. ~/.cache/cudaload)."
+        ) from None
 
 
 def cache_key(value: str | Mapping[str, Any]) -> str:
@@ -191,6 +200,8 @@ def untrusted(folder: Path) -> str | None:
         info = os.stat(folder)
     except OSError:
         return None
+    if not stat.S_ISDIR(info.st_mode):  # /dev/null: nothing can be written under it (and that is said)
+        return None
     if info.st_uid != os.getuid():
         return f"it is owned by uid {info.st_uid}, not by you (uid {os.getuid()})"
     writable = [who for who, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if info.st_mode & bit]
@@ -221,6 +232,29 @@ def _trusted(path: Path) -> bool:
     return True
 
 
+def listing(folder: Path, pattern: str) -> list[Path]:
+    """The files in `folder` matching `pattern`, sorted; none (and one warning per folder) when the
+    folder cannot be searched (another user's 0700 folder, a name over the file system's 255 bytes):
+    planning never fails on a cache, it measures or reads again."""
+    try:
+        return sorted(folder.glob(pattern)) if folder.is_dir() else []
+    except OSError as exc:
+        unreadable(folder, exc)
+        return []
+
+
+def unreadable(folder: Path, exc: OSError) -> None:
+    """Warn once that `folder` (a cache) cannot be read, and what is done instead."""
+    if str(folder) not in _refused:
+        _refused.add(str(folder))
+        warnings.warn(
+            f"cudaload cannot read the cache folder {folder} ({exc.strerror or exc}), so it goes on without "
+            "it. Set CUDALOAD_CACHE (or HF_HUB_CACHE for Hub files) to a folder you can read and write.",
+            CudaloadWarning,
+            stacklevel=3,
+        )
+
+
 def read_json(path: Path, spec: Any = None) -> dict[str, Any] | None:
     """The JSON object in `path`, or None when it is missing, unreadable, in a folder others can
     write (`untrusted`), not a regular file of at most MAX_READ_BYTES, not a JSON object, or (given
@@ -247,7 +281,7 @@ def _no_constant(name: str) -> Any:
 _warned: set[str] = set()
 
 
-def _make_folders(folder: Path) -> None:
+def make_folders(folder: Path) -> None:
     """`folder` and its parent (the cache folder), created 0700 when missing: only this user's."""
     for one in (folder.parent, folder):
         if not one.is_dir():
@@ -257,7 +291,7 @@ def _make_folders(folder: Path) -> None:
 def write_json(path: Path, data: Mapping[str, Any]) -> bool:
     """Write `data` to `path` atomically. False (and one warning per folder) when it cannot."""
     try:
-        _make_folders(path.parent)
+        make_folders(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as handle:
@@ -280,46 +314,3 @@ def write_json(path: Path, data: Mapping[str, Any]) -> bool:
             )
         return False
     return True
-
-
-LOCK_TIMEOUT_S = 120.0
-"""How long a process waits for another one's lock: a dtype probe takes 1-5 s on a quiet machine, and
-up to ~50 s (two tries) at load 15 on 2 cores."""
-LOCK_POLL_S = 0.05
-
-
-@contextlib.contextmanager
-def exclusive(path: Path, timeout_s: float | None = None) -> Iterator[str | None]:
-    """Hold an exclusive `fcntl.flock` on `path` (a lock file, created 0600 beside the record it
-    guards) while the block runs, so processes that start together take turns: the first measures,
-    the others wait (asleep, using no CPU) and then read what it wrote. The lock dies with its
-    process, so a killed holder never blocks anyone.
-
-    Yields None while the lock is held, else why it could not be taken: the folder cannot be
-    written (then nothing is cached either), or another process (its pid is written in the file)
-    held it for longer than `timeout_s` (default LOCK_TIMEOUT_S).
-    """
-    try:
-        _make_folders(path.parent)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    except OSError as exc:
-        yield f"no lock file {path} ({exc.strerror or exc})"
-        return
-    try:
-        timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-                    yield f"another process (pid {holder}) has held {path} for more than {timeout_s:.0f} s"
-                    return
-                time.sleep(LOCK_POLL_S)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield None
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock

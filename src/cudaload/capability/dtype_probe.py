@@ -31,7 +31,7 @@ that just started (N processes starting together) and remembers ones that ended.
 
 It runs with the torch CPU thread count the process uses, on the CPU only (never touches CUDA).
 A quiet result is cached per machine fingerprint and shape bucket (`cache.py`) for MAX_AGE_DAYS;
-processes that start together take turns through a lock file beside the record (`cache.exclusive`),
+processes that start together take turns through a lock file beside the record (`lock_file.exclusive`),
 so one measures and the others read its record. `CUDALOAD_PROBE=0` (or `plan(..., probe=False)`)
 turns it off; `cudaload probe` measures again (`remeasure`).
 
@@ -44,14 +44,17 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from ..announce import announce
+from ..errors import CudaloadWarning
 from ..facts.machine import DtypeProbe, Machine
-from .cache import exclusive, write_json
+from .cache import write_json
 from .dtype_timing import expected_cost_s, measure_dtypes
+from .lock_file import exclusive
 from .probe_record import expected_fingerprint, probe_path, probe_to_json, read_probe
 
 __all__ = [
@@ -152,8 +155,10 @@ def dtype_probe_for(
     if found is not None or not measure:
         return found, ""
     with exclusive(path.with_suffix(".lock")) as refused:
-        if refused is not None and "no lock file" not in refused:
+        if refused is not None and refused.kind == "held":
             return None, f"not measured: {refused} (measuring beside it would time its load, not this CPU)"
+        if refused is not None and refused.kind == "not-a-lock":
+            _warn_once(refused)  # measured without the lock: two processes may then both measure
         found = usable()
         if found is not None:
             return found, ""
@@ -174,14 +179,43 @@ def cached_dtype_probe(
     return dtype_probe_for(machine, bucket, env, measure=measure)[0]
 
 
+def _warn_once(refused: str) -> None:
+    if refused not in _warned:
+        _warned.add(refused)
+        warnings.warn(f"cudaload measured this CPU without its lock: {refused}.", CudaloadWarning, stacklevel=3)
+
+
+_warned: set[str] = set()
+
+
 def remeasure(
-    machine: Machine, bucket: tuple[int, int], env: Mapping[str, str] | None = None, *, model: str = ""
+    machine: Machine,
+    bucket: tuple[int, int],
+    env: Mapping[str, str] | None = None,
+    waiting: Callable[[str], None] | None = None,
+    *,
+    model: str = "",
 ) -> tuple[DtypeProbe | None, DtypeProbe]:
     """Measure `bucket` again now, whatever is cached: (the record it replaces, if any, of any age;
-    the new measurement). Holds the lock; a quiet result replaces the record, a disturbed one does
-    not (the old record stays, and the caller says so)."""  # a disturbed hold it replaces, though
+    the new measurement). Holds the lock (`waiting` is told when another process holds it); a quiet
+    result replaces the record, a disturbed one does not (the old record stays, and the caller says
+    so).
+
+    Raises:
+        SettingError: the lock path is not a lock file (a symbolic link, a FIFO: delete it), or
+            another process held the lock past its timeout (measuring beside it would time its load).
+    """  # a disturbed hold it replaces, though
     path = probe_path(machine, bucket, env)
-    with exclusive(path.with_suffix(".lock")):
+    with exclusive(path.with_suffix(".lock"), waiting=waiting) as refused:
+        if refused is not None and refused.kind in ("held", "not-a-lock"):
+            from ..errors import SettingError
+
+            then = (
+                "measuring beside it would time its load, not this CPU: run it again when that process is done"
+                if refused.kind == "held"
+                else "then run it again"
+            )
+            raise SettingError(f"cudaload probe did not measure: {refused}; {then}.")
         before, _ = read_probe(machine, bucket, env, any_age=True)
         _announce(bucket, model)
         after = replace(

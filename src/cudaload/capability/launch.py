@@ -21,15 +21,20 @@ _ACCELERATE_MARKERS = (
 def read_launch(env: Mapping[str, str]) -> Launch:
     problems: list[str] = []
 
-    def _int(*names: str) -> int | None:
-        """The first of `names` that is set, as a non-negative int; a malformed one is a problem."""
+    read: dict[str, str] = {}  # which variable gave each value, for the messages
+
+    def _int(*names: str, least: int = 0) -> int | None:
+        """The first of `names` that is set, as an int >= `least`; a malformed one is a problem."""
         for name in names:
             value = env.get(name)
             if value is None or not value.strip():
                 continue
-            if value.strip().isdigit():
-                return int(value)
-            problems.append(f"{name}={value!r} is not a non-negative integer")
+            text = value.strip()
+            if text.isascii() and text.isdigit() and int(text) >= least:  # "٢" is a digit to Python, not to torch
+                read[names[0]] = f"{name}={int(text)}"
+                return int(text)
+            kind = "positive" if least > 0 else "non-negative"
+            problems.append(f"{name}={value!r} is not a {kind} integer")
             return None
         return None
 
@@ -50,14 +55,16 @@ def read_launch(env: Mapping[str, str]) -> Launch:
         launcher = None
 
     # torchrun's names first, then mpirun's (what accelerate reads for multi-CPU, accelerate/state.py), then SLURM's.
-    world_size = _int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS") or 1
+    world_size = _int("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", least=1) or 1
     rank = _int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID") or 0
     local_rank = _int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID") or 0
-    local_world_size = _int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE") or min(
-        world_size, 1 + local_rank
-    )
+    given_local = _int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", least=1)
+    local_world_size = given_local or min(world_size, 1 + local_rank)
+    sizes = read.get("WORLD_SIZE", f"WORLD_SIZE={world_size}")
     if rank >= world_size:
-        problems.append(f"RANK={rank} is not below WORLD_SIZE={world_size}")
+        problems.append(f"{read.get('RANK', f'RANK={rank}')} is not below {sizes}")
+    if given_local is not None and given_local > world_size:
+        problems.append(f"{read['LOCAL_WORLD_SIZE']} is more than {sizes}: a node cannot run more processes than all")
     notes: list[str] = []
     if accelerate and world_size == 1 and env.get("ACCELERATE_USE_CPU", "").lower() in _TRUE and "MASTER_PORT" in env:
         # accelerate sets MASTER_ADDR/PORT only for --num_processes > 1, but with --cpu it starts one
@@ -71,11 +78,18 @@ def read_launch(env: Mapping[str, str]) -> Launch:
 
     strategy: Strategy | None = None
     zero_stage: int | None = None
-    if env.get("ACCELERATE_USE_FSDP", "").lower() in _TRUE or env.get("FSDP_SHARDING_STRATEGY"):
+    fsdp = env.get("ACCELERATE_USE_FSDP", "").lower() in _TRUE or bool(env.get("FSDP_SHARDING_STRATEGY"))
+    deepspeed = env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE or "DEEPSPEED_ZERO_STAGE" in env
+    if fsdp and deepspeed:
+        problems.append("both FSDP and DeepSpeed are enabled (ACCELERATE_USE_FSDP/FSDP_* and DeepSpeed's variables)")
+    if fsdp:
         strategy = "fsdp"
-    elif env.get("ACCELERATE_USE_DEEPSPEED", "").lower() in _TRUE or "DEEPSPEED_ZERO_STAGE" in env:
+    elif deepspeed:
         strategy = "deepspeed"
         zero_stage = _int("ACCELERATE_DEEPSPEED_ZERO_STAGE", "DEEPSPEED_ZERO_STAGE")
+        if zero_stage is not None and zero_stage > 3:  # DeepSpeed ZeRO has stages 0-3
+            problems.append(f"{read['ACCELERATE_DEEPSPEED_ZERO_STAGE']} is not a ZeRO stage (0, 1, 2 or 3)")
+            zero_stage = None
     elif world_size > 1:
         strategy = "ddp"
     # accelerate accepts these (accelerate/utils/dataclasses.py PrecisionType); TrainingArguments reads the

@@ -21,6 +21,7 @@ from ..facts.machine import Hub, HubKernel, Software
 from ..installed import PACKAGES, installed_versions
 from ..installed import dist_version as _dist_version
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
+from .cache import unreadable
 from .kernel_variants import (
     BuildSystem,
     VariantResolution,
@@ -336,14 +337,21 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
         version = hub_kernel_version(repo, torch_version, software.version("transformers"))
         if malformed is not None:
             kernels.append(HubKernel(repo, version, None, malformed))
-        elif repo in overrides:
-            kernels.append(
-                find_local_kernel(repo, overrides[repo], version, torch_version, software.torch_cuda, system)
+            continue
+        try:
+            if repo in overrides:
+                found = find_local_kernel(repo, overrides[repo], version, torch_version, software.torch_cuda, system)
+            else:
+                found = find_cached_kernel(
+                    cache, repo, version, torch_version, software.torch_cuda, system, offline=offline
+                )
+        except OSError as exc:  # another user's 0700 folder, a name over 255 bytes: detection goes on
+            folder = overrides.get(repo, cache)
+            unreadable(folder, exc)
+            found = HubKernel(
+                repo, version, None, f"{folder} cannot be read ({exc.strerror or exc}): taken as not cached"
             )
-        else:
-            kernels.append(
-                find_cached_kernel(cache, repo, version, torch_version, software.torch_cuda, system, offline=offline)
-            )
+        kernels.append(found)
     return Hub(offline=offline, kernels=tuple(kernels), layer_kernels_disabled=layer_kernels_disabled(env))
 
 

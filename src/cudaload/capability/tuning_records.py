@@ -8,13 +8,13 @@ shape; the policy uses one whose fingerprint matches this machine and says why i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from ..facts.machine import TunedVariant, TuningRecord
-from .cache import Positive, cache_dir, cache_key, decode, read_json, write_json
+from .cache import Positive, cache_dir, cache_key, decode, listing, read_json, write_json
 
 __all__ = ["read_tuning_records", "record_path", "write_tuning_record"]
 
@@ -103,8 +103,7 @@ def write_tuning_record(record: TuningRecord, env: Mapping[str, str] | None = No
 def read_tuning_records(model_key: str, env: Mapping[str, str] | None = None) -> tuple[TuningRecord, ...]:
     """Every readable record for this model shape, newest first; unreadable or malformed files (a
     wrong type, a NaN or negative number) are skipped."""
-    folder = cache_dir(env) / "tuning"
-    paths: Iterable[Path] = sorted(folder.glob(f"{cache_key(model_key)}-*.json")) if folder.is_dir() else ()
+    paths = listing(cache_dir(env) / "tuning", f"{cache_key(model_key)}-*.json")
     records = []
     for path in paths:
         data = read_json(path, _LAYOUT)

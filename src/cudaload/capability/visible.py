@@ -50,7 +50,7 @@ def _strtoul(entry: str) -> int:
     """The leading integer of `entry`, or -1 (as CUDA's strtoul-like parse)."""
     digits = ""
     for i, ch in enumerate(entry):
-        if ch.isdigit() or (i == 0 and ch in "+-"):
+        if ch in "0123456789" or (i == 0 and ch in "+-"):  # C's strtoul: ASCII digits only ("٢" is not 2)
             digits += ch
         else:
             break
@@ -197,6 +197,13 @@ def visible_gpus(
             f"CUDA_VISIBLE_DEVICES={visible!r} names device {repeated} twice: CUDA refuses a list with a repeated "
             "device and then shows this process no GPU at all. List each GPU once (e.g. "
             f"CUDA_VISIBLE_DEVICES={repeated})."
+        )
+    if visible is not None and visible.strip() and not parsed and repeated is None:
+        first = visible.split(",")[0].strip()
+        warnings.append(
+            f"CUDA_VISIBLE_DEVICES={visible!r}: its first entry {first!r} is neither a GPU number nor a GPU-/MIG- "
+            "UUID (CUDA reads those prefixes in upper case only), so CUDA shows this process no GPU. Write the "
+            "numbers nvidia-smi shows, or the UUIDs as `nvidia-smi -L` prints them (GPU-...)."
         )
     if visible is not None and parsed and len(chosen) < len(parsed):
         warnings.append(

@@ -60,10 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             announce("cudaload.doctor", "doctor: checking this machine's GPUs, CPU and packages (a few seconds)")
 
             if args.remeasure:
-                emit(remeasure_report(None) + "\n", sys.stderr if args.json else None)
+                emit(remeasure_report(None, _to_stderr) + "\n", sys.stderr if args.json else None)
             emit(doctor_report(detect(), args.json, args.check_hub))
         elif args.command == "probe":
-            emit(remeasure_report(args.model))
+            emit(remeasure_report(args.model, _to_stderr))
         elif args.command == "plan":
             emit(plan_command(args, parser))
         elif args.command == "bench":
@@ -80,13 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(f"cudaload: interrupted (Ctrl-C){nothing}")
         return 130
     except CudaloadError as exc:
-        _report(f"cudaload: error: {exc}")
+        _report(f"cudaload: error: {exc}", args, exc)
         return 2
     except OSError as exc:  # a file that cannot be read or written: the message names it
         if debug:
             raise
         hint = " (check that path and its permissions)" if exc.errno in _PATH_ERRNOS else ""
-        _report(f"cudaload: error: {_doing(args)} failed: {_describe(exc)}{hint}")
+        _report(f"cudaload: error: {_doing(args)} failed: {_describe(exc)}{hint}", args, exc)
         return 2
     except Exception as exc:
         if debug:
@@ -94,15 +94,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(
             f"cudaload: error: {_doing(args)} failed: {_describe(exc)}\n"
             "cudaload: cudaload did not expect this error (it is not one of its own messages): if the model and "
-            f"options are right, please report it with the traceback that --debug (or {DEBUG_ENV}=1) shows."
+            f"options are right, please report it with the traceback that --debug (or {DEBUG_ENV}=1) shows.",
+            args,
+            exc,
         )
         return 2
     return 0
 
 
-def _report(message: str) -> None:
-    """The error line on stderr; nothing more to do when stderr itself is a closed pipe."""
+def _to_stderr(line: str) -> None:
+    """A progress line (`cudaload probe` waiting on another process's lock) where it does not mix with the output."""
+    emit(f"cudaload: {line}", sys.stderr)
+
+
+def _report(message: str, args: argparse.Namespace | None = None, exc: BaseException | None = None) -> None:
+    """The error line on stderr; with --json also a JSON object on stdout, so a script that parses stdout
+    reads the error instead of nothing. Nothing more to do when a stream is a closed pipe."""
     try:
         emit(message, sys.stderr)
+        if exc is not None and getattr(args, "json", False):
+            import json
+
+            text = message.removeprefix("cudaload: error: ")
+            emit(json.dumps({"error": {"type": type(exc).__name__, "message": text}}, indent=2))
     except OutputClosed as closed:
         silence(closed.stream)

@@ -26,11 +26,44 @@ def _failed(model: str, variants: list[dict[str, Any]], finetune: bool) -> str |
     )
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before minutes of measuring, what could only fail after them: an --out or --chart that
+    is a folder or a device (/dev/full) or lies in a folder that is missing or not writable, and --save
+    with --quick (a smoke test's one short round is not a measurement to plan with)."""
+    import os
+    from pathlib import Path
+
+    from ..errors import SettingError
+
+    if args.save and args.quick:
+        raise SettingError(
+            "--save with --quick: a smoke test (one short round) would be stored as this model's tuning record "
+            "and steer later plans. Drop --quick to save a full measurement, or --save to keep the smoke test."
+        )
+    for flag, value in (("--out", args.out), ("--chart", args.chart)):
+        if not value:
+            continue
+        path = Path(value)
+        if path.exists() and not path.is_file():
+            kind = "a folder" if path.is_dir() else "not a regular file (a device or a pipe)"
+            raise SettingError(
+                f"{flag} {value}: that is {kind}, so the result could not be written there. Name a file."
+            )
+        folder = path.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise SettingError(
+                f"{flag} {value}: the folder {str(folder)!r} is missing or not writable, so the result could not be "
+                "written after the run. Name a file in a folder you can write."
+            )
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """`cudaload bench`: run, print the table, then file JSON (and PNG) where asked. Exit 130 after
     Ctrl-C (with what was measured), 2 when no variant could run at all."""
     import tempfile
     from pathlib import Path
+
+    _check_outputs(args)
 
     from ..bench import format_report, result_path, run_bench, write_chart, write_result
 

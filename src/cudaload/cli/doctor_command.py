@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -87,7 +88,7 @@ def _probe_verdict(probe: DtypeProbe) -> str:
     return f"{probe.measured_at}, {probe.confidence}: bf16 at {' and '.join(ratios)} fp32's speed ({probe.conditions})"
 
 
-def remeasure_report(model: str | None) -> str:
+def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = None) -> str:
     """`cudaload probe [MODEL]`, `doctor --remeasure`: measure the CPU dtype again, say what changed."""
     from ..capability import detect
     from ..capability.dtype_probe import remeasure, shape_bucket, torch_threads
@@ -102,7 +103,7 @@ def remeasure_report(model: str | None) -> str:
     facts = reference_model() if model is None else read_model_facts(model)
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
     bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
-    before, after = remeasure(machine, bucket, model=facts.source)
+    before, after = remeasure(machine, bucket, waiting=waiting, model=facts.source)
     kept = f"  recorded in {probe_path(machine, bucket)}"
     if after.confidence != "quiet":
         kept = (

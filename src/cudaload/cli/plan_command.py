@@ -50,6 +50,15 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
             f"--count {args.count} with the GPU list --gpu {args.gpu!r}: a list names every GPU, --count repeats a "
             f"single one (e.g. --gpu {gpus[0]} --count {args.count}, or repeat the name in the list)"
         )
+    # `--gpu A10G --world-size 4` names the GPU kind each rank has (the docs' form); a count or a list
+    # names the machine's GPUs, and then a launch cannot run more processes than it has GPUs.
+    simulated_gpus = 0 if gpus is None else len(gpus) if len(gpus) > 1 else args.count if args.count > 1 else 0
+    if launch is not None and simulated_gpus and args.world_size > simulated_gpus:
+        parser.error(
+            f"--world-size {args.world_size} with {simulated_gpus} simulated GPU(s): a launch on one machine runs one "
+            f"process per GPU, so {args.world_size - simulated_gpus} would have none. Pass --count {args.world_size} "
+            f"(or --world-size {simulated_gpus})."
+        )
     simulated = args.packages or args.without or args.default_packages
     if not (gpus or args.cpu_flags is not None or simulated or args.offline or args.cached_kernel):
         if launch is None:

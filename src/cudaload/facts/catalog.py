@@ -183,6 +183,15 @@ def parse_custom_gpu(spec: str) -> CatalogGpu:
         capability = (int(digits[:-1]), int(digits[-1]))
     else:
         capability = (int(match["major"]), int(match["minor"]))
+    if not 3 <= capability[0] <= 15:  # CUDA's compute capabilities run from 3.0 (Kepler) to 12.x today
+        raise UnknownGpuError(
+            f"The GPU description {spec!r} gives compute capability {capability[0]}.{capability[1]}, which no CUDA "
+            "GPU has: write it as nvidia-smi --query-gpu=compute_cap prints it, e.g. sm90 or 8.6."
+        )
+    if match["sms"] and int(match["sms"]) < 1:
+        raise UnknownGpuError(
+            f"The GPU description {spec!r} gives 0 SMs: give its SM count (e.g. :132sm), or leave it out."
+        )
     amount = float(match["memory"])
     unit = "GiB" if match["unit"].lower() == "gib" else "GB"
     memory_gib = amount if unit == "GiB" else amount * 1e9 / 1024**3

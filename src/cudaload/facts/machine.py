@@ -248,7 +248,9 @@ class Machine:
             UnknownGpuError: a GPU name the catalog does not know (the message suggests the nearest), or a
                 "custom:" description that does not parse.
             SettingError: `count` not a whole number >= 1, `packages` not a mapping of
-                distribution -> version strings, or `gpu` not a name or a list of names.
+                distribution -> version strings (each a version pip accepts), `gpu` not a name or a list
+                of names, `offline` not a bool, `cpu_flags`/`cached_kernels` a single string, or
+                `cpu_memory_gib` not a number above 0.
 
         Examples:
             >>> import cudaload
@@ -258,7 +260,17 @@ class Machine:
         """
         from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
 
-        check_simulated(gpu, count, packages)
+        check_simulated(
+            gpu,
+            count,
+            packages,
+            {
+                "offline": offline,
+                "cpu_flags": cpu_flags,
+                "cached_kernels": cached_kernels,
+                "cpu_memory_gib": cpu_memory_gib,
+            },
+        )
         if not isinstance(installed_packages, bool):
             from ..errors import SettingError
 
@@ -291,8 +303,8 @@ class Machine:
             cores=8,
             arch="x86_64",
             flags=frozenset(cpu_flags),
-            memory_total=cpu_memory_gib * GiB,
-            memory_available=cpu_memory_gib * GiB,
+            memory_total=int(cpu_memory_gib * GiB),
+            memory_available=int(cpu_memory_gib * GiB),
         )
         return cls(
             gpus=gpus,

@@ -3,7 +3,7 @@ arguments checked. Data only: it reads dist-info folder names (installed.py), no
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .catalog import CatalogGpu
 from .hardware import GiB, Gpu
@@ -51,10 +51,25 @@ def catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
     )
 
 
-def check_simulated(gpu: object, count: object, packages: object) -> None:
-    """Machine.simulated's arguments, checked before any is used (a str for packages would be
-    iterated letter by letter, a float count would multiply a list)."""
+def check_simulated(gpu: object, count: object, packages: object, more: Mapping[str, object] | None = None) -> None:
+    """Machine.simulated's arguments, checked before any is used (a str for packages or cpu_flags would
+    be iterated letter by letter, a float count would multiply a list, "no" is a true offline)."""
     from ..errors import SettingError
+
+    for name, value in (more or {}).items():
+        if name == "offline" and not isinstance(value, bool):
+            raise SettingError(f"offline={value!r}: pass True or False.")
+        if name in ("cpu_flags", "cached_kernels") and (
+            isinstance(value, (str, bytes))
+            or not isinstance(value, Iterable)
+            or not all(isinstance(item, str) for item in value)
+        ):
+            example = "['avx2', 'amx_bf16']" if name == "cpu_flags" else "['kernels-community/flash-attn2']"
+            raise SettingError(f"{name}={value!r}: pass a list of names, e.g. {example}, not one string.")
+        if name == "cpu_memory_gib" and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf")
+        ):
+            raise SettingError(f"cpu_memory_gib={value!r}: pass the machine's RAM in GiB, a number above 0 (e.g. 64).")
 
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise SettingError(f"count={count!r}: pass a whole number of GPUs, 1 or more (e.g. count=8).")
@@ -72,3 +87,13 @@ def check_simulated(gpu: object, count: object, packages: object) -> None:
             f"packages={packages!r}: pass a dict of distribution -> version, e.g. {{'flash-attn': '2.8.3'}} "
             "(not 'flash-attn==2.8.3')."
         )
+    from packaging.version import InvalidVersion, Version
+
+    for name, version in (packages or {}).items():
+        try:
+            Version(version) if version is not None else None
+        except InvalidVersion:
+            raise SettingError(
+                f"packages={{{name!r}: {version!r}}}: {version!r} is not a version; give one as pip shows it "
+                "(e.g. '2.8.3'), or None to remove the package."
+            ) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,6 +26,12 @@ __all__ = ["split_overrides"]
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
 
+_HUB_KERNEL = re.compile(r"[A-Za-z0-9_][\w.-]*/[A-Za-z0-9_][\w.-]*(?:@[^/:\s]+)?(?::[^/:\s]+)?")
+"""A Hub kernel as transformers takes it ("org/repo", "@revision", ":kernel"; `integrations/hub_kernels.py`
+`is_kernel` in 5.22 and 5.25), with org and repo as the Hub spells ids (huggingface_hub `validate_repo_id`:
+letters, digits, `-_.`, no `..` or `--`): "kernels-community/../../evil" is neither."""
+
+
 def _check_attention_name(name: str) -> None:
     """An attention name transformers would take: "eager", one registered in its AttentionInterface
     (sdpa, flash_attention_N, flex_attention, paged|..., yours), or a Hub kernel repo ("org/repo").
@@ -39,7 +46,7 @@ def _check_attention_name(name: str) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
-    if name in known or ("/" in name and name.strip("/") == name and " " not in name):
+    if name in known or (_HUB_KERNEL.fullmatch(name) and ".." not in name and "--" not in name.split("@")[0]):
         return
     close = difflib.get_close_matches(name.lower().replace("-", "_"), known, n=1, cutoff=0.6)
     raise AttentionUnavailableError(

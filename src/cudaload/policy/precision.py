@@ -103,6 +103,13 @@ def decide_dtype(
             f"{model.model_type} overflows in fp16 (vLLM refuses it) and {where} lacks bf16",
             (bf16_no, Rejected("float16", f"{model.model_type}: numerical instability in fp16")),
         ), (warning,)
+    if gpu.capability < (7, 0):  # tensor cores came with Volta (sm70): fp16 only halves the memory here
+        return Decision(
+            "dtype",
+            "float16",
+            f"{where} predates bf16 (sm80) and tensor cores (sm70): fp16 halves the memory",
+            (bf16_no, Rejected("float32", "2x memory")),
+        ), ()
     return Decision(
         "dtype",
         "float16",
