@@ -79,6 +79,8 @@ def shrink(values: dict[str, Any], sizes: dict[str, int], depth: int = 0) -> dic
             out[key] = shrink(value, sizes, depth + 1)
         elif key in sizes and type(value) is int and value > sizes[key]:
             out[key] = sizes[key]
+        elif key == "head_dim" and value is None and "num_attention_heads" in values:
+            out[key] = sizes[key]  # some classes (Ministral) leave it None in the defaults and need it set
         elif top is not None and key.endswith(("token_id", "token_index")) and type(value) is int and value > top:
             out[key] = top
         elif top is not None and key.endswith("token_id") and isinstance(value, list):
@@ -89,10 +91,12 @@ def shrink(values: dict[str, Any], sizes: dict[str, int], depth: int = 0) -> dic
             out[key] = shrink(value, sizes, depth + 1)
         elif isinstance(value, list) and layers and layers > new_layers and len(value) == layers:
             out[key] = value[:new_layers]  # a per-layer list: the first layers' pattern
-        elif isinstance(value, dict) and value and layers and all(str(k).isdigit() for k in value):
+        elif key.endswith("per_layer_config") and isinstance(value, dict) and value and layers:
             out[key] = _per_layer_table(value, sizes, new_layers)
         elif depth:
             out[key] = value
+    if values.get("head_dim") is not None and values.get("head_dim") == values.get("qk_rope_head_dim"):
+        out["head_dim"] = out.get("qk_rope_head_dim", values["head_dim"])  # MLA: the rotary part's width (DeepSeek V3)
     rope = out.get("rope_parameters")
     if "_vl" in str(values.get("model_type", "")) and isinstance(rope, dict) and "mrope_section" not in rope:
         # Qwen2-VL's rotary code defaults to sections of a 128-wide head (transformers 5.25
