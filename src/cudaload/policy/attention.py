@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from ..errors import AttentionUnavailableError
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
-from ..plans import Decision, Rejected
+from ..plans import SUB_MODEL_ATTENTION, Decision, Rejected
 from ..upstream import attention_kind
 from .attention_checks import AS_IS, BACKENDS, OptionCheck, check_attention, is_checked, is_flash_attention
 from .flash_rules import flash_preference
@@ -183,10 +183,6 @@ def decide_attention(
     return decision, chain, ()
 
 
-SUB_MODELS = "attn_implementation_per_sub_model"
-"""The setting of `decide_sub_model_attention`: "key=option, key=option" by sub-config name."""
-
-
 def decide_sub_model_attention(model: ModelFacts, attention: Decision) -> Decision | None:
     """Attention per sub-model, where the whole-model choice would take SDPA from a sub-model that has it:
     the top class has no SDPA (so the plan is eager) while a sub-model's class has (GOT-OCR2's Qwen2
@@ -204,4 +200,4 @@ def decide_sub_model_attention(model: ModelFacts, attention: Decision) -> Decisi
         f"{model.model_class} has no SDPA, its {with_sdpa} model has: each part gets what it supports, as bare "
         "from_pretrained gives it (attn_implementation by sub-config)"
     )
-    return Decision(SUB_MODELS, value, reason)
+    return Decision(SUB_MODEL_ATTENTION, value, reason)
