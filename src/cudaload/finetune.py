@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import CudaloadWarning, FinetuneConfigError, MissingPackageError, install_hint
+from .errors import CudaloadWarning, FinetuneConfigError, LoadFailedError, MissingPackageError, install_hint
 from .loaders import apply_plan
 from .loaders.readback import lora_targets_read_back
 from .plans import FinetunePlan, Plan
@@ -113,7 +113,8 @@ def load_for_finetune(
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
         PlacementError: a `device_map` that cannot work here, or invalid launch variables.
         LoadFailedError: as `load()` raises it (loading or the train-mode test forward failed
-            with nothing to fall back to).
+            with nothing to fall back to), or the adapted model (after get_peft_model) fails the
+            same test forward.
 
     Examples:
         >>> import tempfile, cudaload
@@ -178,6 +179,7 @@ def load_for_finetune(
         # transformers >= 5.23 that the caller cannot act on.
         warnings.filterwarnings("ignore", r"`is_gradient_checkpointing` is deprecated", FutureWarning)
         peft_model = get_peft_model(base, lora_config)
+    _verify_adapted(peft_model, the_plan)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     applied = base.cudaload_plan
     differences = lora_targets_read_back(the_plan, peft_model)
@@ -190,6 +192,22 @@ def load_for_finetune(
         warnings=(*applied.warnings, *differences),
     )
     return peft_model
+
+
+def _verify_adapted(peft_model: Any, the_plan: Plan) -> None:
+    """The check forward again on the model that is returned: the base passed it before get_peft_model,
+    and the adapters (their scale lora_alpha / r, their init) can still break it."""
+    from .loaders.verify import _verify
+
+    outcome = _verify(peft_model, training=True)
+    if outcome.status == "failed":
+        assert the_plan.finetune is not None
+        settings = ", ".join(f"{k}={v!r}" for k, v in the_plan.finetune.lora.items() if k != "target_modules")
+        raise LoadFailedError(
+            f"{the_plan.model} loaded and passed its test forward, but after get_peft_model the adapted model's "
+            f"test forward failed: {outcome.problem}. The LoRA settings ({settings}) are the change: check them "
+            "(a finite lora_alpha, a usable init_lora_weights)."
+        ) from outcome.error
 
 
 def _check_finetune_plan(the_plan: Plan, given: list[str]) -> None:

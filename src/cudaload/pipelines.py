@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
     from .facts.machine import Machine
 
-__all__ = ["TASK_MODEL_CLASSES", "pipeline"]
+__all__ = ["TASK_MODEL_CLASSES", "offered_tasks", "pipeline"]
 
 TASK_MODEL_CLASSES = {
     "text-generation": "AutoModelForCausalLM",
@@ -31,8 +31,21 @@ TASK_MODEL_CLASSES = {
     "token-classification": "AutoModelForTokenClassification",
     "fill-mask": "AutoModelForMaskedLM",
 }
-"""Tasks `pipeline()` plans for, and the Auto class each loads (as transformers' pipeline registry
-does: `transformers.pipelines.SUPPORTED_TASKS`)."""
+"""Tasks `pipeline()` can plan for, and the Auto class each loads (as transformers' pipeline registry
+does: `transformers.pipelines.SUPPORTED_TASKS`); `offered_tasks()` keeps those the installed
+transformers still has."""
+
+
+def offered_tasks() -> dict[str, str]:
+    """The tasks of `TASK_MODEL_CLASSES` the installed transformers' `pipeline()` has (its
+    `transformers.pipelines.SUPPORTED_TASKS` and `TASK_ALIASES`): transformers 5.22 and 5.25 removed
+    text2text-generation, summarization and translation, which `transformers.pipeline()` then
+    refuses with a bare KeyError."""
+    from transformers import pipelines
+
+    known = {*pipelines.SUPPORTED_TASKS, *getattr(pipelines, "TASK_ALIASES", {})}
+    return {task: auto for task, auto in TASK_MODEL_CLASSES.items() if task in known}
+
 
 _GENERATING = frozenset({"text-generation", "text2text-generation", "summarization", "translation"})
 
@@ -78,9 +91,10 @@ def pipeline(
     The plan is reachable as `pipe.cudaload_plan` (and `pipe.model.cudaload_plan`).
 
     Args:
-        task: One of `TASK_MODEL_CLASSES`: "text-generation", "text2text-generation",
-            "summarization", "translation", "feature-extraction", "text-classification",
-            "sentiment-analysis", "token-classification" or "fill-mask".
+        task: One of `offered_tasks()`: "text-generation", "feature-extraction",
+            "text-classification", "sentiment-analysis", "token-classification" or "fill-mask"
+            (and "text2text-generation", "summarization", "translation" under a transformers
+            that still has them; 5.22 and 5.25 do not).
         model: A local path or Hub id, or a `Plan` made for the task's Auto class (e.g.
             `plan(path, model_class="AutoModelForCausalLM", generate=True)`), loaded as planned:
             `machine` and overrides are then not accepted.
@@ -101,7 +115,8 @@ def pipeline(
         set to the `AppliedPlan`.
 
     Raises:
-        SettingError: an unknown task, a `model_class`/`generate` override (the task decides them),
+        SettingError: an unknown task or one the installed transformers lacks (before loading), a
+            `model_class`/`generate` override (the task decides them),
             or a Plan made for another Auto class, for fine-tuning, or given with overrides.
         ModelConfigError, LoadFailedError: as `load()` and `tokenizer_for()` raise them (and every
             other error `load()` raises for an impossible override).
@@ -121,6 +136,16 @@ def pipeline(
         ...
         cudaload.errors.SettingError: pipeline task 'image-classification' is not one cudaload plans for. ...
     """
+    offered = offered_tasks() if task in TASK_MODEL_CLASSES else {}
+    if task in TASK_MODEL_CLASSES and task not in offered:
+        import transformers
+
+        raise SettingError(
+            f"pipeline task {task!r}: the installed transformers {transformers.__version__} has no such pipeline "
+            "(transformers.pipelines.SUPPORTED_TASKS), so it would fail after loading. Use one of "
+            f"{', '.join(sorted(offered))}; for a sequence-to-sequence model, load it with "
+            f"cudaload.load(model, model_class={TASK_MODEL_CLASSES[task]!r}) and call model.generate()."
+        )
     if task not in TASK_MODEL_CLASSES:
         raise SettingError(
             f"pipeline task {task!r} is not one cudaload plans for. Use one of "

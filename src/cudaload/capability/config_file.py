@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import MissingPackageError, ModelConfigError, RemoteCodeError, describe_error
+from .per_layer import layer_values
 
 __all__ = ["check_sizes", "load_config"]
 
@@ -174,6 +175,11 @@ _SIZE_FIELDS = {
 }
 
 
+# A value that means "no limit" to transformers: XLNet's relative attention has no position table, and
+# XLNetConfig.max_position_embeddings is -1 for every XLNet (transformers 5.25 configuration_xlnet.py).
+_NO_LIMIT = {"max_position_embeddings": -1}
+
+
 def check_sizes(config: Any, name: str) -> None:
     """Raise ModelConfigError naming the first config size that is not a positive int in bounds."""
     configs = [config]
@@ -182,12 +188,14 @@ def check_sizes(config: Any, name: str) -> None:
         configs.append(text)
     for part in configs:
         for field, bound in _SIZE_FIELDS.items():
-            value = getattr(part, field, None)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
-                where = "" if part is config else f" (in {type(part).__name__})"
-                raise ModelConfigError(
-                    f"{name!r}: config.json has {field}={value!r}{where}; it must be a whole number from 1 to "
-                    f"{bound:,}. Fix that value in config.json (save_pretrained() writes a valid one)."
-                )
+            # Per layer where the config is per layer (a heterogeneous config's per_layer_config, gemma3n's
+            # list of intermediate sizes): each layer's value must be one.
+            for value in layer_values(part, field):
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= bound:
+                    if value == _NO_LIMIT.get(field):
+                        continue
+                    where = "" if part is config else f" (in {type(part).__name__})"
+                    raise ModelConfigError(
+                        f"{name!r}: config.json has {field}={value!r}{where}; it must be a whole number from 1 to "
+                        f"{bound:,}. Fix that value in config.json (save_pretrained() writes a valid one)."
+                    )

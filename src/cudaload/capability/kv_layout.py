@@ -15,16 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..facts.kv_cache import PER_TOKEN_TYPES, STATE_TYPES, WINDOW_TYPES, GenerationFacts, KvLayers
+from .per_layer import largest_int
 
 __all__ = ["checkpoint_generation_config", "head_dim", "read_generation_facts"]
 
 
 def _int(config: Any, *names: str) -> int | None:
-    for name in names:
-        value = getattr(config, name, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    """The first of `names` the config has as a positive int; over its layers, the largest (`largest_int`:
+    a per-layer head_dim raises when read on a heterogeneous config, transformers 5.25)."""
+    return largest_int(config, *names)
 
 
 def head_dim(config: Any) -> int | None:

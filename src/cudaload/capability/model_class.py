@@ -117,6 +117,15 @@ def default_auto_class(config: Any) -> str:
             refs = (reference,) if isinstance(reference, str) else tuple(reference)
             if any(str(ref).rsplit(".", 1)[-1] == architecture for ref in refs if ref):
                 return str(name)
+        # No Auto class above maps it (ViTForImageClassification, or Emu3ForCausalLM whose saved config
+        # is the text sub-config's type): the class itself, as `from_pretrained` of that class loads it.
+        own = getattr(transformers, str(architecture), None)
+        if (
+            own is not None
+            and isinstance(getattr(own, "config_class", None), type)
+            and isinstance(config, own.config_class)
+        ):
+            return str(architecture)
     if getattr(config, "is_encoder_decoder", False) and _mapped_names(transformers.AutoModelForSeq2SeqLM, model_type):
         return "AutoModelForSeq2SeqLM"
     causal = _mapped_names(transformers.AutoModelForCausalLM, model_type) or "AutoModelForCausalLM" in auto_map

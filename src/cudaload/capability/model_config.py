@@ -27,6 +27,7 @@ from .config_file import check_sizes, load_config
 from .facts_cache import cached_facts, facts_cache_file, write_cached_facts
 from .kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
 from .model_class import default_auto_class, meta_model, model_class_for, model_class_name, resolve_auto_class
+from .per_layer import largest_int, layer_values
 from .upstream_placement import upstream_placement
 from .weights_header import weights_dtype
 
@@ -145,8 +146,8 @@ def _read_model_facts(
         }
     )
     quantization = _stored_quantization(config, meta)
-    hidden = getattr(text_config, "hidden_size", None)
-    heads = getattr(text_config, "num_attention_heads", None)
+    hidden = largest_int(text_config, "hidden_size")
+    heads = largest_int(text_config, "num_attention_heads")
     size = head_dim(text_config)
     head_dims, qk_v = _head_dims(text_config, size)
     compatible = getattr(cls, "_compatible_flash_implementations", None)
@@ -161,30 +162,47 @@ def _read_model_facts(
         parameters=sum(p.numel() for p in meta.parameters()),
         checkpoint_dtype=checkpoint_dtype,
         head_dim=size,
-        num_layers=getattr(text_config, "num_hidden_layers", None),
+        num_layers=largest_int(text_config, "num_hidden_layers"),
         hidden_size=hidden,
-        sliding_window=getattr(text_config, "sliding_window", None),
-        softcap=getattr(text_config, "attn_logit_softcapping", None),
-        final_softcap=getattr(text_config, "final_logit_softcapping", None),
+        sliding_window=largest_int(text_config, "sliding_window"),
+        softcap=next(iter(layer_values(text_config, "attn_logit_softcapping")), None),
+        final_softcap=next(iter(layer_values(text_config, "final_logit_softcapping")), None),
         quantized=quantization.method if quantization is not None else None,
         quantization=quantization,
         remote_code=bool(getattr(config, "auto_map", None)),
         linear_names=tuple(linear),
         linear_shapes=tuple((leaf, i, o, n) for (leaf, i, o), n in sorted(shapes.items())),
-        vocab_size=getattr(text_config, "vocab_size", None),
+        vocab_size=largest_int(text_config, "vocab_size"),
         conv1d=any(type(m).__name__ == "Conv1D" for m in meta.modules()),
         head_dims=head_dims,
         qk_v_head_dims=qk_v,
         expert_parameters=tuple(experts),
         compatible_flash=tuple(compatible) if compatible is not None else None,
         attention_heads=heads,
-        kv_heads=getattr(text_config, "num_key_value_heads", None) or heads,
+        kv_heads=largest_int(text_config, "num_key_value_heads") or heads,
         tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
         generation=_generation_facts(config, cls, model, revision, config_kwargs) if generates(auto_class) else None,
         # gpt-oss and its kin declare `self.sinks = nn.Parameter(torch.empty(num_attention_heads))` per attention.
         attention_sinks=any(name.rpartition(".")[2] == "sinks" for name, _ in meta.named_parameters()),
+        sub_model_sdpa=_sub_model_sdpa(meta),
     )
     return facts, dtype_from_weights
+
+
+def _sub_model_sdpa(meta: Any) -> tuple[tuple[str, bool], ...]:
+    """(sub-config name, whether the module built from it supports SDPA) for each sub-config of the meta
+    model that a module of its own was built from (transformers builds a sub-model from the sub-config object)."""
+    found = []
+    config = meta.config
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        owner = next(
+            (m for m in meta.modules() if m is not meta and getattr(m, "config", None) is sub and sub is not None),
+            None,
+        )
+        if owner is not None:
+            found.append((str(key), bool(getattr(owner, "_supports_sdpa", False))))
+    return tuple(found)
 
 
 def _generation_facts(
@@ -270,12 +288,14 @@ _HEAD_DIM_ATTRIBUTES = (
 
 
 def _head_dims(config: Any, head_dim: int | None) -> tuple[tuple[int, ...], tuple[int, int] | None]:
-    found = {int(v) for a in _HEAD_DIM_ATTRIBUTES if isinstance(v := getattr(config, a, None), int) and v > 0}
+    values = (v for a in _HEAD_DIM_ATTRIBUTES for v in layer_values(config, a))  # every layer's
+    found = {int(v) for v in values if isinstance(v, int) and not isinstance(v, bool) and v > 0}
     if head_dim:
         found.add(int(head_dim))
-    qk, v = getattr(config, "qk_head_dim", None), getattr(config, "v_head_dim", None)
-    if qk is None and isinstance(getattr(config, "qk_nope_head_dim", None), int):
-        qk = config.qk_nope_head_dim + (getattr(config, "qk_rope_head_dim", 0) or 0)
+    qk, v = largest_int(config, "qk_head_dim"), largest_int(config, "v_head_dim")
+    nope = largest_int(config, "qk_nope_head_dim")
+    if qk is None and nope is not None:
+        qk = nope + (largest_int(config, "qk_rope_head_dim") or 0)
         found.add(int(qk))
     pair = (int(qk), int(v)) if isinstance(qk, int) and isinstance(v, int) and qk != v else None
     return tuple(sorted(found)), pair

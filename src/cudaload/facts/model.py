@@ -72,6 +72,8 @@ class ModelFacts:
             same config; None when cudaload cannot read one from it, or in facts built by hand.
         attention_sinks: The attention layers hold learnable sinks (a `sinks` parameter per layer, gpt-oss):
             a FlashAttention kernel must take them (`s_aux` / `learnable_sink`), in bf16 only.
+        sub_model_sdpa: For a composite model (LLaVA, GOT-OCR2), each sub-config's name and whether the
+            model class built from it supports SDPA; empty for a model of one part.
 
     Examples:
         >>> import tempfile, cudaload
@@ -139,6 +141,10 @@ class ModelFacts:
     """Learnable attention sinks (gpt-oss's `self.sinks = nn.Parameter(...)`, modeling_gpt_oss.py:285): transformers
     hands them to a FlashAttention kernel as `s_aux` or `learnable_sink` and silently drops them for a kernel that
     takes neither (modeling_flash_attention_utils.py:705-709, 5.22.2)."""
+    sub_model_sdpa: tuple[tuple[str, bool], ...] = ()
+    """(sub-config name, its model class supports SDPA) per sub-model: transformers decides attention per
+    sub-model (configuration_utils.py: `PreTrainedConfig._attn_implementation`'s setter takes a dict by
+    sub-config name, 5.22 and 5.25), so a top class without SDPA can hold a language model with it."""
 
     @property
     def generates(self) -> bool:

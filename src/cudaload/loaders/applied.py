@@ -56,7 +56,9 @@ class AppliedPlan:
         fallbacks: The attention options that failed before this one, in order.
         offloaded: Modules `device_map="auto"` put on CPU or disk, as "module -> place".
         verified: True: a test forward gave finite logits; None: not run (verify=False, or the
-            model takes no token ids or returns no logits).
+            test forward was skipped: `verify_note` says why).
+        verify_note: Why the test forward was skipped (no input cudaload can build for the model, or
+            no logits to check); empty when it ran or verify=False.
         missing_weights: Weights the checkpoint lacked (or held in another shape), initialized at
             random; only ever non-empty with `allow_missing_weights=True` (else loading raises).
         unexpected_weights: Checkpoint weights the loaded class has no place for (e.g. a head when
@@ -86,7 +88,9 @@ class AppliedPlan:
     offloaded: tuple[str, ...] = ()
     """Modules `device_map="auto"` put on CPU or disk."""
     verified: bool | None = None
-    """True: a test forward gave finite logits; None: not run (verify=False or no text input)."""
+    """True: a test forward gave finite logits; None: not run (verify=False, or skipped: `verify_note`)."""
+    verify_note: str = ""
+    """Why the test forward was skipped; empty when it ran or verify=False."""
     missing_weights: tuple[str, ...] = ()
     """Weights the checkpoint lacked, initialized at random (only with allow_missing_weights=True)."""
     unexpected_weights: tuple[str, ...] = ()
@@ -113,9 +117,8 @@ class AppliedPlan:
             lines.append(f"  initialized at random (not in the checkpoint): {_listed(self.missing_weights)}")
         if self.unexpected_weights:
             lines.append(f"  checkpoint weights not used: {_listed(self.unexpected_weights)}")
-        lines.append(
-            "  verified: " + {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
-        )
+        verdict = {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
+        lines.append(f"  verified: {verdict}" + (f" ({self.verify_note})" if self.verify_note else ""))
         lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
 
@@ -129,6 +132,7 @@ class AppliedPlan:
             "fallbacks": [vars(f) for f in self.fallbacks],
             "offloaded": list(self.offloaded),
             "verified": self.verified,
+            "verify_note": self.verify_note,
             "missing_weights": list(self.missing_weights),
             "unexpected_weights": list(self.unexpected_weights),
             "timings": dict(self.timings),

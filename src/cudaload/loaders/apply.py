@@ -107,6 +107,7 @@ def apply_plan(
     timings: dict[str, float] = dict(plan.timings)  # "probe" when planning measured this CPU
     model: Any = None
     verified: bool | None = None
+    skipped = ""
     report = _WeightsReport()
     weight_notes: tuple[str, ...] = ()
     for index, option in enumerate(chain):
@@ -126,6 +127,7 @@ def apply_plan(
             outcome = _verify(model, training)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
             verified, failure = outcome.verified, outcome.failure
+            skipped = outcome.problem if outcome.status == "skipped" else ""
         if failure is None:
             break
         if failure.error is not None and not _is_attention_failure(failure.error, option):
@@ -162,6 +164,7 @@ def apply_plan(
         fallbacks=tuple(fallbacks),
         offloaded=offloaded,
         verified=verified,
+        verify_note=skipped,
         missing_weights=report.missing,
         unexpected_weights=report.unexpected,
         timings=timings,

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import SettingError
 from ..facts.quant_methods import DEFAULT_CONFIG_CLASS, config_method
-from ..plans import Plan, mutable
+from ..plans import SUB_MODEL_ATTENTION, Plan, mutable
 
 __all__ = ["from_pretrained_kwargs", "set_rank_device"]
 
@@ -50,6 +50,12 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
         method = config_method(plan.decisions)  # the record's data; the real config object is built here
         config_class = getattr(transformers, method.config_class if method else DEFAULT_CONFIG_CLASS)
         kwargs["quantization_config"] = config_class(**quant)
+    per_sub_model = next((d.value for d in plan.decisions if d.setting == SUB_MODEL_ATTENTION), None)
+    if per_sub_model and kwargs.get("attn_implementation") == plan.decision("attn_implementation").value:
+        # transformers takes attention per sub-config as a dict, "" for the top (policy/attention.py:
+        # decide_sub_model_attention); only for the option it was decided with, not a fallback.
+        parts = dict(item.split("=", 1) for item in str(per_sub_model).split(", "))
+        kwargs["attn_implementation"] = {"": kwargs["attn_implementation"], **parts}
     if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
         from ..capability.transformers_api import tensor_parallel_argument
 

@@ -1,4 +1,5 @@
-"""The test forward after loading: 8 token ids through the model, and whether its logits are finite."""
+"""The test forward after loading: the model's main input (token ids, audio features, pixels) through the
+model, and whether its logits are finite."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any, Literal
 
 from ..errors import describe_error
 
-__all__ = ["NON_FINITE", "input_device"]
+__all__ = ["NON_FINITE", "check_inputs", "checked_output", "input_device"]
 
 
 def input_device(model: Any) -> Any:
@@ -39,9 +40,9 @@ class _Failure:
 
 @dataclass(frozen=True)
 class _Verification:
-    """What the test forward found: "passed" (finite logits), "skipped" (the model takes no token
-    ids or returns no logits) or "failed" (`problem`; `error` is what it raised, None for
-    non-finite logits)."""
+    """What the test forward found: "passed" (finite logits), "skipped" (`problem` says why: no input
+    cudaload can build, or no logits to check) or "failed" (`problem`; `error` is what it raised, None
+    for non-finite logits)."""
 
     status: Literal["passed", "skipped", "failed"]
     problem: str = ""
@@ -59,11 +60,108 @@ class _Verification:
 
 
 _PASSED = _Verification("passed")
-_SKIPPED = _Verification("skipped")
+
+
+def _skipped(why: str) -> _Verification:
+    return _Verification("skipped", why)
+
+
+# The output a test forward checks, first found first: a language or classification head's logits, a
+# dual encoder's image-text similarities (CLIP).
+_CHECKED_OUTPUTS = ("logits", "logits_per_image")
+_DECODER_TOKENS = 4
+
+
+def check_inputs(model: Any) -> tuple[dict[str, Any], str]:
+    """The test forward's inputs for `model` (on its input device), built from its main input
+    (`PreTrainedModel.main_input_name`: input_ids, input_features, pixel_values, input_values), the
+    decoder's start for an encoder-decoder (decoder_input_ids from `decoder_start_token_id`), and the
+    images of a dual encoder (CLIP: pixel_values beside input_ids, as its forward needs both); or
+    ({}, why) when cudaload cannot build them.
+
+    The same inputs, deterministic, for every load of the same model: the corpus tests compare the
+    logits of `load()` with bare from_pretrained's on them.
+    """
+    import torch
+
+    config = model.config
+    main = str(getattr(model, "main_input_name", "input_ids"))
+    generator = torch.Generator().manual_seed(0)
+    inputs: dict[str, Any] = {}
+    text = _text_config(config)
+    vocab = int(getattr(text, "vocab_size", 0) or 0) if text is not None else 0
+    if main == "input_ids":
+        if vocab < 8:
+            return {}, f"its vocabulary has {vocab} token ids, fewer than the 8 of the test forward"
+        inputs["input_ids"] = (torch.arange(1, 9).unsqueeze(0) % vocab).long()
+        vision = getattr(config, "vision_config", None)
+        takes_images = "pixel_values" in _forward_parameters(model)
+        if vision is not None and takes_images and not _has_image_token(config):
+            inputs["pixel_values"] = _pixels(vision, generator)
+    elif main == "pixel_values":
+        inputs["pixel_values"] = _pixels(getattr(config, "vision_config", None) or config, generator)
+    elif main == "input_features":  # Whisper-like: (batch, mel bins, 2 x the encoder's positions)
+        bins = int(getattr(config, "num_mel_bins", 0) or 0)
+        frames = 2 * int(getattr(config, "max_source_positions", 0) or 0)
+        if not bins or not frames:
+            return {}, "its config has no num_mel_bins / max_source_positions to shape input_features by"
+        inputs["input_features"] = torch.randn(1, bins, frames, generator=generator)
+    elif main == "input_values":  # raw audio: one tenth of a second at 16 kHz
+        inputs["input_values"] = torch.randn(1, 1600, generator=generator)
+    else:
+        return {}, f"its main input is {main!r}, which cudaload does not know how to build"
+    if getattr(config, "is_encoder_decoder", False):
+        decoder = getattr(config, "decoder", None) or text or config
+        # transformers' shift_tokens_right starts from decoder_start_token_id; T5 names none and starts
+        # from its pad token (transformers 5.25 T5PreTrainedModel._shift_right).
+        names = ("decoder_start_token_id", "pad_token_id")
+        found = (getattr(c, n, None) for n in names for c in (config, decoder))
+        start = next((value for value in found if value is not None), None)
+        decoder_vocab = int(getattr(decoder, "vocab_size", 0) or vocab)
+        if start is None or decoder_vocab < _DECODER_TOKENS:
+            return {}, "it is an encoder-decoder whose config names no decoder_start_token_id or pad_token_id"
+        steps = torch.arange(1, _DECODER_TOKENS) % decoder_vocab
+        inputs["decoder_input_ids"] = torch.cat((torch.tensor([int(start)]), steps)).unsqueeze(0).long()
+    device = input_device(model)
+    dtype = getattr(model, "dtype", torch.float32)
+    return {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}, ""
+
+
+def _text_config(config: Any) -> Any:
+    """The decoder's text config (transformers' `get_text_config(decoder=True)`), None when it is ambiguous."""
+    try:
+        return config.get_text_config(decoder=True)
+    except ValueError:  # several text configs (e.g. musicgen's text encoder and decoder)
+        return None
+
+
+def _forward_parameters(model: Any) -> tuple[str, ...]:
+    import inspect
+
+    try:
+        return tuple(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def _has_image_token(config: Any) -> bool:
+    """Whether images enter through placeholder tokens in input_ids (LLaVA, Qwen2-VL): then a text-only
+    forward is a valid one, and pixels without their tokens are an error."""
+    return any(getattr(config, name, None) is not None for name in ("image_token_id", "image_token_index"))
+
+
+def _pixels(vision: Any, generator: Any) -> Any:
+    import torch
+
+    size = getattr(vision, "image_size", 224)
+    height, width = (size, size) if isinstance(size, int) else tuple(size)[:2]
+    channels = int(getattr(vision, "num_channels", 3) or 3)
+    return torch.randn(1, channels, int(height), int(width), generator=generator)
 
 
 def _verify(model: Any, training: bool) -> _Verification:
-    """A short forward of 8 token ids, and whether its logits are finite.
+    """A short forward of the model's main input (`check_inputs`: 8 token ids, or features, or
+    pixels, with the decoder's start for an encoder-decoder), and whether its logits are finite.
 
     For a model about to be trained the forward runs in train mode under no_grad: an
     eval-mode inference forward lets bitsandbytes (0.50, AVX512-BF16 CPUs) repack 4-bit
@@ -72,19 +170,27 @@ def _verify(model: Any, training: bool) -> _Verification:
     """
     import torch
 
-    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 0) or 0)
-    if vocab < 8:
-        return _SKIPPED
-    ids = (torch.arange(1, 9).unsqueeze(0) % vocab).to(input_device(model))
+    inputs, why = check_inputs(model)
+    if not inputs:
+        return _skipped(f"skipped: {why}")
     model.train(training)
     try:
         with torch.no_grad() if training else torch.inference_mode():
-            out = model(input_ids=ids)
+            out = model(**inputs)
     except Exception as exc:  # any failure in the forward is a verification failure
         return _Verification("failed", describe_error(exc), exc)
-    logits = getattr(out, "logits", None)
+    logits = checked_output(out)
     if logits is None:
-        return _SKIPPED
+        return _skipped(f"skipped: {type(model).__name__} returns no logits to check")
     if not torch.isfinite(logits).all():
         return _Verification("failed", NON_FINITE)
     return _PASSED
+
+
+def checked_output(out: Any) -> Any:
+    """The tensor a test forward checks (`_CHECKED_OUTPUTS`), None when the output has none."""
+    for name in _CHECKED_OUTPUTS:
+        value = getattr(out, name, None)
+        if value is not None:
+            return value
+    return None

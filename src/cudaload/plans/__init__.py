@@ -11,6 +11,7 @@ One module per part: decision.py (Decision, Rejected and the read-only, JSON-rea
 from __future__ import annotations
 
 from .decision import (
+    SUB_MODEL_ATTENTION,
     VALUE_WIDTH,
     Decision,
     DecisionSource,
@@ -25,6 +26,7 @@ from .plan import Plan
 from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
 
 __all__ = [
+    "SUB_MODEL_ATTENTION",
     "VALUE_WIDTH",
     "Decision",
     "DecisionSource",

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 __all__ = [
+    "SUB_MODEL_ATTENTION",
     "VALUE_WIDTH",
     "Decision",
     "DecisionSource",
@@ -19,6 +20,11 @@ __all__ = [
     "mutable",
     "read_only",
 ]
+
+
+SUB_MODEL_ATTENTION = "attn_implementation_per_sub_model"
+"""The setting of the policy's attention per sub-model ("key=option, key=option" by sub-config name),
+which `from_pretrained_kwargs` turns into transformers' dict by sub-config."""
 
 
 class ReadOnlyDict(dict[str, Any]):

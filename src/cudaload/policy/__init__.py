@@ -16,7 +16,7 @@ from ..facts.model import ModelFacts
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
 from ..request import Request, TrainingRequest, Workload
-from .attention import decide_attention
+from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
 from .current_device import decide_current_device, decide_rank_device, landed_machine, placed_machine, plan_within
 from .devices import check_max_memory, usable_machine
@@ -139,6 +139,9 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     dtype, attention, chain = tune_on_gpu(judged, model, workload, dtype, attention, chain)
     use_kernels = decide_use_kernels(machine, request.use_kernels)
     decisions = [dtype, attention]
+    per_sub_model = decide_sub_model_attention(model, attention)
+    if per_sub_model is not None:
+        decisions.append(per_sub_model)
     # An already-quantized checkpoint: kept quantized or dequantized by transformers on this machine.
     checkpoint = decide_checkpoint_quantization(
         judged, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from ..errors import AttentionUnavailableError
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
-from ..plans import Decision, Rejected
+from ..plans import SUB_MODEL_ATTENTION, Decision, Rejected
 from ..upstream import attention_kind
 from .attention_checks import AS_IS, BACKENDS, OptionCheck, check_attention, is_checked, is_flash_attention
 from .flash_rules import flash_preference
@@ -43,6 +43,7 @@ __all__ = [
     "TraceEntry",
     "check_attention",
     "decide_attention",
+    "decide_sub_model_attention",
     "is_flash_attention",
 ]
 
@@ -201,3 +202,23 @@ def decide_attention(
     trace = _with_consent(_flash_trace(machine, model, dtype), machine, hub_code)
     decision, chain = _decision(trace + _portable_trace(machine, model, dtype), machine.weakest_gpu)
     return decision, chain, ()
+
+
+def decide_sub_model_attention(model: ModelFacts, attention: Decision) -> Decision | None:
+    """Attention per sub-model, where the whole-model choice would take SDPA from a sub-model that has it:
+    the top class has no SDPA (so the plan is eager) while a sub-model's class has (GOT-OCR2's Qwen2
+    language model). Bare from_pretrained gives each sub-model its own default, SDPA where its class
+    supports it (transformers 5.22/5.25 modeling_utils.py: `PreTrainedModel._check_and_adjust_attn_implementation`
+    per sub-model), and takes a dict by sub-config name (`PreTrainedConfig._attn_implementation`'s setter, the
+    "" key for the top): the plan passes that. None when one value serves every part, or you chose it."""
+    if attention.source == "user" or attention.value != "eager" or model.supports_sdpa:
+        return None
+    if not any(sdpa for _, sdpa in model.sub_model_sdpa):
+        return None
+    value = ", ".join(f"{key}={'sdpa' if sdpa else 'eager'}" for key, sdpa in model.sub_model_sdpa)
+    with_sdpa = ", ".join(key for key, sdpa in model.sub_model_sdpa if sdpa)
+    reason = (
+        f"{model.model_class} has no SDPA, its {with_sdpa} model has: each part gets what it supports, as bare "
+        "from_pretrained gives it (attn_implementation by sub-config)"
+    )
+    return Decision(SUB_MODEL_ATTENTION, value, reason)

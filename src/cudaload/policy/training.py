@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,6 +75,17 @@ def _expert_targets(model: ModelFacts, requested: Any) -> list[str] | None:
 def _check_lora_numbers(overrides: Mapping[str, Any]) -> None:
     """r, lora_alpha and lora_dropout checked here, before the base model loads (peft would only
     refuse them after)."""
+    for key, value in overrides.items():
+        # NaN and infinity pass every comparison test below (nan <= 0 is False), and peft accepts them; the
+        # adapted model then gives NaN logits. Patterns (alpha_pattern, rank_pattern) hold numbers too.
+        numbers = value.items() if isinstance(value, Mapping) else ((None, value),)
+        for inner, number in numbers:
+            if isinstance(number, float) and not math.isfinite(number):
+                where = f"{key}[{inner!r}]" if inner is not None else key
+                raise FinetuneConfigError(
+                    f"lora {where}={number!r}: a LoRA number must be finite; a NaN or infinite scale makes every "
+                    "logit of the adapted model NaN. Pass a finite number (lora_alpha is commonly 2 x r)."
+                )
     r = overrides.get("r", 1)
     if isinstance(r, bool) or not isinstance(r, int) or r < 1:
         raise FinetuneConfigError(f"lora r={r!r}: the LoRA rank is a positive integer (e.g. 8, 16, 64).")
