@@ -64,10 +64,23 @@ def _attention(plan: Plan, model: Any) -> Iterable[str]:
 
 def _dtype(plan: Plan, model: Any) -> Iterable[str]:
     planned = plan.kwargs.get("dtype")
-    loaded = str(getattr(model, "dtype", "")).removeprefix("torch.")
+    loaded = _held_dtype(model)
     # An fp8 or int storage dtype is no compute dtype (FineGrainedFP8 keeps its weights in float8_e4m3fn).
     if planned in _COMPUTE_DTYPES and loaded in _COMPUTE_DTYPES and loaded != planned:
         yield f"the plan's dtype is {planned}, and the loaded model holds {loaded}."
+
+
+def _held_dtype(model: Any) -> str:
+    """The floating dtype that holds most of the model's weights. Not `model.dtype` (the first floating
+    parameter's): some classes keep a few weights in float32 by design (Ergo's norms and router, any
+    `_keep_in_fp32_modules`), and the first may be one of them."""
+    counts: dict[str, int] = {}
+    parameters = getattr(model, "parameters", None)
+    for parameter in parameters() if callable(parameters) else ():
+        if parameter.is_floating_point():
+            name = str(parameter.dtype).removeprefix("torch.")
+            counts[name] = counts.get(name, 0) + parameter.numel()
+    return max(counts, key=lambda name: counts[name]) if counts else ""
 
 
 def _device(plan: Plan, model: Any) -> Iterable[str]:
