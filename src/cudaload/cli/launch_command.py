@@ -12,7 +12,7 @@ __all__ = ["launch_command"]
 
 
 def launch_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
-    from ..launch_files import EMITTERS, launch_files
+    from ..launch_writer import EMITTERS, launch_files
 
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("dtype",) if getattr(args, k)}
     quantize = args.quantize or "auto"

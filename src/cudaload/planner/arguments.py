@@ -210,12 +210,10 @@ def parallel_request(
         check_count(name, given[name])
     if interconnect is not None:
         known_link(interconnect)  # an unknown link raises here, naming the known ones
-    if parallelism is not None:
-        if parallelism not in PARALLELISM_CHOICES:
-            raise SettingError(
-                f"parallelism={parallelism!r} is not a strategy cudaload plans. Pass one of "
-                f"{list(PARALLELISM_CHOICES)}."
-            )
+    if parallelism is not None and parallelism not in PARALLELISM_CHOICES:
+        raise SettingError(
+            f"parallelism={parallelism!r} is not a strategy cudaload plans. Pass one of {list(PARALLELISM_CHOICES)}."
+        )
     return replace(
         training,
         nodes=nodes,
