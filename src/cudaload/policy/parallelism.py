@@ -25,7 +25,7 @@ from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..request import TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
-from .memory import CUDA_OVERHEAD
+from .memory import CUDA_OVERHEAD, logits_bytes_per_element
 from .rank_sizing import STRATEGIES, RankSize, TrainingShape, size_rank
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "SHARDS_WEIGHTS",
     "ParallelChoice",
     "decide_parallelism",
+    "full_training_shape",
     "planned_layout",
     "rank_budget",
     "training_shape",
@@ -106,6 +107,27 @@ def training_shape(
         tokens_per_sample=tokens,
         checkpointing=checkpointing,
         lora_bytes=lora_bytes,
+    )
+
+
+def full_training_shape(model: ModelFacts, *, dtype: str, seq_len: int, checkpointing: bool) -> TrainingShape:
+    """Full training (every weight trained, mixed-precision AdamW) of `model`: activations per sequence from
+    Korthikanti et al. 2022 (34·h bytes a token and layer in 16 bit, without the attention-scores term that
+    fused attention never stores), each layer's input kept under checkpointing, and the loss's logits."""
+    hidden, layers, d = model.hidden_size or 0, model.num_layers or 1, BYTES[dtype]
+    layer = 17 * hidden * d * seq_len
+    logits = logits_bytes_per_element(dtype) * seq_len * (model.vocab_size or 0)
+    kept = layers * seq_len * hidden * d
+    activations = kept + max(layer, logits) if checkpointing else layers * layer + logits
+    return training_shape(
+        model,
+        dtype=dtype,
+        weight_bytes=model.parameters * d,
+        trained=model.parameters,
+        full=True,
+        activations_per_sample=activations,
+        tokens=seq_len,
+        checkpointing=checkpointing,
     )
 
 

@@ -106,7 +106,8 @@ class RankSize:
         strategy: One of `STRATEGIES`.
         weights, gradients, states, activations, buffers, overhead: Bytes on each rank's device.
         cpu_offloaded: Bytes each rank keeps in CPU RAM instead (ZeRO-3 offload).
-        micro_batch: The sequences per rank this size assumes.
+        micro_batch: The sequences per rank this size assumes (tensor parallel: per node, shared by its ranks).
+        sequences: Sequences the whole job trains per step.
         comm_bytes: Bytes each rank sends per step; `cross_node_bytes` of them cross nodes.
         compute_s, comm_s: Estimated seconds of compute and of communication per step; None without the
             GPU's throughput (a CPU, or a GPU the facts table lacks).
@@ -121,6 +122,7 @@ class RankSize:
     overhead: int
     cpu_offloaded: int
     micro_batch: int
+    sequences: int
     comm_bytes: int
     cross_node_bytes: int
     compute_s: float | None
@@ -137,7 +139,8 @@ class RankSize:
     def as_dict(self) -> dict[str, object]:
         keys = ("weights", "gradients", "states", "activations", "buffers", "overhead", "cpu_offloaded")
         out: dict[str, object] = {k: getattr(self, k) for k in keys}
-        out |= {"total": self.total, "micro_batch": self.micro_batch, "comm_bytes": self.comm_bytes}
+        out |= {"total": self.total, "micro_batch": self.micro_batch, "sequences": self.sequences}
+        out["comm_bytes"] = self.comm_bytes
         out |= {"cross_node_bytes": self.cross_node_bytes, "comm_s": round(self.comm_s, 4)}
         out["compute_s"] = None if self.compute_s is None else round(self.compute_s, 4)
         return out
@@ -208,6 +211,7 @@ def size_rank(
         overhead=overhead,
         cpu_offloaded=int(offloaded),
         micro_batch=micro_batch,
+        sequences=micro_batch * (nodes if strategy == "tp+fsdp" else world),
         comm_bytes=int(inside + cross),
         cross_node_bytes=int(cross),
         compute_s=_compute_s(shape, micro_batch, tflops, local if strategy == "tp+fsdp" else 1),
