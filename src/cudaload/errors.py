@@ -254,6 +254,16 @@ class LaunchMismatchError(CudaloadError, RuntimeError):
     shape than planned (nodes x ranks per node), or when the manifest cannot be read. The message names
     each setting with both values. Regenerate the launch on a machine like the ranks' (`cudaload launch`
     with the same flags), or pass the planned settings explicitly.
+
+    Examples:
+        >>> import json, tempfile, pathlib, cudaload
+        >>> from cudaload.launch_writer import read_manifest
+        >>> broken = pathlib.Path(tempfile.mkdtemp()) / "cudaload-launch.json"
+        >>> _ = broken.write_text(json.dumps({"model": "m"}))
+        >>> read_manifest({"CUDALOAD_LAUNCH": str(broken)})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.LaunchMismatchError: CUDALOAD_LAUNCH=... is not a cudaload launch manifest (cudaload_launch: 1).
     """
 
 

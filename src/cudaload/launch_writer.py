@@ -60,7 +60,14 @@ def launch_invariants(plan: Plan) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LaunchFiles:
-    """The launch of one planned job: file name -> text, and the plan it was written from."""
+    """The launch of one planned job (`launch_files()`): file name -> text, and the plan it was written from.
+
+    Attributes:
+        plan: The fine-tuning plan the files launch (its "parallelism" decision is the strategy).
+        manifest: What `cudaload-launch.json` holds: the layout, the link, and the decisions every rank must
+            reach too.
+        files: File name -> text (scripts, configs, the manifest); `write(folder)` writes them.
+    """
 
     plan: Plan
     manifest: Mapping[str, Any]
@@ -96,12 +103,47 @@ def launch_files(
     manifest_path: str | None = None,
     **plan_kwargs: Any,
 ) -> LaunchFiles:
-    """Plan the fine-tuning of `model` on `nodes` x `ranks_per_node` (`cudaload.plan(..., finetune=True)`)
-    and write its launch for each engine in `emit` ("torchrun", "accelerate", "deepspeed", "slurm").
+    """Plan the fine-tuning of `model` on `nodes` x `ranks_per_node` and write its launch for each engine.
 
-    `main_address:port` is the rendezvous endpoint (node 0); `manifest_path` is where the ranks will find
-    the manifest (default: `cudaload-launch.json` beside the launch, as an absolute path is best given).
-    A "deepspeed" emit needs a DeepSpeed plan (`parallelism="deepspeed"`); the others fit every strategy.
+    The plan is `cudaload.plan(model, finetune=True, nodes=..., ...)`: its `parallelism` decision picks DDP,
+    FSDP2 (full or hybrid shard), DeepSpeed ZeRO or tensor parallel; the files launch that strategy, and
+    `cudaload-launch.json` records the plan, which `load_for_finetune()` in every launched rank checks its
+    own plan against (`LaunchMismatchError` when they differ).
+
+    Args:
+        model: A local path or Hub id, a `PretrainedConfig` or `ModelFacts` (as `plan()` takes).
+        machine: One node of the job (default None: this machine; e.g. `Machine.simulated("H100", count=8)`).
+        nodes: Nodes in the job (default 1).
+        ranks_per_node: Processes per node (default None: one per GPU; 1 on a CPU).
+        interconnect: The link between nodes (`--interconnect`; default None: "ethernet-100g").
+        parallelism: "auto" (default None), "deepspeed" or one strategy, validated and kept.
+        emit: Which launches to write: "torchrun" (a script per node), "accelerate" (config + script),
+            "deepspeed" (ds_config.json; needs a DeepSpeed plan), "slurm" (an sbatch script). Default: all
+            that apply.
+        script: The training script the launch runs (default "train.py").
+        script_args: Its arguments.
+        main_address: Node 0's address, the rendezvous endpoint (default "$MASTER_ADDR", read by the shell).
+        port: The rendezvous port (default 29500).
+        manifest_path: Where the ranks read the manifest (default None: beside the launch files).
+        **plan_kwargs: More `plan()` arguments (quantize, lora, seq_len, batch_size, dtype, ...).
+
+    Returns:
+        `LaunchFiles`: the plan, the manifest and every file's text; `.write(folder)` writes them.
+
+    Raises:
+        PlacementError: nothing fits the ranks, or the strategy asked for does not fit.
+        SettingError: an unknown `emit`, interconnect or strategy, or "deepspeed" for a plan that is not.
+
+    Examples:
+        >>> import tempfile, cudaload
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> h100 = cudaload.Machine.simulated("H100", count=8)
+        >>> files = cudaload.launch_files(path, machine=h100, nodes=2, emit=["torchrun"], main_address="10.0.0.1")
+        >>> files.plan.decision("parallelism").value, sorted(files.files)
+        ('ddp', ['cudaload-launch.json', 'torchrun-node0.sh', 'torchrun-node1.sh'])
+        >>> files.files["torchrun-node1.sh"].splitlines()[-1]  # doctest: +ELLIPSIS
+        'exec torchrun --nnodes 2 --node-rank 1 --nproc-per-node 8 --master-addr 10.0.0.1 --master-port 29500 train.py'
     """
     from .planner import plan as make_plan
 
