@@ -198,7 +198,12 @@ def test_accelerate_config_is_read_back_by_accelerate(tmp_path: Path) -> None:
     assert ddp.plan.decision("parallelism").value == "ddp"
 
 
-# deepspeed.ai/docs/config-json: the top-level keys and the zero_optimization keys written here.
+# DeepSpeed does not run here (docs/distributed.md); its 0.19.8 source (pip download --no-deps) defines what
+# the JSON may hold: runtime/constants.py (TRAIN_MICRO_BATCH_SIZE_PER_GPU, GRADIENT_ACCUMULATION_STEPS,
+# GRADIENT_CLIPPING, BFLOAT16 "bf16", FP16), runtime/zero/config.py `DeepSpeedZeroConfig` (stage,
+# overlap_comm, contiguous_gradients, offload_optimizer, gather_16bit_weights_on_model_save by its alias
+# stage3_...; pydantic extra="forbid" in runtime/config_utils.py `DeepSpeedConfigModel`, so a misspelt key
+# fails there) and runtime/zero/offload_config.py `DeepSpeedZeroOffloadOptimizerConfig` (device, pin_memory).
 DEEPSPEED_KEYS = {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping", "bf16", "fp16"}
 ZERO_KEYS = {
     "stage",
@@ -215,7 +220,8 @@ def test_deepspeed_config_for_a_deepspeed_plan(tmp_path: Path) -> None:
     files = _launch(tmp_path, parallelism="deepspeed-zero3-offload", emit=("deepspeed", "accelerate"))
     ds = json.loads((tmp_path / "ds_config.json").read_text())
     assert set(ds) == DEEPSPEED_KEYS | {"zero_optimization"} and set(ds["zero_optimization"]) <= ZERO_KEYS
-    assert ds["zero_optimization"]["stage"] == 3 and ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["zero_optimization"]["stage"] == 3
+    assert ds["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
     assert ds["bf16"] == {"enabled": True} and ds["train_micro_batch_size_per_gpu"] >= 1
     config = load_config_from_file(str(tmp_path / "accelerate-config.yaml"))
     assert config.distributed_type.value == "DEEPSPEED"
