@@ -14,7 +14,8 @@ import cudaload
 from cudaload.errors import FinetuneConfigError, LaunchMismatchError, PlacementError, SettingError
 from cudaload.facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, ParallelLayout, interconnect
 from cudaload.facts.shapes import LLAMA_SHAPES
-from cudaload.launch_writer import check_launched_plan, launch_invariants, read_manifest
+from cudaload.launch_check import check_launched_plan, read_manifest
+from cudaload.launch_writer import launch_invariants
 from cudaload.policy.parallelism import decide_parallelism, full_training_shape
 from cudaload.policy.rank_sizing import size_rank
 

@@ -257,7 +257,7 @@ class LaunchMismatchError(CudaloadError, RuntimeError):
 
     Examples:
         >>> import json, tempfile, pathlib, cudaload
-        >>> from cudaload.launch_writer import read_manifest
+        >>> from cudaload.launch_check import read_manifest
         >>> broken = pathlib.Path(tempfile.mkdtemp()) / "cudaload-launch.json"
         >>> _ = broken.write_text(json.dumps({"model": "m"}))
         >>> read_manifest({"CUDALOAD_LAUNCH": str(broken)})  # doctest: +ELLIPSIS

@@ -131,7 +131,7 @@ def load_for_finetune(
         ) from exc
     from .capability.model_config import model_class_name
     from .capability.transformers_api import check_lora_settings
-    from .launch_writer import check_launched_plan, manifest_plan_arguments, read_manifest
+    from .launch_check import check_launched_plan, manifest_plan_arguments, read_manifest
     from .planner import plan
     from .request import check_flag
 

@@ -20,11 +20,11 @@ from .attention import decide_attention
 from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
 from .current_device import decide_current_device, decide_rank_device, landed_machine, placed_machine, plan_within
 from .devices import check_max_memory, usable_machine
-from .fit import HEADROOM, format_bytes, percent
+from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
-from .memory import TrainingMemory, estimate_training_memory, lora_parameters, weight_bytes
-from .parallelism import SHARDS_WEIGHTS, ParallelChoice, decide_parallelism, planned_layout, training_shape
+from .memory import TrainingMemory, estimate_training_memory, weight_bytes
+from .parallelism import SHARDS_WEIGHTS, parallel_section, sixteen_bit_when_sharded
 from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
@@ -235,10 +235,10 @@ def _finetune_section(
     quant, quant_config, warnings = decide_quantization(
         machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
-    sixteen = _sixteen_bit_when_sharded(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
+    sixteen = sixteen_bit_when_sharded(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
     if sixteen is not None:
         quant, quant_config = sixteen, None
-    parallelism, parallel = _parallel_section(machine, model, training, dtype, quant.value, estimates, lora_config)
+    parallelism, parallel = parallel_section(machine, model, training, dtype, quant.value, estimates, lora_config)
     if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
         # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
         quant_config = QUANT_METHODS[quant.value].build(dtype, True)
@@ -264,68 +264,6 @@ def _finetune_section(
         training_bytes=estimates[quant.value].total,
         warnings=warnings,
     )
-
-
-def _sixteen_bit_when_sharded(
-    machine: Machine,
-    model: ModelFacts,
-    training: TrainingRequest,
-    dtype: str,
-    estimates: dict[str | None, TrainingMemory],
-    lora_config: Mapping[str, Any],
-    quant: Decision,
-    checkpoint: CheckpointPlan | None,
-) -> Decision | None:
-    """quantize="auto" chose a quantized base because 16-bit LoRA does not fit one GPU; across the job's ranks
-    it may: then no quantization (QLoRA trades accuracy for memory). Only where the ranks can shard: planned
-    before the launch, with the layout given, or under an FSDP / ZeRO-3 launch (a DDP launch copies the
-    whole model to every rank)."""
-    if training.quantize != "auto" or checkpoint is not None or quant.value is None:
-        return None
-    launch = machine.launch
-    if launch.distributed and training.nodes is None and not launch.shards_parameters:
-        return None
-    _, choice = _parallel_section(machine, model, training, dtype, None, estimates, lora_config)
-    if choice is None or choice.chosen is None:
-        return None
-    size = format_bytes(choice.sizes[choice.chosen].total)
-    world = choice.layout.world_size
-    return Decision(
-        "quantize",
-        None,
-        f"16-bit LoRA does not fit one GPU, but it fits each of the {world} ranks with {choice.chosen} ({size} a "
-        "rank): no quantization needed",
-        (Rejected(quant.value, f"only needed on one GPU; {quant.reason}"),),
-    )
-
-
-def _parallel_section(
-    machine: Machine,
-    model: ModelFacts,
-    training: TrainingRequest,
-    dtype: str,
-    quantize: str | None,
-    estimates: dict[str | None, TrainingMemory],
-    lora_config: Mapping[str, Any],
-) -> tuple[tuple[Decision, ...], ParallelChoice | None]:
-    """The `parallelism` decision for the job's ranks (none for one process with no layout asked)."""
-    layout = planned_layout(machine, training)
-    if layout is None:
-        return (), None
-    estimate = estimates[quantize]
-    shape = training_shape(
-        model,
-        dtype=dtype,
-        weight_bytes=estimate.weights,
-        trained=lora_parameters(model, int(lora_config["r"]), tuple(lora_config["target_modules"])),
-        full=False,
-        activations_per_sample=estimate.activations // training.batch_size,
-        tokens=training.seq_len,
-        checkpointing=training.gradient_checkpointing,
-        lora_bytes=estimate.lora,
-    )
-    decision, choice = decide_parallelism(machine, model, layout, shape, training.parallelism, training.batch_size)
-    return (decision,), choice
 
 
 _LAUNCHED_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

@@ -14,8 +14,9 @@ plans the launched ranks make agree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import PlacementError, SettingError
 from ..facts.dtypes import BYTES
@@ -25,8 +26,11 @@ from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..request import TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
-from .memory import CUDA_OVERHEAD, logits_bytes_per_element
+from .memory import CUDA_OVERHEAD, TrainingMemory, logits_bytes_per_element, lora_parameters
 from .rank_sizing import STRATEGIES, RankSize, TrainingShape, size_rank
+
+if TYPE_CHECKING:
+    from .checkpoint_quantization import CheckpointPlan
 
 __all__ = [
     "PARALLELISM_CHOICES",
@@ -34,8 +38,10 @@ __all__ = [
     "ParallelChoice",
     "decide_parallelism",
     "full_training_shape",
+    "parallel_section",
     "planned_layout",
     "rank_budget",
+    "sixteen_bit_when_sharded",
     "training_shape",
 ]
 
@@ -306,3 +312,65 @@ def _rejection(
         comm = f"comm ~{size.comm_s:.2f} s vs ~{mine.comm_s:.2f} s"
         return f"fits ({format_bytes(size.total)} a rank) but moves more: {comm}"
     return f"fits ({format_bytes(size.total)} a rank), but {chosen} comes first when both fit"
+
+
+def sixteen_bit_when_sharded(
+    machine: Machine,
+    model: ModelFacts,
+    training: TrainingRequest,
+    dtype: str,
+    estimates: dict[str | None, TrainingMemory],
+    lora_config: Mapping[str, Any],
+    quant: Decision,
+    checkpoint: CheckpointPlan | None,
+) -> Decision | None:
+    """quantize="auto" chose a quantized base because 16-bit LoRA does not fit one GPU; across the job's ranks
+    it may: then no quantization (QLoRA trades accuracy for memory). Only where the ranks can shard: planned
+    before the launch, with the layout given, or under an FSDP / ZeRO-3 launch (a DDP launch copies the
+    whole model to every rank)."""
+    if training.quantize != "auto" or checkpoint is not None or quant.value is None:
+        return None
+    launch = machine.launch
+    if launch.distributed and training.nodes is None and not launch.shards_parameters:
+        return None
+    _, choice = parallel_section(machine, model, training, dtype, None, estimates, lora_config)
+    if choice is None or choice.chosen is None:
+        return None
+    size = format_bytes(choice.sizes[choice.chosen].total)
+    world = choice.layout.world_size
+    return Decision(
+        "quantize",
+        None,
+        f"16-bit LoRA does not fit one GPU, but it fits each of the {world} ranks with {choice.chosen} ({size} a "
+        "rank): no quantization needed",
+        (Rejected(quant.value, f"only needed on one GPU; {quant.reason}"),),
+    )
+
+
+def parallel_section(
+    machine: Machine,
+    model: ModelFacts,
+    training: TrainingRequest,
+    dtype: str,
+    quantize: str | None,
+    estimates: dict[str | None, TrainingMemory],
+    lora_config: Mapping[str, Any],
+) -> tuple[tuple[Decision, ...], ParallelChoice | None]:
+    """The `parallelism` decision for the job's ranks (none for one process with no layout asked)."""
+    layout = planned_layout(machine, training)
+    if layout is None:
+        return (), None
+    estimate = estimates[quantize]
+    shape = training_shape(
+        model,
+        dtype=dtype,
+        weight_bytes=estimate.weights,
+        trained=lora_parameters(model, int(lora_config["r"]), tuple(lora_config["target_modules"])),
+        full=False,
+        activations_per_sample=estimate.activations // training.batch_size,
+        tokens=training.seq_len,
+        checkpointing=training.gradient_checkpointing,
+        lora_bytes=estimate.lora,
+    )
+    decision, choice = decide_parallelism(machine, model, layout, shape, training.parallelism, training.batch_size)
+    return (decision,), choice
