@@ -151,7 +151,9 @@ def test_torchrun_two_nodes_ddp_as_written(lora_model: Path, tmp_path: Path) -> 
         assert report["world"] == 4 and report["layout"] == [2, 2] and report["parallelism"] == "ddp"
         assert report["invariants"] == planned
         assert report["manifest"] == str(tmp_path / "cudaload-launch.json")
-        assert report["losses"] == pytest.approx(reference, rel=1e-6, abs=0)
+        # Not bitwise: DDP averages the ranks' gradients in another order than one process sums them, and AdamW's
+        # first steps (~lr x sign of the gradient) carry that rounding on; seen up to 1.3e-6 relative by step 3.
+        assert report["losses"] == pytest.approx(reference, rel=1e-5, abs=0)
     _assert_memory(reports)
 
 
