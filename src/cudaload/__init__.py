@@ -22,6 +22,9 @@ _EXPORTS = {
     "load": "cudaload.facade",
     "from_pretrained_kwargs": "cudaload.loaders",
     "load_for_finetune": "cudaload.finetune",
+    "launch_files": "cudaload.launch_writer",
+    "LaunchFiles": "cudaload.launch_writer",
+    "LaunchMismatchError": "cudaload.errors",
     "training_arguments": "cudaload.finetune",
     "AppliedPlan": "cudaload.loaders",
     "Fallback": "cudaload.loaders",
@@ -78,6 +81,8 @@ __all__ = [
     "Hub",
     "HubKernel",
     "Launch",
+    "LaunchFiles",
+    "LaunchMismatchError",
     "LoadFailedError",
     "Machine",
     "MissingPackageError",
@@ -97,6 +102,7 @@ __all__ = [
     "__version__",
     "detect",
     "from_pretrained_kwargs",
+    "launch_files",
     "load",
     "load_for_finetune",
     "pipeline",
@@ -115,6 +121,7 @@ if TYPE_CHECKING:
         CudaloadWarning,
         DtypeUnsupportedError,
         FinetuneConfigError,
+        LaunchMismatchError,
         LoadFailedError,
         MissingPackageError,
         ModelConfigError,
@@ -129,6 +136,7 @@ if TYPE_CHECKING:
     from .facts.machine import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
     from .facts.model import ModelFacts
     from .finetune import load_for_finetune, training_arguments
+    from .launch_writer import LaunchFiles, launch_files
     from .loaders import AppliedPlan, Fallback, from_pretrained_kwargs
     from .pipelines import pipeline
     from .planner import plan

@@ -245,6 +245,28 @@ class LoadFailedError(CudaloadError, RuntimeError):
     """
 
 
+class LaunchMismatchError(CudaloadError, RuntimeError):
+    """A launched rank planned differently from the plan its launch files were written from.
+
+    Raised by `load_for_finetune()` inside a rank started by the files `cudaload launch` (or
+    `launch_files()`) wrote, when the rank's own plan reaches another parallelism, dtype, attention,
+    quantization or LoRA setting than the manifest (`CUDALOAD_LAUNCH`) records, when the launch has another
+    shape than planned (nodes x ranks per node), or when the manifest cannot be read. The message names
+    each setting with both values. Regenerate the launch on a machine like the ranks' (`cudaload launch`
+    with the same flags), or pass the planned settings explicitly.
+
+    Examples:
+        >>> import json, tempfile, pathlib, cudaload
+        >>> from cudaload.launch_check import read_manifest
+        >>> broken = pathlib.Path(tempfile.mkdtemp()) / "cudaload-launch.json"
+        >>> _ = broken.write_text(json.dumps({"model": "m"}))
+        >>> read_manifest({"CUDALOAD_LAUNCH": str(broken)})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.LaunchMismatchError: CUDALOAD_LAUNCH=... is not a cudaload launch manifest (cudaload_launch: 1).
+    """
+
+
 class UnknownGpuError(CudaloadError, ValueError):
     """A simulated machine named a GPU the catalog does not know.
 

@@ -131,6 +131,7 @@ def load_for_finetune(
         raise MissingPackageError(f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}.")
     from .capability.model_config import model_class_name
     from .capability.transformers_api import check_lora_settings
+    from .launch_check import check_launched_plan, manifest_plan_arguments, read_manifest
     from .planner import plan
     from .request import check_flag
 
@@ -151,6 +152,9 @@ def load_for_finetune(
         _check_finetune_plan(model, [name for name, set_ in given.items() if set_])
         the_plan = model
     else:
+        # Started by the files `cudaload launch` wrote: plan with the launch's layout, then agree with it.
+        manifest = read_manifest(os.environ)
+        layout = manifest_plan_arguments(manifest) if manifest is not None else {}
         the_plan = plan(
             model,
             machine=machine,
@@ -161,8 +165,10 @@ def load_for_finetune(
             gradient_checkpointing=gradient_checkpointing,
             seq_len=seq_len,
             batch_size=batch_size,
-            **overrides,
+            **{**layout, **overrides},
         )
+        if manifest is not None:
+            check_launched_plan(the_plan, manifest)
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
     # peft imports bitsandbytes, whose import may fetch Hub code: cudaload imports it first, with the plan's consent.

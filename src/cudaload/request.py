@@ -160,6 +160,14 @@ class TrainingRequest:
     """With quantize=None: what your own `quantization_config` does to the base weights (the choice of its
     method in facts/quant_methods.py, "4bit" or "8bit" for bitsandbytes; "other" for another method, None
     without one), so the estimate and optimizer follow it."""
+    nodes: int | None = None
+    """Machines the job will run on (`--nodes`); None: plan no parallelism unless launched on several ranks."""
+    ranks_per_node: int | None = None
+    """Processes per node; None: one per GPU (on a CPU machine, 1)."""
+    interconnect: str | None = None
+    """The link between nodes (facts/interconnect.py INTERCONNECTS); None: the documented default."""
+    parallelism: str = "auto"
+    """"auto", "deepspeed" or one strategy of policy/rank_sizing.py STRATEGIES."""
 
 
 @dataclass(frozen=True)

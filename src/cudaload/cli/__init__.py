@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ..errors import CudaloadError
 from .bench_command import bench_command
 from .doctor_command import doctor_report, remeasure_report
+from .launch_command import launch_command
 from .output import OutputClosed, emit, silence
 from .parser import DEBUG_ENV, build_parser
 from .plan_command import plan_command
@@ -37,6 +38,8 @@ def _doing(args: argparse.Namespace) -> str:
     """What the command was doing, for the line that reports an unexpected error."""
     if args.command == "plan":
         return f"planning {args.model!r}"
+    if args.command == "launch":
+        return f"writing the launch of {args.model!r}"
     if args.command == "bench":
         return f"benchmarking {args.model!r}" if args.model else "benchmarking the default model"
     if args.command == "demo":
@@ -66,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit(remeasure_report(args.model, _to_stderr))
         elif args.command == "plan":
             emit(plan_command(args, parser))
+        elif args.command == "launch":
+            emit(launch_command(args, parser))
         elif args.command == "bench":
             return bench_command(args)
         elif args.command == "demo":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS
 from ..facts.quant_methods import QUANT_METHODS
+from ..policy.parallelism import PARALLELISM_CHOICES
 
 __all__ = ["DEBUG_ENV", "build_parser"]
 
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_doctor(sub, common)
     _add_plan(sub, common)
+    _add_launch(sub, common)
     _add_bench(sub, common)
     _add_demo(sub, common)
     probe = sub.add_parser(
@@ -97,7 +100,56 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
         help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
     )
     plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
+    add_parallel_options(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json())")
+
+
+def _add_launch(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    """`cudaload launch`: the fine-tuning plan for nodes x GPUs and its launch files."""
+    launch = sub.add_parser(
+        "launch",
+        parents=[common],
+        help="plan a training job on nodes x GPUs and write its torchrun/accelerate/DeepSpeed/SLURM launch",
+    )
+    launch.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
+    _add_simulated_machine(launch)
+    add_parallel_options(launch)
+    launch.add_argument("--quantize", choices=[*QUANT_METHODS, "none", "auto"], help="as for plan --finetune")
+    launch.add_argument("--seq-len", type=_positive, help="sequence length (default 2048)")
+    launch.add_argument("--batch-size", type=_positive, help="sequences per rank (default 1)")
+    launch.add_argument("--dtype", help="your dtype (bfloat16, float16, float32): validated and kept")
+    launch.add_argument(
+        "--emit",
+        action="append",
+        choices=["torchrun", "accelerate", "deepspeed", "slurm"],
+        help="which launch to write (repeat it; default torchrun and accelerate)",
+    )
+    launch.add_argument("--script", default="train.py", help="the training script the launch runs (default train.py)")
+    launch.add_argument("--script-args", nargs=argparse.REMAINDER, default=[], help="arguments for the script (last)")
+    launch.add_argument("--main-address", default="$MASTER_ADDR", help="node 0's address, the rendezvous endpoint")
+    launch.add_argument("--port", type=_positive, default=29500, help="the rendezvous port (default 29500)")
+    launch.add_argument("--manifest-path", help="where the ranks read cudaload-launch.json (default: beside them)")
+    launch.add_argument("--out", help="the folder to write the files into (default: print them)")
+
+
+def add_parallel_options(parser: argparse.ArgumentParser) -> None:
+    """The training job's layout: nodes, ranks per node, the link between nodes, the parallelism asked."""
+    parser.add_argument(
+        "--nodes", type=_positive, help="with --finetune: machines in the job, each like this one (plans parallelism)"
+    )
+    parser.add_argument(
+        "--ranks-per-node", type=_positive, help="with --finetune: processes per node (default: one per GPU; 1 on CPU)"
+    )
+    parser.add_argument(
+        "--interconnect",
+        choices=sorted(INTERCONNECTS),
+        help=f"with --finetune: the link between nodes (default {DEFAULT_INTERCONNECT}, the slow assumption)",
+    )
+    parser.add_argument(
+        "--parallelism",
+        choices=PARALLELISM_CHOICES,
+        help="with --finetune: auto (default), deepspeed, or one strategy, validated and kept",
+    )
 
 
 def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:

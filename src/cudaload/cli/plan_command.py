@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..facts.machine import Launch, Machine
 
-__all__ = ["plan_command"]
+__all__ = ["PARALLEL_OPTIONS", "parallel_overrides", "plan_command"]
 
 
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
@@ -88,6 +88,15 @@ def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machi
     )
 
 
+PARALLEL_OPTIONS = ("nodes", "ranks-per-node", "interconnect", "parallelism")
+
+
+def parallel_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """plan()'s layout arguments from --nodes, --ranks-per-node, --interconnect and --parallelism (those given)."""
+    names = [name.replace("-", "_") for name in PARALLEL_OPTIONS]
+    return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+
+
 def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
     from ..planner import plan
 
@@ -98,7 +107,8 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
         parser.error("--context goes with --generate")
     if args.generate:
         overrides |= {"generate": True, "context": args.context}
-    given = [f"--{name}" for name in ("quantize", "seq-len", "batch-size") if getattr(args, name.replace("-", "_"))]
+    named = ("quantize", "seq-len", "batch-size", *PARALLEL_OPTIONS)
+    given = [f"--{name}" for name in named if getattr(args, name.replace("-", "_"))]
     if given and not args.finetune:
         parser.error(
             f"{' and '.join(given)} describe{'s' if len(given) == 1 else ''} a fine-tuning plan: add --finetune"
@@ -110,6 +120,7 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
             "quantize": None if quantize == "none" else quantize,
             "seq_len": args.seq_len or 2048,
             "batch_size": args.batch_size or 1,
+            **parallel_overrides(args),
         }
     result = plan(args.model, machine=_machine(args, parser), **overrides)
     return result.to_json() if args.json else result.explain()

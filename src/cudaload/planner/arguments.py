@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..errors import (
@@ -16,11 +17,13 @@ from ..errors import (
     QuantizationError,
     SettingError,
 )
+from ..facts.interconnect import interconnect as known_link
 from ..facts.model import ModelFacts
+from ..policy.parallelism import PARALLELISM_CHOICES
 from ..request import GenerationRequest, Request, TrainingRequest, check_count, check_flag
 from ..upstream_imports import import_transformers
 
-__all__ = ["split_overrides"]
+__all__ = ["parallel_request", "split_overrides"]
 
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
@@ -218,3 +221,35 @@ def _bitsandbytes_bits(config: Any) -> str:
     if get("load_in_8bit") is True:
         return "8bit"
     return "other"
+
+
+def parallel_request(
+    training: TrainingRequest | None,
+    nodes: int | None,
+    ranks_per_node: int | None,
+    interconnect: str | None,
+    parallelism: str | None,
+) -> TrainingRequest | None:
+    """The fine-tuning request with the job's layout (`nodes`, `ranks_per_node`, `interconnect`) and the
+    parallelism asked for; giving any of them to an inference plan is an error."""
+    given = {"nodes": nodes, "ranks_per_node": ranks_per_node, "interconnect": interconnect, "parallelism": parallelism}
+    if training is None:
+        if any(v is not None for v in given.values()):
+            named = ", ".join(f"{k}={v!r}" for k, v in given.items() if v is not None)
+            raise FinetuneConfigError(f"{named} only applies to a fine-tuning plan: pass finetune=True.")
+        return None
+    for name in ("nodes", "ranks_per_node"):
+        check_count(name, given[name])
+    if interconnect is not None:
+        known_link(interconnect)  # an unknown link raises here, naming the known ones
+    if parallelism is not None and parallelism not in PARALLELISM_CHOICES:
+        raise SettingError(
+            f"parallelism={parallelism!r} is not a strategy cudaload plans. Pass one of {list(PARALLELISM_CHOICES)}."
+        )
+    return replace(
+        training,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        interconnect=interconnect,
+        parallelism=parallelism or "auto",
+    )

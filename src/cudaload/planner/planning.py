@@ -16,7 +16,7 @@ from ..facts.model import ModelFacts
 from ..plans import Plan
 from ..policy import decide_plan
 from ..request import Workload, check_flag, workload_from
-from .arguments import _check_model, _generation_request, _training_request, split_overrides
+from .arguments import _check_model, _generation_request, _training_request, parallel_request, split_overrides
 from .gather import _judged_upstream, _measured, _read_facts
 
 if TYPE_CHECKING:
@@ -43,6 +43,10 @@ def plan(
     context: int | None = None,
     cache_implementation: str | None = None,
     padding_side: str | None = None,
+    nodes: int | None = None,
+    ranks_per_node: int | None = None,
+    interconnect: str | None = None,
+    parallelism: str | None = None,
     **overrides: Any,
 ) -> Plan:
     """The from_pretrained settings for `model` on `machine` (default: this one). Loads no weights.
@@ -107,6 +111,14 @@ def plan(
         cache_implementation: Generation only: your cache implementation ("dynamic", "static",
             "offloaded", "offloaded_static", "quantized"); default None: planned.
         padding_side: Generation only: "left" or "right"; default None: planned.
+        nodes: Fine-tuning only: the machines the job will run on, each like `machine`; with it the plan
+            decides `parallelism` (DDP, FSDP2 full or hybrid shard, DeepSpeed ZeRO, tensor parallel) and
+            sizes each rank (`plan.finetune.parallelism`). Default None: only under a multi-rank launch.
+        ranks_per_node: Fine-tuning only: processes per node (default None: one per GPU; 1 on a CPU).
+        interconnect: Fine-tuning only: the link between nodes, one of
+            `cudaload.facts.interconnect.INTERCONNECTS` (default None: "ethernet-100g", the slow one).
+        parallelism: Fine-tuning only: "auto" (default), "deepspeed" or one strategy ("ddp", "fsdp",
+            "fsdp-hybrid", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload", "tp+fsdp").
         **overrides: from_pretrained keyword arguments. cudaload's own settings
             (`attn_implementation`, `dtype` or its old name `torch_dtype`, `device_map`,
             `max_memory`, `use_kernels`) are validated and honoured; any other (`revision`,
@@ -160,6 +172,7 @@ def plan(
     _check_model(model)
     check_flag("probe", probe, allow_none=False)
     training = _training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
+    training = parallel_request(training, nodes, ranks_per_node, interconnect, parallelism)
     model_class = model_class_name(model_class)
     # Validated before anything is read: a bad flag must not reach the config loader.
     check_flag("hub_kernels", hub_kernels, allow_none=True)

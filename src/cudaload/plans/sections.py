@@ -32,6 +32,9 @@ class FinetunePlan:
         use_cache: The model's `config.use_cache` while training (the "use_cache" decision).
         trainable_parameters: The adapters' parameter count, known once `load_for_finetune()`
             has added them; None in a plan that loaded nothing.
+        parallelism: For a job of several ranks (`nodes=`, or planned inside a launch): the layout, each
+            rank's budget and every strategy's per-rank bytes, bytes sent per step and time estimates
+            (the "parallelism" decision's numbers); None for one process.
 
     Examples:
         >>> import tempfile, cudaload
@@ -54,6 +57,7 @@ class FinetunePlan:
     checkpointing_kwargs: Mapping[str, Any] = field(default_factory=dict)
     use_cache: bool = False
     trainable_parameters: int | None = None
+    parallelism: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The section as the fine-tuning keys of `Plan.to_dict()["extras"]` (stable since 0.1)."""
@@ -65,6 +69,8 @@ class FinetunePlan:
         }
         if self.trainable_parameters is not None:
             out["trainable_parameters"] = self.trainable_parameters
+        if self.parallelism is not None:
+            out["parallelism"] = jsonable(self.parallelism)
         return out
 
 

@@ -24,6 +24,7 @@ from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
+from .parallelism import SHARDS_WEIGHTS, parallel_section, sixteen_bit_when_sharded
 from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
@@ -250,6 +251,13 @@ def _finetune_section(
     quant, quant_config, warnings = decide_quantization(
         machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
+    sixteen = sixteen_bit_when_sharded(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
+    if sixteen is not None:
+        quant, quant_config = sixteen, None
+    parallelism, parallel = parallel_section(machine, model, training, dtype, quant.value, estimates, lora_config)
+    if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
+        # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
+        quant_config = QUANT_METHODS[quant.value].build(dtype, True)
     arguments, training_args = decide_training_arguments(
         judged, dtype, quant.value or False, training.gradient_checkpointing, _current_gpu(machine)
     )
@@ -262,10 +270,11 @@ def _finetune_section(
         gradient_checkpointing=training.gradient_checkpointing,
         checkpointing_kwargs=next((d.value for d in arguments if d.setting.endswith("checkpointing_kwargs")), {}),
         use_cache=use_cache.value,
+        parallelism=parallel.as_dict() if parallel is not None else None,
     )
     return _FinetuneSection(
         plan=plan,
-        decisions=(quant, lora, _kbit_preparation(quant.value), use_cache, *arguments),
+        decisions=(quant, lora, _kbit_preparation(quant.value), use_cache, *arguments, *parallelism),
         quantize=quant.value,
         quantization_config=quant_config,
         training_bytes=estimates[quant.value].total,

@@ -1,0 +1,163 @@
+"""Started by launch files `cudaload.launch_files()` wrote (torchrun per "node", or `accelerate launch
+--config_file`), or alone as the single-process reference: a few LoRA steps on one global batch.
+
+Each rank takes its rows of the same global batch, so DDP / FSDP2 over the ranks must give the single
+process's losses. `load_for_finetune()` reads the launch manifest (CUDALOAD_LAUNCH) and raises if its plan
+differs from the one the launch was written from. Peak RSS is measured over the training steps (the kernel's
+high-water mark, reset after loading: /proc/self/clear_refs "5") against the RSS before the model loaded,
+and reported beside the plan's per-rank estimate. Writes <name>-<rank>.json.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from worker_exit import exit_without_teardown
+
+import cudaload
+from cudaload.launch_writer import launch_invariants
+
+STEPS = 3
+SEQ = 64
+
+
+def _status(field: str) -> int:
+    """A /proc/self/status memory field in bytes (VmRSS: now, VmHWM: the peak since the last reset)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def _settle() -> None:
+    """Free what loading left (Python garbage, glibc's free lists), then restart the peak from now."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def _warm_up(model_path: str) -> None:
+    """Import what loading imports (peft, the model's modules) and run one tiny op of each kind training
+    uses, so that the RSS baseline holds the code and the allocator's first arenas, not the model."""
+    import peft  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    tiny = AutoModelForCausalLM.from_config(
+        config.__class__(**{**config.to_dict(), "num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 64})
+    )
+    ids = torch.zeros((1, 4), dtype=torch.long)
+    tiny(input_ids=ids, labels=ids).loss.backward()
+    del tiny
+    _settle()
+
+
+def _shard(model: torch.nn.Module) -> dict[str, object]:
+    """FSDP2 as the accelerate config asked: accelerate 1.16 drops its FSDP plugin on a CPU (MULTI_CPU), so
+    the plugin is built from the FSDP_* variables `accelerate launch` set from the YAML, and its wrap
+    policy and reshard_after_forward are applied with torch's fully_shard, as `fsdp2_prepare_model` does."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import fully_shard
+
+    plugin = FullyShardedDataParallelPlugin()
+    if plugin.cpu_ram_efficient_loading:
+        # transformers 5.22 `_move_missing_keys_from_meta_to_device` gives ranks > 0 zeros under FSDP's
+        # cpu_ram_efficient_loading; rank 0's weights reach them by broadcast (accelerate's
+        # `fsdp2_load_full_state_dict` does the same on GPUs), the LoRA adapters too.
+        for tensor in model.state_dict().values():
+            dist.broadcast(tensor, src=0)
+    wrap = set(plugin.transformer_cls_names_to_wrap or ())
+    wrapped = [m for m in model.modules() if type(m).__name__ in wrap]
+    for module in wrapped:
+        fully_shard(module, reshard_after_forward=plugin.reshard_after_forward)
+    fully_shard(model, reshard_after_forward=plugin.reshard_after_forward)
+    return {
+        "fsdp_version": plugin.fsdp_version,
+        "reshard_after_forward": plugin.reshard_after_forward,
+        "wrap": sorted(wrap),
+        "wrapped": len(wrapped),
+        "cpu_ram_efficient_loading": plugin.cpu_ram_efficient_loading,
+        "state_dict_type": str(plugin.state_dict_type),
+    }
+
+
+def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
+    world = int(rows)
+    launched = mode != "single"
+    if launched:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if launched else 0
+    ranks = dist.get_world_size() if launched else 1
+    _warm_up(model_path)
+    baseline = _status("VmRSS")
+    torch.manual_seed(0)  # the same LoRA initialisation in every process (FSDP2 broadcasts nothing)
+    model = cudaload.load_for_finetune(
+        model_path,
+        quantize=None,
+        dtype="float32",
+        lora={"lora_dropout": 0.0},  # no dropout: the ranks and the single process compute the same thing
+        gradient_checkpointing=False,
+        seq_len=SEQ,
+        batch_size=1,
+    )
+    plan = model.cudaload_plan.plan
+    sharding: dict[str, object] = {}
+    wrapped: torch.nn.Module = model
+    if mode == "ddp":
+        wrapped = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False)
+    elif mode == "fsdp":
+        sharding = _shard(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
+    batch = torch.randint(2, 256, (world, SEQ), generator=torch.Generator().manual_seed(7))
+    mine = batch[rank * world // ranks : (rank + 1) * world // ranks]
+    _settle()
+    loaded = _status("VmRSS")
+    losses = []
+    marks = []
+    for _ in range(STEPS):
+        loss = wrapped(input_ids=mine, labels=mine).loss
+        marks.append(_status("VmHWM"))
+        loss.backward()
+        marks.append(_status("VmHWM"))
+        optimizer.step()
+        optimizer.zero_grad()
+        value = loss.detach().clone()
+        if launched:
+            dist.all_reduce(value)
+            value /= ranks
+        losses.append(value.item())
+    section = plan.finetune
+    assert section is not None
+    layout = section.parallelism
+    report = {
+        "rank": rank,
+        "world": ranks,
+        "losses": losses,
+        "parallelism": plan.decision("parallelism").value if layout is not None else None,
+        "layout": None if layout is None else [layout["nodes"], layout["ranks_per_node"]],
+        "estimate": None if layout is None else layout["sizes"][layout["strategy"]],
+        "invariants": launch_invariants(plan),
+        "rss_baseline": baseline,
+        "rss_loaded": loaded,
+        "rss_marks": marks,
+        "rss_peak": _status("VmHWM"),
+        "sharding": sharding,
+        "manifest": os.environ.get("CUDALOAD_LAUNCH"),
+    }
+    Path(out_dir, f"{mode}-{rank}.json").write_text(json.dumps(report, default=str))
+    if launched:
+        dist.barrier()
+    exit_without_teardown()  # while main's locals live: see worker_exit
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
+    exit_without_teardown()
