@@ -47,14 +47,17 @@ ALLOWED: dict[str, set[str]] = {
     "loaders": {"facts", "capability", "plans", "request"},  # apply only: never the planner, never the policy
     "facade": {"facts", "capability", "plans", "planner", "loaders", "request"},  # load(): plan(), then apply_plan()
     "tokenizer": {"facts", "plans", "request"},
-    "finetune": {"facts", "capability", "plans", "planner", "loaders", "request"},
+    # the launch files for a plan (torchrun, accelerate, DeepSpeed, SLURM) and the check launched ranks make
+    "launch_writer": {"facts", "plans", "planner"},
+    "launch_check": {"plans", "launch_writer"},
+    "finetune": {"facts", "capability", "plans", "planner", "loaders", "request", "launch_check"},
     "pipelines": {"facade", "tokenizer", "plans"},
     "smollm2": {"capability"},  # the real demo model: found in an installed package, converted into the cache
     "demo": {"facade", "tokenizer", "smollm2"},
     "bench": FACADE | {"policy", "demo", "smollm2"},
-    "cli": FACADE | {"policy", "demo", "bench", "smollm2"},
+    "cli": FACADE | {"policy", "demo", "bench", "smollm2", "launch_writer"},
     "__main__": {"cli"},
-    "__init__": FACADE | {"demo"},  # the lazy name table; its imports are TYPE_CHECKING only
+    "__init__": FACADE | {"demo", "launch_writer"},  # the lazy name table; its imports are TYPE_CHECKING only
 }
 
 
