@@ -37,6 +37,10 @@ def bench_command(args: argparse.Namespace) -> int:
     def log(line: str) -> None:
         emit(f"[bench] {line}", sys.stderr)
 
+    if args.chart:  # before the run: a missing matplotlib is said now, not after minutes of measuring
+        from ..bench.chart import check_chart
+
+        check_chart(args.chart)
     kind = ""
     if args.finetune:
         from ..bench.finetune_bench import run_finetune_bench
@@ -75,7 +79,7 @@ def bench_command(args: argparse.Namespace) -> int:
             progress=sys.stderr.isatty(),
             log=log,
         )
-        report = format_report(result)
+        report = format_report(result)  # laid out for this terminal
     emit(report)  # first: a file that cannot be written below does not lose the measurements
     if args.out:
         emit(f"written: {write_result(result, args.out)}")
@@ -91,6 +95,8 @@ def bench_command(args: argparse.Namespace) -> int:
                 emit(f"no chart: {exc}")
     if args.chart:
         emit(f"written: {write_chart(result, args.chart)}")
+    if not (args.out or args.results or args.chart):  # the report's last line: where its record could be
+        emit("not kept: --out FILE.json keeps this result, --chart FILE.png draws it (--results DIR files both)")
     if result.get("interrupted"):
         return 130
     failed = _failed(args.model or "the default model", result["variants"], finetune=bool(args.finetune))

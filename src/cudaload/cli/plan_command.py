@@ -103,4 +103,4 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
             "batch_size": args.batch_size or 1,
         }
     result = plan(args.model, machine=_machine(args, parser), **overrides)
-    return result.to_json() if args.json else result.explain()
+    return result.to_json() if args.json else result.explain(cli=True)
