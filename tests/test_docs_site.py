@@ -230,11 +230,12 @@ def test_a_page_with_a_diagram_loads_the_shipped_mermaid_before_materials_bundle
     assert 'mermaid.tiny.js"' not in (site / "index.html").read_text()
 
 
-def test_the_repository_link_fetches_no_github_facts(site: Path) -> None:
-    home = (site / "index.html").read_text()
-    assert 'href="https://github.com/cudaload/cudaload"' in home and 'class="md-source"' in home
+def test_no_page_links_a_repository_or_site_that_does_not_exist(site: Path) -> None:
+    # No public repository or site is known (issue 38): no header link, no edit link, no canonical address.
     for page in _pages(site):
-        assert 'data-md-component="source"' not in page.read_text(), page
+        text = page.read_text()
+        assert "github.com/cudaload" not in text and "cudaload.github.io" not in text, page
+        assert 'class="md-source"' not in text and 'data-md-component="source"' not in text, page
 
 
 def test_outputs_wrap_with_a_hanging_indent_and_code_does_not(site: Path) -> None:
