@@ -62,10 +62,13 @@ class Plan:
         {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0'}
         >>> plan.attention_chain, plan.machine
         (('sdpa', 'eager'), '1x NVIDIA A100-SXM4-80GB (sm_80)')
-        >>> print(plan.explain().splitlines()[1].split()[:3])  # a simulated machine: its packages
-        ['simulated', "machine's", 'packages,']
-        >>> print(plan.explain().splitlines()[2].split())  # doctest: +ELLIPSIS
-        ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:', ...]
+        >>> text = plan.explain(width=100)  # default: the terminal's width
+        >>> "simulated machine's packages," in text  # a simulated machine: its packages
+        True
+        >>> next(line for line in text.splitlines() if line.startswith("  dtype")).split()[:8]
+        ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:']
+        >>> text.splitlines()[-1].endswith('device_map="cuda:0")')  # last, the call the plan stands for
+        True
     """
 
     model: str
