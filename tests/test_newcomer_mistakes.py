@@ -46,7 +46,7 @@ def test_a_missing_local_folder_is_no_such_folder(name: str) -> None:
 
 def test_4bit_without_bitsandbytes_and_peft_names_both_at_once(tiny_models) -> None:
     t4 = cudaload.Machine.simulated("T4", packages={"bitsandbytes": None, "peft": None})
-    with pytest.raises(MissingPackageError, match="pip install bitsandbytes peft installs both"):
+    with pytest.raises(MissingPackageError, match="install both with pip install bitsandbytes peft"):
         cudaload.plan(str(tiny_models["qwen3"]), machine=t4, finetune=True, quantize="4bit")
     with_peft = cudaload.Machine.simulated("T4", packages={"bitsandbytes": None, "peft": "0.21.2"})
     with pytest.raises(MissingPackageError) as raised:

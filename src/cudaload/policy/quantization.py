@@ -90,7 +90,8 @@ def decide_quantization(
         if not usable:
             # Name everything a QLoRA run needs at once: bitsandbytes, then peft at load time, was two round trips.
             both = "not installed" in why and machine.software.version("peft") is None
-            also = "; peft (LoRA) is not installed either: pip install bitsandbytes peft installs both" if both else ""
+            also = "; peft (LoRA) is not installed either: install both with pip install bitsandbytes peft"
+            also = also if both else ""
             raise MissingPackageError(f"quantize={requested!r} was asked, but {why}{also}.")
         return (
             Decision("quantize", requested, f"your choice: {method.detail.format(dtype=dtype)}", source="user"),
