@@ -273,6 +273,9 @@ def test_ctrl_c_table_shows_the_measured_loads_not_failed_none(tiny_models, tmp_
     load_s = next(r for r in result["variants"] if r["is_plan"])["load_s"]
     assert f"{load_s:7.3f}" in plan_row
     assert "INTERRUPTED (Ctrl-C)" in report
+    # The loads were measured: the fastest of them is named (before: "fastest: load None").
+    fastest = next(line for line in report.splitlines() if line.startswith("fastest: "))
+    assert "None" not in fastest and fastest.startswith("fastest: load ")
 
 
 @pytest.mark.slow

@@ -134,3 +134,16 @@ def test_the_bench_report_fits_and_says_where_its_record_is(
     # The plan's medians, and its speed-ups (in a table of their own at this width).
     load = next(r for r in result["variants"] if r["is_plan"])["load_s"]
     assert f"{load:7.3f}" in rows[0] and "1.00 / 1.00" in rows[1]
+
+
+@pytest.mark.slow
+def test_bench_ends_with_where_its_record_and_chart_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")  # the dev extra has it: the chart is drawn by default where it can be
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run.json"
+    text = _run(["bench", "--quick", "--repeats", "1", "--out", str(out)], 100, capsys, monkeypatch)
+    _fits(text.split("\ngeneration:")[0], 100)
+    assert text.splitlines()[-2:] == [f"written: {out}", f"written: {out.with_suffix('.png')}"]
+    assert out.is_file() and out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")

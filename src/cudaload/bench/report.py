@@ -191,8 +191,8 @@ def _reading_notes(result: dict[str, Any]) -> list[str]:
         lines.append(_spread_line(result["variants"]))
     best = result["best"]
     plan_name = result["plan"]["variant"]
-    verdicts = [f"{what} {name}{' (the plan)' if name == plan_name else ''}" for what, name in best.items()]
-    lines.append("fastest: " + ", ".join(verdicts))
+    verdicts = [f"{what} {name}{' (the plan)' if name == plan_name else ''}" for what, name in best.items() if name]
+    lines.append("fastest: " + (", ".join(verdicts) or "nothing was measured"))
     return lines
 
 

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import MissingPackageError
-from .output import emit
+from .output import OutputClosed, emit
 
 __all__ = ["bench_command"]
 
@@ -26,6 +26,12 @@ def _failed(model: str, variants: list[dict[str, Any]], finetune: bool) -> str |
     )
 
 
+def _can_draw() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """`cudaload bench`: run, print the table, then file JSON (and PNG) where asked. Exit 130 after
     Ctrl-C (with what was measured), 2 when no variant could run at all."""
@@ -34,8 +40,20 @@ def bench_command(args: argparse.Namespace) -> int:
 
     from ..bench import format_report, result_path, run_bench, write_chart, write_result
 
+    progress = sys.stderr.isatty()
+
     def log(line: str) -> None:
-        emit(f"[bench] {line}", sys.stderr)
+        if not progress:
+            emit(f"[bench] {line}", sys.stderr)
+            return
+        # A progress bar is drawn on stderr: write above it (tqdm clears and redraws it), never into it
+        # ("1.80s/step][" then "bench] 31.1s" on the next line).
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(f"[bench] {line}", file=sys.stderr)
+        except BrokenPipeError as exc:
+            raise OutputClosed(sys.stderr) from exc
 
     if args.chart:  # before the run: a missing matplotlib is said now, not after minutes of measuring
         from ..bench.chart import check_chart
@@ -76,13 +94,17 @@ def bench_command(args: argparse.Namespace) -> int:
             model_dir=args.model_dir,
             save=args.save,
             overhead=args.overhead,
-            progress=sys.stderr.isatty(),
+            progress=progress,
             log=log,
         )
         report = format_report(result)  # laid out for this terminal
     emit(report)  # first: a file that cannot be written below does not lose the measurements
     if args.out:
         emit(f"written: {write_result(result, args.out)}")
+        if (
+            not args.chart and _can_draw() and Path(args.out).suffix != ".png"
+        ):  # the clearest view of a run: beside its JSON, where it can be drawn
+            emit(f"written: {write_chart(result, Path(args.out).with_suffix('.png'))}")
     if args.results:
         from ..capability import detect
 
