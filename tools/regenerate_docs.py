@@ -143,6 +143,9 @@ def _environment() -> dict[str, str]:
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TQDM_DISABLE": "1",
         "PYTHONHASHSEED": "0",
+        # cudaload lays its text out for the terminal (COLUMNS first): the pasted outputs are 80 columns wide,
+        # whatever terminal ran this tool, which is about what an output block shows on a laptop screen.
+        "COLUMNS": "80",
         # `cudaload` and `python` in shell examples are this interpreter's, activated or not.
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
