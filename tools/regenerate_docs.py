@@ -137,8 +137,12 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
 
 
 def _environment() -> dict[str, str]:
+    # The examples run in a scratch folder: a relative PYTHONPATH (`PYTHONPATH=src`) would name nothing there,
+    # and the examples would import another copy of cudaload (an editable install's) without a word.
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
         **os.environ,
+        **({"PYTHONPATH": os.pathsep.join(paths)} if paths else {}),
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TQDM_DISABLE": "1",
