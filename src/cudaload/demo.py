@@ -173,7 +173,7 @@ def _run_tiny(directory: str | Path) -> str:
     from .facade import load
     from .tokenizer import tokenizer_for
 
-    path = build_tiny_model(directory).resolve()
+    path = build_tiny_model(directory)
     model: Any = load(str(path))  # a transformers model with cudaload_plan set
     tokenizer = tokenizer_for(model)
     batch = tokenizer(["w5 w6 w7", "w8"], return_tensors="pt", padding=True).to(model.device)
@@ -182,5 +182,5 @@ def _run_tiny(directory: str | Path) -> str:
     text = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :])
     return (
         f"{model.cudaload_plan.explain()}\n\ngenerated (random weights, so gibberish): {text}\n"
-        f"the tiny model is in {_home_short(path)} (built once; --dir builds it elsewhere)"
+        f"the tiny model is in {_home_short(path.resolve())} (built once; --dir builds it elsewhere)"
     )

@@ -202,7 +202,7 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
 
 
 def fit(lines: list[str], width: int | None = None) -> str:
-    """`lines` wrapped for the terminal (`width` None: its width), each continuation 4 past its line's
+    """`lines` wrapped for the terminal (`width` None: its width), each continuation 6 past its line's
     indentation, and the library's hints in the CLI's flags."""
     from ..plans.layout import cli_hints, terminal_width, wrap
 
@@ -211,5 +211,5 @@ def fit(lines: list[str], width: int | None = None) -> str:
     for line in lines:
         text = cli_hints(line)
         indent = text[: len(text) - len(text.lstrip(" "))]
-        out += wrap(text.strip(), width, indent) if len(text) > width else [text]
+        out += wrap(text.strip(), width, indent, hang=6) if len(text) > width else [text]
     return "\n".join(out)

@@ -186,9 +186,11 @@ class Plan:
         def said(text: str) -> str:
             return cli_hints(text) if cli else text
 
-        lines = wrap(f"cudaload plan for {self.model} on {self.machine}", width, hang=2)
+        # Every continuation line hangs 6 or more in, below any row's start: a reader (and the docs' check)
+        # tells a wrapped line from the next row by its indentation.
+        lines = wrap(f"cudaload plan for {self.model} on {self.machine}", width, hang=6)
         if self.assumed_packages is not None:
-            lines += wrap(f"simulated machine's packages, {self.assumed_packages}", width, "  ")
+            lines += wrap(f"simulated machine's packages, {self.assumed_packages}", width, "  ", hang=6)
         lines += decision_lines(self.decisions, width=width, cli=cli)
         estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
@@ -202,7 +204,7 @@ class Plan:
                     detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items() if k != "total")
                     lines += wrap(f"{option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})", width, "    ", 22)
         if len(self.attention_chain) > 1:
-            lines += wrap(f"attention fallback chain: {' -> '.join(self.attention_chain)}", width, "  ")
+            lines += wrap(f"attention fallback chain: {' -> '.join(self.attention_chain)}", width, "  ", hang=6)
         if self.generation is not None:
             lines += self.generation.explain_lines(width, cli=cli)
         for warning in self.warnings:
