@@ -79,7 +79,7 @@ def shape(output: str) -> list[str]:
             line = pattern.sub(mask, line)
         text = line.strip()
         indent = line[: len(line) - len(line.lstrip())]
-        if len(indent) >= 6 and not text.startswith(("x ", '"', "[", "]", "{", "}", "(", ")")):
+        if len(indent) >= 6 and not text.startswith(("x ", '"', "[", "]", "{", "}")):
             continue
         lines.append(indent + (text if text[:1] in "[({" else text.split(" ", 1)[0]) if text else "")
     return lines
