@@ -41,7 +41,7 @@ def test_plan_text_for_a_t4(tiny_models, capsys: pytest.CaptureFixture[str]) -> 
 
 def test_bad_input_exits_2_with_the_library_message(tiny_models, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(tiny_models["llama"]), "--gpu", "T4", "--dtype", "bfloat16"]) == 2
-    assert "Use dtype='float16'" in capsys.readouterr().err
+    assert "Use --dtype float16" in capsys.readouterr().err  # the hint in the CLI's words
     assert main(["plan", str(tiny_models["llama"]), "--gpu", "K80"]) == 2
     assert "Known GPUs" in capsys.readouterr().err
 

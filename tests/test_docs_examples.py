@@ -70,13 +70,17 @@ def shape(output: str) -> list[str]:
     """What an output of "this machine" keeps from one machine to another: its lines, in order, each
     with its indentation and its first word (a setting, a section, a label), and a printed value
     (a line starting with [, ( or {) whole, so its keys and its strings count; in every line the
-    numbers, the dtype names and the booleans are masked (what the CPU measured decides those)."""
+    numbers, the dtype names and the booleans are masked (what the CPU measured decides those).
+    A line that continues the one above (cudaload wraps its text for the terminal, hanging 6 or more in:
+    a reason, a long value) is left out: how a measured reason wraps depends on its numbers."""
     lines = []
     for line in output.splitlines():
         for pattern, mask in _MASKS:
             line = pattern.sub(mask, line)
         text = line.strip()
         indent = line[: len(line) - len(line.lstrip())]
+        if len(indent) >= 6 and not text.startswith(("x ", '"', "[", "]", "{", "}")):
+            continue
         lines.append(indent + (text if text[:1] in "[({" else text.split(" ", 1)[0]) if text else "")
     return lines
 

@@ -230,11 +230,12 @@ def test_a_page_with_a_diagram_loads_the_shipped_mermaid_before_materials_bundle
     assert 'mermaid.tiny.js"' not in (site / "index.html").read_text()
 
 
-def test_the_repository_link_fetches_no_github_facts(site: Path) -> None:
-    home = (site / "index.html").read_text()
-    assert 'href="https://github.com/cudaload/cudaload"' in home and 'class="md-source"' in home
+def test_no_page_links_a_repository_or_site_that_does_not_exist(site: Path) -> None:
+    # No public repository or site is known (issue 38): no header link, no edit link, no canonical address.
     for page in _pages(site):
-        assert 'data-md-component="source"' not in page.read_text(), page
+        text = page.read_text()
+        assert "github.com/cudaload" not in text and "cudaload.github.io" not in text, page
+        assert 'class="md-source"' not in text and 'data-md-component="source"' not in text, page
 
 
 def test_outputs_wrap_with_a_hanging_indent_and_code_does_not(site: Path) -> None:
@@ -243,12 +244,12 @@ def test_outputs_wrap_with_a_hanging_indent_and_code_does_not(site: Path) -> Non
     # An explain() line hangs 4 past its value column; a rejected option's line 4 past its `x`.
     assert re.search(r'<span class="output-line" style="--hang:27">  attn_implementation  ', decisions)
     assert re.search(r'<span class="output-line" style="--hang:27"> {23}x flash_attention_2 ', decisions)
-    # A long explain() line shows its reason under its setting and value: the same characters, in order.
-    reason = re.search(
-        r'<span class="output-line" style="--hang:27">(  dtype +\S+ +)<span class="reason">([^<]+)</span>',
-        (site / "index.html").read_text(),
-    )
-    assert reason is not None and len(reason.group(1)) == 23 + 38
+    # explain() now fits 80 columns in the pasted outputs (issue 38): no line of an output is longer, but for
+    # one unbreakable word.
+    for page in ("index.html", "decisions/index.html", "explain/index.html", "finetune/index.html"):
+        for line in re.findall(r'<span class="output-line"[^>]*>(.*?)</span>', (site / page).read_text()):
+            text = re.sub(r"<[^>]+>", "", line).rstrip("\n")
+            assert len(text) <= 80 or " " not in text.strip() or not text.startswith("  "), (page, text)
     # Highlighted code and the ASCII diagram marked {.no-wrap} keep their lines whole.
     how = (site / "how-it-works" / "index.html").read_text()
     assert '<div class="no-wrap highlight">' in how
@@ -270,14 +271,17 @@ def test_the_hanging_indent_rule() -> None:
     assert hooks.hang("    generation.kv_cache              256                                   256 B") == 41
     assert hooks.hang("  x flash_attention_2: needs a CUDA GPU") == 6
     assert hooks.hang("AttentionUnavailableError: attn_implementation='flash_attention_2' was asked") == 4
-    # A long explain() line's reason starts at explain()'s reason column, wherever the value ends.
-    from cudaload.plans import VALUE_WIDTH
-
-    assert hooks.VALUE_WIDTH == VALUE_WIDTH
+    # explain()'s columns follow the terminal it printed for (issue 38): found from the gaps, wherever they are.
     line = "  dtype                bfloat16" + " " * 30 + "tie: bf16 at 0.90x fp32's speed"
-    assert hooks.columns(line) == (23, 23 + VALUE_WIDTH + 2)
+    assert hooks.columns(line) == (23, 61)
+    assert hooks.columns("  use_cache    false  training runs whole sequences") == (15, 22)
+    assert hooks.columns("               x true  a cache is only read when generating") == (15, 23)
     assert hooks.columns("  attention fallback chain: sdpa -> eager") is None
     assert hooks.columns("float32/sdpa (plan)    0.277    0.479    21.9    3.70    614") is None  # a table
+    assert hooks.columns("  bfloat16/eager     0.013     0.002    26805    304.1") is None
+    # A long explain() line (a wide terminal's) shows its reason under its setting and value, the same characters.
+    long = "  dtype  bfloat16  " + " ".join(["a reason"] * 12)
+    assert '  dtype  bfloat16  <span class="reason">a reason a reason' in hooks._line(long, "\n")
 
 
 def test_each_benchmark_chart_links_to_its_full_size_png(site: Path) -> None:
@@ -287,3 +291,33 @@ def test_each_benchmark_chart_links_to_its_full_size_png(site: Path) -> None:
     for chart in charts:
         assert re.search(rf'<a href="{re.escape(chart)}"><img [^>]*src="{re.escape(chart)}"', page), chart
         assert (site / "benchmarks" / chart).resolve().is_file()
+
+
+def test_flags_and_table_names_break_only_between_words(site: Path) -> None:
+    # A phone showed `--random-` / `weights` in wrapped code and "AttentionU navailable Error" in the
+    # troubleshooting table (issue 38, item 5): a flag is one unbreakable span, a name breaks between its words.
+    trouble = (site / "troubleshooting" / "index.html").read_text()
+    assert "<code>Attention<wbr>Unavailable<wbr>Error</code>" in trouble
+    pages = "".join(page.read_text() for page in _pages(site))
+    assert '<span class="flag">--random-weights</span>' in pages
+    css = (ROOT / "docs" / "assets" / "stylesheets" / "cudaload.css").read_text()
+    assert re.search(r"\.md-typeset pre \.flag \{\s*white-space: nowrap;", css)
+
+
+def test_the_flag_and_name_rules() -> None:
+    spec = importlib.util.spec_from_file_location("docs_hooks", HOOKS)
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (the dev extra)")
+    spec.loader.exec_module(hooks)
+    block = '<pre><span></span><code><span class="o">--random-weights</span> x-y --gpu T4 --seq-len 64</code></pre>'
+    assert hooks.keep_flags_whole(block) == (
+        '<pre><span></span><code><span class="o"><span class="flag">--random-weights</span></span> x-y --gpu T4 '
+        '<span class="flag">--seq-len</span> 64</code></pre>'
+    )
+    cell = "<td><code>FinetuneConfigError</code> or <code>ValueError</code></td><p><code>NotInATable</code></p>"
+    assert hooks.break_names_between_words(cell) == (
+        "<td><code>Finetune<wbr>Config<wbr>Error</code> or <code>Value<wbr>Error</code></td>"
+        "<p><code>NotInATable</code></p>"
+    )

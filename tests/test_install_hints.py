@@ -40,6 +40,8 @@ Not there: `cudaload`, `flash-attn-3` (FlashAttention-3 builds from the flash-at
 hopper/ folder, or comes as the Hub kernel kernels-community/vllm-flash-attn3)."""
 PRERELEASE_ONLY = {"flash-attn-4"}
 """Only pre-releases (4.0.0bN) on the registry: pip needs --pre (or a pre-release version) to find it."""
+WHEEL = re.compile(r"(?:\S*/)?cudaload-[\w.]+-py3-none-any\.whl(?:\[([\w,-]+)\])?")
+"""cudaload's wheel file, as a wheel user installs it (cudaload is not on the registry)."""
 TAKES_A_VALUE = {"-c", "--constraint", "-r", "--requirement", "--index-url", "-i", "--extra-index-url", "-e"}
 
 # A command runs until a backtick, a closing parenthesis, a line end, a shell separator or prose (", or").
@@ -70,6 +72,14 @@ def problems(command: str) -> list[str]:
             continue
         if token.startswith("."):
             found += _extras_problems(token)
+            continue
+        wheel = WHEEL.fullmatch(token)
+        if wheel is not None:  # cudaload's own wheel file (README's install): its extras must exist
+            found += [
+                f"{token!r}: no extra {e!r} in pyproject.toml"
+                for e in (wheel[1] or "").split(",")
+                if e and e not in EXTRAS
+            ]
             continue
         requirement = Requirement(token)
         name = canonicalize_name(requirement.name)
@@ -132,6 +142,8 @@ def test_the_parser_catches_what_fails() -> None:
     assert problems('-e ".[nosuch]"') and not problems('-c constraints/tested.txt -e ".[finetune,kernels]"')
     assert not problems("torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128")
     assert not problems("'kernels>=0.17.2,<0.18.0'")
+    assert not problems('"cudaload-0.1.0-py3-none-any.whl[finetune,kernels,demo]"')
+    assert problems("dist/cudaload-0.1.0-py3-none-any.whl[nosuch]")
 
 
 def test_every_install_command_in_the_code_and_docs_names_what_installs() -> None:

@@ -137,12 +137,19 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
 
 
 def _environment() -> dict[str, str]:
+    # The examples run in a scratch folder: a relative PYTHONPATH (`PYTHONPATH=src`) would name nothing there,
+    # and the examples would import another copy of cudaload (an editable install's) without a word.
+    paths = [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {
         **os.environ,
+        **({"PYTHONPATH": os.pathsep.join(paths)} if paths else {}),
         "HF_HUB_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TQDM_DISABLE": "1",
         "PYTHONHASHSEED": "0",
+        # cudaload lays its text out for the terminal (COLUMNS first): the pasted outputs are 80 columns wide,
+        # whatever terminal ran this tool, which is about what an output block shows on a laptop screen.
+        "COLUMNS": "80",
         # `cudaload` and `python` in shell examples are this interpreter's, activated or not.
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }

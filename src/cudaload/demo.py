@@ -92,8 +92,15 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
 QUESTION = "What is the capital of France? Answer in one sentence."
 
 
-TINY_DIR = "cudaload-demo-model"
-"""Where the tiny model is built when no folder is named."""
+TINY_NAME = "tiny-qwen3-demo"
+"""The tiny model's folder in cudaload's cache (`cache_dir()/models/`), where it is built when no folder is
+named: never in the current folder, which a user did not offer."""
+
+
+def tiny_dir() -> Path:
+    from .capability.cache import cache_dir
+
+    return cache_dir() / "models" / TINY_NAME
 
 
 def run_demo(
@@ -102,8 +109,8 @@ def run_demo(
     """Load the real model (converted once into cudaload's cache) through `cudaload.load`, ask it
     `QUESTION`, return the explanation and its answer. With `tiny=True`, or when the real model is
     not installed (the output says what installs it), a tiny random-weight model built (once) in
-    `directory` (default `TINY_DIR`) generates a few tokens instead. `progress` hears about a first
-    conversion.
+    `directory` (default `tiny_dir()`, in cudaload's cache) generates a few tokens instead. `progress`
+    hears about a first conversion.
 
     Raises:
         SettingError: `directory` named while the real model runs (it lives in cudaload's cache, so
@@ -123,7 +130,7 @@ def run_demo(
         return _run_real(smollm2.converted(progress))
     if why is not None:
         logging.getLogger(__name__).warning("demo: %s; running a tiny random-weight model instead", why)
-    text = _run_tiny(TINY_DIR if directory is None else directory)
+    text = _run_tiny(tiny_dir() if directory is None else directory)
     if why is None:
         return text
     return (
@@ -153,6 +160,12 @@ def _run_real(path: Path) -> str:
     )
 
 
+def _home_short(path: Path) -> str:
+    """`path` with the home folder as `~` (the line reads the same for every user)."""
+    home = Path.home()
+    return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
+
+
 def _run_tiny(directory: str | Path) -> str:
     """Build (once), load through `cudaload.load`, generate a few tokens, return the explanation."""
     import torch
@@ -167,4 +180,7 @@ def _run_tiny(directory: str | Path) -> str:
     with torch.inference_mode():
         out = model.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     text = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :])
-    return f"{model.cudaload_plan.explain()}\n\ngenerated (random weights, so gibberish): {text}"
+    return (
+        f"{model.cudaload_plan.explain()}\n\ngenerated (random weights, so gibberish): {text}\n"
+        f"the tiny model is in {_home_short(path.resolve())} (built once; --dir builds it elsewhere)"
+    )

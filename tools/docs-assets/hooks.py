@@ -35,10 +35,12 @@ MERMAID_URL = "assets/javascripts/mermaid.tiny.js"
 # A code block as pymdownx.highlight writes it; an output (```text, a bare fence) has no token spans.
 OUTPUT_BLOCK = re.compile(r'<div class="highlight"><pre><span></span><code>(.*?)</code></pre></div>', re.DOTALL)
 BUNDLE_SCRIPT = re.compile(r'<script src="[^"]*assets/javascripts/bundle\.[0-9a-f]+\.min\.js"></script>')
-# explain()'s columns are separated by two or more spaces; the value column starts after the first gap,
-# and the reason 2 after the value's VALUE_WIDTH (cudaload.plans.VALUE_WIDTH, held equal by tests/test_docs_site.py).
+# explain()'s columns are separated by two or more spaces: `setting  value  reason`, or `x value  reason` for a
+# rejected option. Its columns follow the terminal it was printed in (cudaload.plans.layout), so they are found
+# from the gaps, not from fixed widths; a setting is one word, a value and a reason hold no double space (a table
+# of numbers has a gap between every column, and is not an explain() line).
 COLUMN_GAP = re.compile(r"\S( {2,})(?=\S)")
-VALUE_WIDTH = 36
+EXPLAIN_LINE = re.compile(r"( *)(?:x |\S+ {2,})(\S+(?: \S+)*) {2,}(\S+(?: \S+)*)")
 # An explain() line longer than this (about what an output block shows on a 1280-px screen) shows its
 # reason on the lines under its setting and value instead of after them.
 FITS = 80
@@ -59,18 +61,11 @@ def on_files(files: Files, config: Any) -> Files:
 def columns(line: str) -> tuple[int, int] | None:
     """The value and reason columns of an explain() line (`setting  value  reason` or
     `x value  reason`), or None for any other line."""
-    indent = len(line) - len(line.lstrip(" "))
-    if line.startswith("x ", indent):  # a rejected option: its `x` is in the value column
-        value = indent
-    else:
-        gap = COLUMN_GAP.search(line, indent)
-        if gap is None:
-            return None
-        value = gap.end(1)
-    reason = value + VALUE_WIDTH + 2
-    if len(line) > reason and line[reason - 2 : reason] == "  " and line[reason] != " ":
-        return value, reason
-    return None
+    found = EXPLAIN_LINE.fullmatch(line)
+    if found is None:
+        return None
+    value = found.start(2) - (2 if line.startswith("x ", len(found.group(1))) else 0)
+    return value, found.start(3)
 
 
 def hang(line: str) -> int:
@@ -120,8 +115,42 @@ def wrap_outputs(content: str) -> str:
     return OUTPUT_BLOCK.sub(one, content)
 
 
+# A command-line flag (`--random-weights`) in a code block or an output: one unit a line never splits.
+FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][\w]*(?:-[\w]+)+)")
+CODE_BLOCK = re.compile(r"(<pre><span></span><code>)(.*?)(</code></pre>)", re.DOTALL)
+# A name in a table cell (`AttentionUnavailableError`): it may break between its words, nowhere else.
+TABLE_CODE = re.compile(r"(<td>.*?</td>)", re.DOTALL)
+CAMEL_CODE = re.compile(r"<code>([A-Za-z_]\w*)</code>")
+
+
+def keep_flags_whole(content: str) -> str:
+    """Each hyphenated flag in a code block in a `span.flag` (no line break inside it: `white-space: nowrap`
+    in the stylesheet), so a narrow screen shows `--random-weights`, never `--random-` / `weights`. The text
+    is unchanged (copying the block copies the same characters)."""
+
+    def block(found: re.Match[str]) -> str:
+        # Only in text, never inside a tag (`<span class="...">`): split the code at its tags.
+        parts = re.split(r"(<[^>]+>)", found.group(2))
+        text = "".join(p if p.startswith("<") else FLAG.sub(r'<span class="flag">\1</span>', p) for p in parts)
+        return found.group(1) + text + found.group(3)
+
+    return CODE_BLOCK.sub(block, content)
+
+
+def break_names_between_words(content: str) -> str:
+    """A CamelCase name in a table cell gets a `<wbr>` between its words (AttentionUnavailableError breaks as
+    Attention / Unavailable / Error on a phone, not "AttentionU / navailable"); copying it gives the name."""
+
+    def cell(found: re.Match[str]) -> str:
+        return CAMEL_CODE.sub(
+            lambda m: "<code>" + re.sub(r"(?<=[a-z])(?=[A-Z])", "<wbr>", m.group(1)) + "</code>", found.group(1)
+        )
+
+    return TABLE_CODE.sub(cell, content)
+
+
 def on_page_content(content: str, page: Any, config: Any, files: Files) -> str:
-    return wrap_outputs(content)
+    return break_names_between_words(keep_flags_whole(wrap_outputs(content)))
 
 
 def on_post_page(output: str, page: Any, config: Any) -> str:

@@ -43,6 +43,18 @@ COLUMNS = 3
 TITLE_PT, LABEL_PT, VALUE_PT, CAPTION_PT = 12, 11, 10, 11
 
 
+def check_chart(path: str) -> None:
+    """Raise MissingPackageError now when matplotlib is missing: `bench --chart PATH` says so before the
+    run, not after minutes of measuring."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise MissingPackageError(
+            f"--chart {path} draws with matplotlib, which is not installed: {install_hint('matplotlib')} "
+            "(or drop --chart; --out keeps the result as JSON to draw later)."
+        )
+
+
 def _pyplot() -> Any:
     try:
         import matplotlib

@@ -12,22 +12,15 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _partial(row: dict[str, Any]) -> str:
-    """An interrupted variant: the medians of what it measured, the rest '-'; no ratios."""
-    if not any(row[key] is not None for key in ("load_s", "prefill_s", "decode_tokens_per_s")):
-        return "interrupted before it was measured"
-    memory = row["peak_memory_bytes"] / 2**20 if row["peak_memory_bytes"] else None
-    return (
-        f"{_fmt(row['load_s'], '7.3f')} {_fmt(row['prefill_s'], '9.3f')} {_fmt(row['prefill_tokens_per_s'], '13.0f')} "
-        f"{_fmt(row['decode_tokens_per_s'], '12.1f')} {_fmt(row.get('end_to_end_s'), '12.3f')} {_fmt(memory, '9.0f')}"
-        "   interrupted: only what it measured, no ratios"
-    )
+def format_report(result: dict[str, Any], width: int | None = None) -> str:
+    """The result as a table, the plan's row marked with `*`, laid out for `width` columns (None: the
+    terminal's): prose wraps with a hanging indent, the speed-ups move to a table of their own when a
+    row would not fit, and no number is cut."""
+    from ..plans.layout import terminal_width
 
-
-def format_report(result: dict[str, Any]) -> str:
-    """The result as a table, the plan's row marked with `*`."""
+    width = terminal_width(width)
     lines = _header(result)
-    lines += [_variant_line(row) for row in result["variants"]]
+    lines += _table(result["variants"], width)
     lines.append("")
     lines += _summary_lines(result.get("summary"))
     lines.append(f"peak memory: {result['workload']['peak_memory']}")
@@ -45,7 +38,18 @@ def format_report(result: dict[str, Any]) -> str:
     if "written_to" in result:
         lines.append(f"written to {result['written_to']}")
     lines.append(f"took {result.get('wall_s', 0):.0f} s")
-    return "\n".join(lines)
+    return fit_lines(lines, width)
+
+
+def fit_lines(lines: list[str], width: int) -> str:
+    """Each line longer than `width` wrapped 4 past its indentation (the table's rows are laid out already)."""
+    from ..plans.layout import wrap
+
+    out: list[str] = []
+    for text in "\n".join(lines).split("\n"):
+        indent = text[: len(text) - len(text.lstrip(" "))]
+        out += wrap(text.strip(), width, indent) if len(text) > width else [text]
+    return "\n".join(out)
 
 
 def _header(result: dict[str, Any]) -> list[str]:
@@ -67,32 +71,90 @@ def _header(result: dict[str, Any]) -> list[str]:
         f"cudaload {versions['cudaload']}",
         f"plan: {plan_kwargs} (attention chain {' -> '.join(result['plan']['attention_chain'])})",
         "",
-        f"  {'variant':<44} {'load s':>7} {'prefill s':>9} {'prefill tok/s':>13} {'decode tok/s':>12} "
-        f"{'end-to-end s':>12} {'peak MiB':>9}   plan speed-up load/prefill/decode/end-to-end: of medians | paired",
     ]
 
 
-def _variant_line(row: dict[str, Any]) -> str:
-    """One variant's table row: its medians and the plan's speed-up over it, or why it has none."""
-    mark = "*" if row["is_plan"] else " "
-    label = row["name"] + (" (plan)" if row["is_plan"] else "")
-    if row.get("is_bare") and row.get("applied"):
-        label += f" = {row['applied']}"
-    if not row["ok"] and row["error"] is not None:
-        return f"{mark} {label:<44} failed: {row['error']}"
-    if not row["ok"]:  # no error: the run was stopped before this variant's rounds were all done
-        return f"{mark} {label:<44} {_partial(row)}"
-    s, paired = row["plan_speedup"], row["plan_speedup_paired"]
+def _measured(row: dict[str, Any]) -> str:
+    """A variant's medians (an interrupted variant: what it measured, the rest '-')."""
     memory = row["peak_memory_bytes"] / 2**20 if row["peak_memory_bytes"] else None
+    return (
+        f"{_fmt(row['load_s'], '7.3f')} {_fmt(row['prefill_s'], '9.3f')} {_fmt(row['prefill_tokens_per_s'], '8.0f')} "
+        f"{_fmt(row['decode_tokens_per_s'], '8.1f')} {_fmt(row.get('end_to_end_s'), '10.3f')} {_fmt(memory, '6.0f')}"
+    )
+
+
+def _ratios(row: dict[str, Any]) -> str:
+    """The plan's speed-up over a variant, or why it has none."""
+    if not row["ok"]:
+        if not any(row[key] is not None for key in ("load_s", "prefill_s", "decode_tokens_per_s")):
+            return "interrupted before it was measured"
+        return "interrupted: only what it measured, no ratios"
+    s, paired = row["plan_speedup"], row["plan_speedup_paired"]
     flag = "" if row["finite_logits"] else "  (non-finite logits!)"
     return (
-        f"{mark} {label:<44} {_fmt(row['load_s'], '7.3f')} {_fmt(row['prefill_s'], '9.3f')} "
-        f"{_fmt(row['prefill_tokens_per_s'], '13.0f')} {_fmt(row['decode_tokens_per_s'], '12.1f')} "
-        f"{_fmt(row.get('end_to_end_s'), '12.3f')} "
-        f"{_fmt(memory, '9.0f')}   {_fmt(s['load'], '.2f')} / {_fmt(s['prefill'], '.2f')} / "
-        f"{_fmt(s['decode'], '.2f')} / {_fmt(s.get('end_to_end'), '.2f')} | {_fmt(paired['load'], '.2f')} / "
-        f"{_fmt(paired['prefill'], '.2f')} / {_fmt(paired['decode'], '.2f')}{flag}"
+        f"{_fmt(s['load'], '.2f')} / {_fmt(s['prefill'], '.2f')} / {_fmt(s['decode'], '.2f')} / "
+        f"{_fmt(s.get('end_to_end'), '.2f')} | {_fmt(paired['load'], '.2f')} / {_fmt(paired['prefill'], '.2f')} / "
+        f"{_fmt(paired['decode'], '.2f')}{flag}"
     )
+
+
+def _label(row: dict[str, Any]) -> str:
+    label = str(row["name"]) + (" (plan)" if row["is_plan"] else "")
+    if row.get("is_bare") and row.get("applied"):
+        label += f" = {row['applied']}"
+    return label
+
+
+_COLUMNS = (  # two header lines, so that a row of numbers is 53 characters
+    f"{'load':>7} {'prefill':>9} {'prefill':>8} {'decode':>8} {'end-to-end':>10} {'peak':>6}",
+    f"{'s':>7} {'s':>9} {'tok/s':>8} {'tok/s':>8} {'s':>10} {'MiB':>6}",
+)
+_SPEEDUP = "plan speed-up load/prefill/decode/end-to-end: of medians | paired"
+
+
+def _table(variants: list[dict[str, Any]], width: int) -> list[str]:
+    """The variants' table, the plan's row marked `*`: one table when its rows fit `width`, else the
+    medians, then the plan's speed-ups in a second table with the same labels."""
+    from ..plans.layout import wrap
+
+    labels = [_label(r) for r in variants]
+    # A label longer than the room beside the numbers takes a line of its own.
+    label_width = min(max([len("variant"), *map(len, labels)]), max(len("variant"), width - 3 - len(_COLUMNS[0])))
+    rows = []
+    for row, label in zip(variants, labels, strict=True):
+        failed = not row["ok"] and row["error"] is not None
+        mark = "*" if row["is_plan"] else " "
+        head = f"{mark} {label:<{label_width}} "
+        if len(head) > label_width + 3:
+            head = f"{mark} {label}\n{'':<{label_width + 3}}"
+        rows.append((head, None if failed else _measured(row), f"failed: {row['error']}" if failed else _ratios(row)))
+    whole = len(f"  {'':<{label_width}} {_COLUMNS[0]}   {_SPEEDUP}") <= width
+    lines = [f"  {'':<{label_width}} {_COLUMNS[0]}".rstrip(), f"  {'variant':<{label_width}} {_COLUMNS[1]}"]
+    lines[-1] += f"   {_SPEEDUP}" if whole else ""
+    for head, measured, ratios in rows:
+        if measured is None:  # failed: its error in place of the numbers
+            lines += _cell(head, ratios, width)
+        else:
+            lines.append(head + measured + (f"   {ratios}" if whole else ""))
+    if not whole:
+        lines += ["", *wrap(f"{_SPEEDUP} (variant time / plan time):", width, "  ")]
+        lines += [
+            line for head, measured, ratios in rows if measured is not None for line in _cell(head, ratios, width)
+        ]
+    return lines
+
+
+def _cell(head: str, text: str, width: int) -> list[str]:
+    """`head` then `text`, wrapped under `text`'s column (4 in, when that column leaves too little room)."""
+    from ..plans.layout import wrap
+
+    first, _, last = head.rpartition("\n")
+    lead = [first] if first else []
+    if len(last) + len(text) <= width:
+        return [*lead, last + text]
+    column = len(last) if width - len(last) >= 30 else 4
+    body = wrap(text, width - column, hang=0)
+    return [*lead, last + body[0], *(" " * column + line for line in body[1:])]
 
 
 def _summary_lines(summary: dict[str, Any] | None) -> list[str]:
@@ -129,8 +191,8 @@ def _reading_notes(result: dict[str, Any]) -> list[str]:
         lines.append(_spread_line(result["variants"]))
     best = result["best"]
     plan_name = result["plan"]["variant"]
-    verdicts = [f"{what} {name}{' (the plan)' if name == plan_name else ''}" for what, name in best.items()]
-    lines.append("fastest: " + ", ".join(verdicts))
+    verdicts = [f"{what} {name}{' (the plan)' if name == plan_name else ''}" for what, name in best.items() if name]
+    lines.append("fastest: " + (", ".join(verdicts) or "nothing was measured"))
     return lines
 
 

@@ -152,7 +152,9 @@ def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: in
 
 def summarise(rows: list[VariantResult]) -> tuple[dict[str, str | None], dict[str, Any]]:
     """(the best variant per metric, the plan's ratio to it and to bare from_pretrained)."""
-    done = [r for r in rows if r.ok]
+    # An interrupted variant is not ok, but what it measured is real: after Ctrl-C "fastest: load None" hid
+    # the loads that were measured. A failed variant (an error) has nothing to compare.
+    done = [r for r in rows if r.ok or r.error is None]
     best: dict[str, str | None] = {}
     summary: dict[str, Any] = {}
     plan = next((r for r in rows if r.is_plan), None)

@@ -4,6 +4,7 @@ says what the folder really holds and what to do (`load_config`, `check_sizes`).
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ def load_config(
         return model
     name = str(model)
     extra = dict(config_kwargs or {})
+    _check_local_path(name, extra)
     _check_config_file(name)
     try:
         return AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code, revision=revision, **extra)
@@ -42,6 +44,11 @@ def load_config(
             ) from exc
         raise ModelConfigError(
             f"Could not read the config of {name!r}: {str(exc).rstrip('.')}. {_what_the_folder_holds(name, extra)}"
+        ) from exc
+    except struct.error as exc:  # gguf's reader unpacks past the end of a truncated or foreign .gguf file
+        raise ModelConfigError(
+            f"gguf_file={extra.get('gguf_file')!r} in {name!r} could not be read as GGUF ({describe_error(exc)}): "
+            "check that it is a complete GGUF file (a download may have stopped early)."
         ) from exc
     except _config_validation_errors() as exc:
         # transformers 5 configs are strict dataclasses: huggingface_hub names the field and the value.
@@ -120,6 +127,39 @@ def _adapter_base(path: str) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return base if isinstance(base, str) else None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """A name no Hub id can be ("org/name" at most): absolute, relative with ./ or ../, from ~, with two
+    slashes or more, or ending with one."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or name.endswith(("/", os.sep))
+
+
+def _check_local_path(name: str, extra: Mapping[str, Any]) -> None:
+    """A model given as a path must be a folder: a GGUF file names its folder and `gguf_file=` (transformers
+    reads it as JSON and says "is not a valid JSON file"); a folder that is not there says so (transformers
+    takes it for a Hub id and says "Repo id must use alphanumeric chars")."""
+    if os.path.isfile(name):
+        folder, file = os.path.split(os.path.abspath(name))
+        if name.endswith(".gguf") and not extra.get("gguf_file"):
+            raise ModelConfigError(
+                f"{name!r} is a GGUF file, not a model folder: pass its folder and the file's name, "
+                f"{folder!r} with gguf_file={file!r} (transformers converts it with the gguf package)."
+            )
+        raise ModelConfigError(
+            f"{name!r} is a file, not a model folder: pass the folder that holds config.json and the weights "
+            "(as save_pretrained() writes it), or a Hub id such as 'Qwen/Qwen3-0.6B'."
+        )
+    if not os.path.exists(os.path.expanduser(name)) and _looks_like_a_path(name):
+        parent = os.path.dirname(os.path.abspath(os.path.expanduser(name).rstrip("/"))) or "/"
+        where = (
+            f"{parent!r} exists but holds no {os.path.basename(name.rstrip('/'))!r}"
+            if os.path.isdir(parent)
+            else (f"nor does {parent!r}")
+        )
+        raise ModelConfigError(
+            f"{name!r}: no such folder ({where}). Check the path; a Hub id is 'org/name' (e.g. 'Qwen/Qwen3-0.6B')."
+        )
 
 
 def _check_config_file(name: str) -> None:

@@ -84,8 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         nothing = " before anything was measured" if args.command == "bench" else ""
         _report(f"cudaload: interrupted (Ctrl-C){nothing}")
         return 130
-    except CudaloadError as exc:
-        _report(f"cudaload: error: {exc}", args, exc)
+    except CudaloadError as exc:  # the library's message, its hints in the CLI's flags (--dtype float16)
+        from ..plans.layout import cli_hints
+
+        _report(f"cudaload: error: {cli_hints(str(exc))}", args, exc)
         return 2
     except OSError as exc:  # a file that cannot be read or written: the message names it
         if debug:

@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from ..errors import MissingPackageError
-from .output import emit
+from .output import OutputClosed, emit
 
 __all__ = ["bench_command"]
 
@@ -57,6 +57,12 @@ def _check_outputs(args: argparse.Namespace) -> None:
             )
 
 
+def _can_draw() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def bench_command(args: argparse.Namespace) -> int:
     """`cudaload bench`: run, print the table, then file JSON (and PNG) where asked. Exit 130 after
     Ctrl-C (with what was measured), 2 when no variant could run at all."""
@@ -67,9 +73,25 @@ def bench_command(args: argparse.Namespace) -> int:
 
     from ..bench import format_report, result_path, run_bench, write_chart, write_result
 
-    def log(line: str) -> None:
-        emit(f"[bench] {line}", sys.stderr)
+    progress = sys.stderr.isatty()
 
+    def log(line: str) -> None:
+        if not progress:
+            emit(f"[bench] {line}", sys.stderr)
+            return
+        # A progress bar is drawn on stderr: write above it (tqdm clears and redraws it), never into it
+        # ("1.80s/step][" then "bench] 31.1s" on the next line).
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(f"[bench] {line}", file=sys.stderr)
+        except BrokenPipeError as exc:
+            raise OutputClosed(sys.stderr) from exc
+
+    if args.chart:  # before the run: a missing matplotlib is said now, not after minutes of measuring
+        from ..bench.chart import check_chart
+
+        check_chart(args.chart)
     kind = ""
     if args.finetune:
         from ..bench.finetune_bench import run_finetune_bench
@@ -105,13 +127,17 @@ def bench_command(args: argparse.Namespace) -> int:
             model_dir=args.model_dir,
             save=args.save,
             overhead=args.overhead,
-            progress=sys.stderr.isatty(),
+            progress=progress,
             log=log,
         )
-        report = format_report(result)
+        report = format_report(result)  # laid out for this terminal
     emit(report)  # first: a file that cannot be written below does not lose the measurements
     if args.out:
         emit(f"written: {write_result(result, args.out)}")
+        if (
+            not args.chart and _can_draw() and Path(args.out).suffix != ".png"
+        ):  # the clearest view of a run: beside its JSON, where it can be drawn
+            emit(f"written: {write_chart(result, Path(args.out).with_suffix('.png'))}")
     if args.results:
         from ..capability import detect
 
@@ -124,6 +150,8 @@ def bench_command(args: argparse.Namespace) -> int:
                 emit(f"no chart: {exc}")
     if args.chart:
         emit(f"written: {write_chart(result, args.chart)}")
+    if not (args.out or args.results or args.chart):  # the report's last line: where its record could be
+        emit("not kept: --out FILE.json keeps this result, --chart FILE.png draws it (--results DIR files both)")
     if result.get("interrupted"):
         return 130
     failed = _failed(args.model or "the default model", result["variants"], finetune=bool(args.finetune))

@@ -13,7 +13,7 @@ from ..errors import CudaloadError
 from ..facts.machine import DtypeProbe, Machine
 from ..plans import jsonable
 
-__all__ = ["doctor_report", "remeasure_report"]
+__all__ = ["doctor_report", "fit", "remeasure_report"]
 
 
 def _gib(n: int | None) -> str:
@@ -112,7 +112,7 @@ def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = 
             else "  recorded as disturbed for 2 minutes: its numbers are not used"
         ) + "; run again when the machine is quiet"
     dtype = plan(facts).decision("dtype")
-    return "\n".join(
+    return fit(
         [
             f"cudaload probe: F.linear {bucket[0]}x{bucket[1]} on {machine.cpu.model}, {after.threads} threads "
             f"(OMP_NUM_THREADS sets them; torchrun ranks use 1), for {facts.source}",
@@ -124,7 +124,7 @@ def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = 
     )
 
 
-def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False) -> str:
+def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, width: int | None = None) -> str:
     from ..capability import measure_for
     from ..facts.model import reference_model
     from ..policy.devices import usable_machine
@@ -198,4 +198,23 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False) -> s
     ]
     if machine.warnings:
         lines += ["", "Warnings:", *(f"  {w}" for w in machine.warnings)]
-    return "\n".join(lines)
+    lines += [
+        "",
+        "Next: cudaload plan MODEL (a local folder or Hub id) shows what loading it gets here and why; "
+        "cudaload demo --tiny loads a tiny model end to end.",
+    ]
+    return fit(lines, width)
+
+
+def fit(lines: list[str], width: int | None = None) -> str:
+    """`lines` wrapped for the terminal (`width` None: its width), each continuation 6 past its line's
+    indentation, and the library's hints in the CLI's flags."""
+    from ..plans.layout import cli_hints, terminal_width, wrap
+
+    width = terminal_width(width)
+    out: list[str] = []
+    for line in lines:
+        text = cli_hints(line)
+        indent = text[: len(text) - len(text.lstrip(" "))]
+        out += wrap(text.strip(), width, indent, hang=6) if len(text) > width else [text]
+    return "\n".join(out)

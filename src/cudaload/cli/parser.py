@@ -101,6 +101,9 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     )
     plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
     add_parallel_options(plan)
+    plan.add_argument(
+        "--gguf-file", help="the GGUF file to read in MODEL's folder (e.g. model.Q4_1.gguf): transformers converts it"
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json())")
 
 
@@ -280,5 +283,5 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     )
     demo.add_argument(
         "--dir",
-        help="where to save the tiny model (default cudaload-demo-model); the real model lives in cudaload's cache",
+        help="where to save the tiny model (default: cudaload's cache, models/tiny-qwen3-demo, as the real model)",
     )

@@ -97,12 +97,32 @@ def parallel_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
+def _say_when_asking_the_hub(model: str) -> None:
+    """A Hub id read online: say so at once on stderr, since without network huggingface_hub retries for tens of
+    seconds before it fails (41 s measured on 2026-12-06) and the command would sit there without a word."""
+    import os
+    import sys
+
+    from .output import emit
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    if offline or os.path.exists(os.path.expanduser(model)):
+        return
+    emit(
+        f"cudaload: reading {model}'s config from the Hugging Face Hub (no local folder has that name; "
+        "HF_HUB_OFFLINE=1 reads only the local cache)",
+        sys.stderr,
+    )
+
+
 def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
     from ..planner import plan
 
     overrides: dict[str, Any] = {k: getattr(args, k) for k in ("dtype", "attn_implementation") if getattr(args, k)}
     if args.hub_kernels:
         overrides["hub_kernels"] = True
+    if args.gguf_file:
+        overrides["gguf_file"] = args.gguf_file
     if args.context is not None and not args.generate:
         parser.error("--context goes with --generate")
     if args.generate:
@@ -122,5 +142,6 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
             "batch_size": args.batch_size or 1,
             **parallel_overrides(args),
         }
+    _say_when_asking_the_hub(args.model)
     result = plan(args.model, machine=_machine(args, parser), **overrides)
-    return result.to_json() if args.json else result.explain()
+    return result.to_json() if args.json else result.explain(cli=True)

@@ -145,23 +145,34 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-VALUE_WIDTH = 36  # fits "kernels-community/vllm-flash-attn3"
+VALUE_WIDTH = 36
+"""How wide the value column was when explain() had fixed columns (kept for code that read it): the
+columns now follow the terminal (`cudaload.plans.layout.columns`) and a value is never cut."""
 
 
-def _short(value: Any, width: int) -> str:
-    text = value if isinstance(value, str) else json.dumps(jsonable(value))
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(jsonable(value))
 
 
-def decision_lines(decisions: tuple[Decision, ...], indent: str = "  ", mark_yours: bool = False) -> list[str]:
+def decision_lines(
+    decisions: tuple[Decision, ...],
+    indent: str = "  ",
+    mark_yours: bool = False,
+    width: int | None = None,
+    cli: bool = False,
+) -> list[str]:
     """`explain()`'s rows: one per decision (setting, value, reason), its rejected options below it
-    marked "x"; `mark_yours` adds "(set by you)" to the caller's own choices."""
-    width = max((len(d.setting) for d in decisions), default=10)
-    lines = []
+    marked "x"; `mark_yours` adds "(set by you)" to the caller's own choices. Laid out for `width`
+    columns (None: the terminal's), reasons hanging under their column, values whole. `cli`: hints
+    name the CLI's flags (--dtype float16), not Python's arguments (dtype='float16')."""
+    from .layout import cli_hints, columns, terminal_width
+
+    def said(reason: str) -> str:
+        return cli_hints(reason) if cli else reason
+
+    rows: list[tuple[str, str, str]] = []
     for d in decisions:
         mark = " (set by you)" if mark_yours and d.source == "user" else ""
-        lines.append(f"{indent}{d.setting:<{width}}  {_short(d.value, VALUE_WIDTH):<{VALUE_WIDTH}}  {d.reason}{mark}")
-        for r in d.rejected:
-            rejected = _short(r.value, VALUE_WIDTH - 2)
-            lines.append(f"{indent}{'':<{width}}  x {rejected:<{VALUE_WIDTH - 2}}  {r.reason}")
-    return lines
+        rows.append((d.setting, _text(d.value), said(d.reason) + mark))
+        rows += [("", f"x {_text(r.value)}", said(r.reason)) for r in d.rejected]
+    return columns(rows, terminal_width(width), indent)

@@ -62,10 +62,13 @@ class Plan:
         {'dtype': 'bfloat16', 'attn_implementation': 'sdpa', 'device_map': 'cuda:0', 'use_kernels': False}
         >>> plan.attention_chain, plan.machine
         (('sdpa', 'eager'), '1x NVIDIA A100-SXM4-80GB (sm_80)')
-        >>> print(plan.explain().splitlines()[1].split()[:3])  # a simulated machine: its packages
-        ['simulated', "machine's", 'packages,']
-        >>> print(plan.explain().splitlines()[2].split())  # doctest: +ELLIPSIS
-        ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:', ...]
+        >>> text = plan.explain(width=100)  # default: the terminal's width
+        >>> "simulated machine's packages," in text  # a simulated machine: its packages
+        True
+        >>> next(line for line in text.splitlines() if line.startswith("  dtype")).split()[:8]
+        ['dtype', 'bfloat16', 'NVIDIA', 'A100-SXM4-80GB', '(sm_80)', 'runs', 'bf16', 'natively:']
+        >>> text.splitlines()[-1].endswith('device_map="cuda:0")')  # last, the call the plan stands for
+        True
     """
 
     model: str
@@ -167,12 +170,28 @@ class Plan:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
-    def explain(self) -> str:
-        """A short table: one line per setting with its reason, rejected options indented below."""
-        lines = [f"cudaload plan for {self.model} on {self.machine}"]
+    def explain(self, width: int | None = None, *, cli: bool = False) -> str:
+        """A short table: one line per setting with its reason, rejected options indented below, and last
+        the `from_pretrained(...)` call the plan stands for.
+
+        Args:
+            width: Columns to fit (None: the terminal's, COLUMNS, else 100). Reasons wrap under their
+                column; values and words are never cut (a longer word, e.g. a path, sticks out).
+            cli: Hints name the CLI's flags (`--hub-kernels`) instead of Python's (`hub_kernels=True`).
+        """
+        from .layout import call_lines, cli_hints, terminal_width, wrap
+
+        width = terminal_width(width)
+
+        def said(text: str) -> str:
+            return cli_hints(text) if cli else text
+
+        # Every continuation line hangs 6 or more in, below any row's start: a reader (and the docs' check)
+        # tells a wrapped line from the next row by its indentation.
+        lines = wrap(f"cudaload plan for {self.model} on {self.machine}", width, hang=6)
         if self.assumed_packages is not None:
-            lines.append(f"  simulated machine's packages, {self.assumed_packages}")
-        lines += decision_lines(self.decisions)
+            lines += wrap(f"simulated machine's packages, {self.assumed_packages}", width, "  ", hang=6)
+        lines += decision_lines(self.decisions, width=width, cli=cli)
         estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
             assumes = estimate["assumes"]
@@ -183,13 +202,15 @@ class Plan:
             for option, parts in estimate.items():
                 if option != "assumes":
                     detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items() if k != "total")
-                    lines.append(f"    {option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})")
+                    lines += wrap(f"{option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})", width, "    ", 22)
         if len(self.attention_chain) > 1:
-            lines.append(f"  attention fallback chain: {' -> '.join(self.attention_chain)}")
+            lines += wrap(f"attention fallback chain: {' -> '.join(self.attention_chain)}", width, "  ", hang=6)
         if self.generation is not None:
-            lines += self.generation.explain_lines()
+            lines += self.generation.explain_lines(width, cli=cli)
         for warning in self.warnings:
-            lines.append(f"  WARNING: {warning}")
+            lines += wrap(f"WARNING: {said(warning)}", width, "  ", hang=9)
+        lines.append("  loads as:" if self.finetune is None else "  loads as (then LoRA on top):")
+        lines += call_lines(f"{self.auto_class}.from_pretrained", self.model, self.kwargs, width, "    ")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -181,11 +181,15 @@ class GenerationPlan:
             "warnings": list(self.warnings),
         }
 
-    def explain_lines(self) -> list[str]:
-        """The generation block of `Plan.explain()`."""
+    def explain_lines(self, width: int | None = None, cli: bool = False) -> list[str]:
+        """The generation block of `Plan.explain()`, laid out for `width` columns (None: the terminal's)."""
+        from .layout import cli_hints, terminal_width, wrap
+
+        width = terminal_width(width)
         lines = [f"  generation (context {self.context} tokens):"]
-        lines += decision_lines(self.decisions, indent="    ", mark_yours=True)
-        lines += [f"    WARNING: {w}" for w in self.warnings]
+        lines += decision_lines(self.decisions, indent="    ", mark_yours=True, width=width, cli=cli)
+        for w in self.warnings:
+            lines += wrap(f"WARNING: {cli_hints(w) if cli else w}", width, "    ", hang=9)
         return lines
 
     def __str__(self) -> str:

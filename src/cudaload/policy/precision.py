@@ -48,6 +48,12 @@ def _user_dtype(machine: Machine, model: ModelFacts, dtype: str, asked: str) -> 
     if gpu is None and probe is not None and probe.confidence == "quiet" and dtype != "float32":
         ratios = _probe_ratios(probe, dtype)
         reason += f" ({ratios} here)" if ratios else ""
+        fp32, mine = probe.prefill("float32"), probe.prefill(dtype)
+        if ratios and fp32 and mine and mine > fp32:  # kept as asked, but not without a word about its cost
+            warnings.append(
+                f"dtype={asked!r} is kept as asked, but this CPU measured it slower than float32 ({ratios}): "
+                "leave dtype unset to let cudaload choose"
+            )
     return Decision("dtype", dtype, reason, source="user"), tuple(warnings)
 
 
@@ -211,7 +217,14 @@ def _measured_choice(
             median = " (median of the rounds)" if rounds.rounds > 1 else ""
             cost = f"est. {estimate.total:.2f} s, {speed} than {best}{median}"
         if tie and dtype in _CPU_CANDIDATES:
-            cost += ", a tie within the measurement noise"
+            # A tie for one of two reasons: a 7.67x gap on a tiny model is a tie because it is milliseconds,
+            # not because it is noise (issue 38). Say the one that holds.
+            cost += (
+                f", a tie: {abs(estimate.total - chosen.total) * 1000:.0f} ms apart, under the "
+                f"{NOTICEABLE_S * 1000:.0f} ms worth choosing for"
+                if abs(estimate.total - chosen.total) < NOTICEABLE_S
+                else ", a tie within the measurement noise"
+            )
         if dtype == "float16":
             if estimate.total < chosen.total:
                 cost += ", but fp16 overflows in some models: pass dtype='float16' to take that trade"

@@ -88,7 +88,11 @@ def decide_quantization(
         method = QUANT_METHODS[requested]
         usable, why = method_status(machine, method)
         if not usable:
-            raise MissingPackageError(f"quantize={requested!r} was asked, but {why}.")
+            # Name everything a QLoRA run needs at once: bitsandbytes, then peft at load time, was two round trips.
+            both = "not installed" in why and machine.software.version("peft") is None
+            also = "; peft (LoRA) is not installed either: install both with pip install bitsandbytes peft"
+            also = also if both else ""
+            raise MissingPackageError(f"quantize={requested!r} was asked, but {why}{also}.")
         return (
             Decision("quantize", requested, f"your choice: {method.detail.format(dtype=dtype)}", source="user"),
             _config(method, dtype, machine),
