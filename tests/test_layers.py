@@ -53,7 +53,7 @@ ALLOWED: dict[str, set[str]] = {
     "finetune": {"facts", "capability", "plans", "planner", "loaders", "request", "launch_check"},
     "pipelines": {"facade", "tokenizer", "plans"},
     "smollm2": {"capability"},  # the real demo model: found in an installed package, converted into the cache
-    "demo": {"facade", "tokenizer", "smollm2"},
+    "demo": {"facade", "tokenizer", "smollm2", "capability"},  # capability: the cache folder the demo builds in
     "bench": FACADE | {"policy", "demo", "smollm2"},
     "cli": FACADE | {"policy", "demo", "bench", "smollm2", "launch_writer"},
     "__main__": {"cli"},
