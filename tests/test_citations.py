@@ -69,13 +69,18 @@ def _defines(tree: ast.AST, dotted: str) -> bool:
             if any(isinstance(t, ast.Name) and t.id == first for t in targets):
                 scopes.append(node)
     for name in rest:
-        scopes = [
-            child
-            for scope in scopes
-            for child in ast.walk(scope)
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == name
-        ]
+        scopes = [child for scope in scopes for child in ast.walk(scope) if _names(child) == name]
     return bool(scopes)
+
+
+def _names(node: ast.AST) -> str | None:
+    """The name a class, function or single-name assignment (a class attribute: `TrainingArguments.default_optim`)
+    defines; None for any other node."""
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return node.name
+    target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+    target = node.target if isinstance(node, ast.AnnAssign) else target
+    return target.id if isinstance(target, ast.Name) else None
 
 
 def test_every_cited_symbol_exists_in_the_installed_release() -> None:
@@ -95,7 +100,23 @@ def test_every_cited_symbol_exists_in_the_installed_release() -> None:
 
 
 def test_a_symbol_that_is_not_there_is_caught() -> None:
-    tree = ast.parse("class A:\n    def b(self): ...\nC = 1\n")
-    assert _defines(tree, "A.b") and _defines(tree, "C")
-    assert not _defines(tree, "A.c") and not _defines(tree, "B")
+    tree = ast.parse("class A:\n    d: int = 2\n    def b(self): ...\nC = 1\n")
+    assert _defines(tree, "A.b") and _defines(tree, "C") and _defines(tree, "A.d")
+    assert not _defines(tree, "A.c") and not _defines(tree, "B") and not _defines(tree, "C.d")
     assert _covers("5.22", "5.25", Version("5.25.0")) and not _covers("5.22", "5.24", Version("5.25.0"))
+
+
+# "quantizer_mxfp4.py:85-88", "modeling_qwen3.py: 60", "(line 61", "lines 63-121": a line number, not a symbol.
+LINE_CITATION = re.compile(r"\b\w+\.py: ?\d+|\blines? \d+")
+
+
+def test_no_upstream_is_cited_by_line_number() -> None:
+    found = [
+        f"{file.relative_to(SRC)}:{number}: {line.strip()}"
+        for file in sorted(SRC.rglob("*.py"))
+        for number, line in enumerate(file.read_text().splitlines(), 1)
+        if LINE_CITATION.search(line)
+    ]
+    assert found == []
+    assert LINE_CITATION.search("(quantizer_mxfp4.py:85-88)") and LINE_CITATION.search("5.22.2 lines 80-102")
+    assert not LINE_CITATION.search("5.22-5.25 quantizer_mxfp4.py: Mxfp4HfQuantizer.validate_environment")

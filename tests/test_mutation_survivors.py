@@ -182,9 +182,9 @@ def test_static_cache_starts_at_256_new_tokens() -> None:
 
 def test_a_cpu_kv_cache_may_take_60_percent_of_the_ram_left_beside_the_weights() -> None:
     """CPU_SHARE = 0.6 (policy/generation.py): on a CPU the KV budget is 60% of the available RAM minus
-    the weights, transformers' continuous batching's share for cpu/mps (`resolve_max_memory_percent`,
-    generation/continuous_batching/initialization.py:313-316 in 5.22.2). Before this test only pasted
-    docs output noticed the constant."""
+    the weights, transformers' continuous batching's share for cpu/mps
+    (transformers 5.22-5.25 generation/continuous_batching/initialization.py: resolve_max_memory_percent).
+    Before this test only pasted docs output noticed the constant."""
     machine = Machine.simulated(None, cpu_memory_gib=64)
     available = machine.cpu.memory_available
     assert available is not None
@@ -201,7 +201,7 @@ def test_a_cpu_kv_cache_may_take_60_percent_of_the_ram_left_beside_the_weights()
 
 def test_a_cpu_lora_dropout_mask_costs_4_bytes_per_input_a_gpu_one_1() -> None:
     """CPU dropout-mask bytes (policy/memory.py `layer_bytes_per_token`): each LoRA adapter keeps its
-    dropout mask for the backward (peft/tuners/lora/layer.py:1100-1102, `lora_B(lora_A(dropout(x)))`):
+    dropout mask for the backward (peft 0.21.2 tuners/lora/layer.py: Linear.forward, `lora_B(lora_A(dropout(x)))`):
     a bool mask on CUDA (1 byte an element), a float noise tensor on CPU (torch's dropout: 4 bytes). So
     the CPU estimate's activations exceed the GPU one's by 3 bytes per adapter input element per token."""
     from cudaload.policy.memory import estimate_training_memory
@@ -417,7 +417,8 @@ def test_a_loaded_model_in_another_dtype_keeps_the_planned_generation_and_says_s
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """load() selects, it does not re-plan (issue 30 item 1): a model that holds another compute dtype than
-    the plan's (`model.dtype`, modeling_utils.py:912 in 5.22.2: the first floating parameter's) keeps the
+    the plan's (`model.dtype`, the first floating parameter's:
+    transformers 5.22-5.25 modeling_utils.py: ModuleUtilsMixin.dtype) keeps the
     plan's generation section and gets a note naming both dtypes, since its KV cache is kept in the model's;
     a storage dtype that is no compute dtype (fp8 weights, as FineGrainedFP8 stores them) gets none."""
     import torch
@@ -536,7 +537,7 @@ def test_sharded_ranks_are_warned_of_ram_only_when_their_full_copies_exceed_it(b
 
 def test_8bit_training_keeps_the_matmul_inputs_too() -> None:
     """LLM.int8 training memory (policy/memory.py `layer_bytes_per_token`): bitsandbytes' MatMul8bitLt saves
-    its input for the backward (bitsandbytes 0.50.2 autograd/_functions.py:187 in `MatMul8bitLt.forward`,
+    its input for the backward (bitsandbytes 0.50.2 autograd/_functions.py: MatMul8bitLt.forward,
     `ctx.tensors = (CAt, subA, A)`), so per layer and token an 8-bit run keeps d x (2 hidden + attention + MLP)
     bytes more than a 16-bit one: the two norms' outputs, the attention output and the MLP product."""
     from cudaload.policy.memory import estimate_training_memory
@@ -550,7 +551,8 @@ def test_8bit_training_keeps_the_matmul_inputs_too() -> None:
 
 def test_fp8_weights_are_kept_from_sm89_on(tmp_path: Path) -> None:
     """A FineGrainedFP8 checkpoint runs as stored on compute capability 8.9 and up (L4, L40, RTX 4090:
-    transformers' quantizer_finegrained_fp8.py:48-57), and is dequantized to bf16 below (A100, sm80);
+    transformers 5.22-5.25 quantizer_finegrained_fp8.py: FineGrainedFP8HfQuantizer.validate_environment),
+    and is dequantized to bf16 below (A100, sm80);
     sm89 itself is the boundary (tests/test_prequantized.py covers H100 and A100)."""
     from transformers import LlamaConfig
 

@@ -18,8 +18,9 @@ from model_shapes import llama
 KERNELS = {"kernels": "0.17.2"}  # transformers 5.22.2 accepts [0.17.2, 0.18.0)
 FA4 = {"flash-attn-4": "4.0.0b40"}
 
-# gpt-oss as transformers declares it: `_compatible_flash_implementations` (modeling_gpt_oss.py:390) and a
-# learnable `sinks` parameter per attention layer (modeling_gpt_oss.py:285).
+# gpt-oss as transformers declares it (transformers 5.22-5.25 models/gpt_oss/modeling_gpt_oss.py):
+# `GptOssPreTrainedModel._compatible_flash_implementations` and a learnable `sinks` parameter per attention layer
+# (`GptOssAttention.__init__`).
 GPT_OSS = replace(
     llama(8),
     source="gpt-oss-shaped",
@@ -89,7 +90,8 @@ def test_fa4_is_not_planned_for_sinks_on_sm120() -> None:
 
 
 def test_sink_kernels_are_not_planned_in_fp16() -> None:
-    # transformers casts s_aux to the query dtype (integrations/flash_attention.py:103); both kernels take bf16 only.
+    # transformers casts s_aux to the query dtype (transformers 5.22-5.25 integrations/flash_attention.py:
+    # flash_attention_forward); both kernels take bf16 only.
     result = plan(Machine.simulated("H100", packages={**FA4, **KERNELS}), GPT_OSS, hub_kernels=True, dtype="float16")
     assert not any(link.startswith(("kernels-community/vllm", "flash_attention")) for link in result.attention_chain)
     assert "bf16" in rejected(result)["kernels-community/vllm-flash-attn3"]
@@ -104,7 +106,8 @@ def test_sink_kernels_are_not_planned_in_fp16() -> None:
 
 
 def test_fa2_drops_sinks_so_a_sinks_model_never_gets_it() -> None:
-    # modeling_flash_attention_utils.py:705-709: s_aux goes only to a kernel taking `s_aux` or `learnable_sink`.
+    # s_aux goes only to a kernel taking `s_aux` or `learnable_sink`
+    # (transformers 5.22-5.25 modeling_flash_attention_utils.py: _process_flash_attention_kwargs).
     no_redirect = replace(GPT_OSS, compatible_flash=None)
     result = plan(Machine.simulated("A100", packages={"flash-attn": "2.8.3"}), no_redirect)
     assert "flash_attention_2" not in result.attention_chain
@@ -129,18 +132,21 @@ def _prequantized(method: str) -> ModelFacts:
 
 
 def test_nvfp4_checkpoints_are_refused_with_upstreams_reason() -> None:
-    # quantizer_nvfp4.py:53-54: `if self.pre_quantized: raise ValueError("Loading pre-quantized NVFP4 ...")`.
+    # transformers 5.22-5.25 quantizers/quantizer_nvfp4.py: NVFP4HfQuantizer.validate_environment:
+    # `if self.pre_quantized: raise ValueError("Loading pre-quantized NVFP4 ...")`.
     for machine in (Machine.simulated("B200", packages=KERNELS), Machine.simulated()):
         with pytest.raises(QuantizationError, match="Loading pre-quantized NVFP4 checkpoints is not supported yet"):
             plan(machine, _prequantized("nvfp4"))
 
 
+# Each message as transformers 5.22-5.25 quantizers/quantizer_fbgemm_fp8.py: FbgemmFp8HfQuantizer.validate_environment
+# raises it.
 @pytest.mark.parametrize(
     ("gpu", "packages", "error", "match"),
     [
-        ("A100", {"fbgemm-gpu": "1.4.0"}, QuantizationError, "compute capability >= 9.0"),  # quantizer_fbgemm_fp8.py:71
-        ("H100", {}, MissingPackageError, "requires fbgemm-gpu"),  # quantizer_fbgemm_fp8.py:59-63
-        (None, {"fbgemm-gpu": "1.4.0"}, QuantizationError, "requires a GPU"),  # quantizer_fbgemm_fp8.py:55-56
+        ("A100", {"fbgemm-gpu": "1.4.0"}, QuantizationError, "compute capability >= 9.0"),
+        ("H100", {}, MissingPackageError, "requires fbgemm-gpu"),
+        (None, {"fbgemm-gpu": "1.4.0"}, QuantizationError, "requires a GPU"),
     ],
 )
 def test_fbgemm_fp8_is_refused_where_transformers_refuses_it(gpu: str | None, packages, error, match) -> None:

@@ -138,9 +138,10 @@ class ModelFacts:
     generation: GenerationFacts | None = None
     """The KV-cache layout and generation flags (facts/kv_cache.py), read from the same config."""
     attention_sinks: bool = False
-    """Learnable attention sinks (gpt-oss's `self.sinks = nn.Parameter(...)`, modeling_gpt_oss.py:285): transformers
-    hands them to a FlashAttention kernel as `s_aux` or `learnable_sink` and silently drops them for a kernel that
-    takes neither (modeling_flash_attention_utils.py:705-709, 5.22.2)."""
+    """Learnable attention sinks (gpt-oss's `self.sinks = nn.Parameter(...)`,
+    transformers 5.22-5.25 models/gpt_oss/modeling_gpt_oss.py: GptOssAttention.__init__): transformers hands them
+    to a FlashAttention kernel as `s_aux` or `learnable_sink` and silently drops them for a kernel that takes neither
+    (transformers 5.22-5.25 modeling_flash_attention_utils.py: _process_flash_attention_kwargs)."""
     sub_model_sdpa: tuple[tuple[str, bool], ...] = ()
     """(sub-config name, its model class supports SDPA) per sub-model: transformers decides attention per
     sub-model (configuration_utils.py: `PreTrainedConfig._attn_implementation`'s setter takes a dict by

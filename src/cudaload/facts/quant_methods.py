@@ -107,10 +107,10 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             cpu_since="0.46.1",
             # nf4: 4 bits; absmax per block of 64 as uint8 (double quantization): 8/64; an fp32 scale per
             # 256 of those blocks: 32/(64·256). 4.127 bits per weight, as the QLoRA paper says
-            # (bitsandbytes/nn/modules.py:230-231: blocks of 64).
+            # (blocks of 64: bitsandbytes 0.50.2 nn/modules.py: Params4bit.__new__).
             bits_per_weight=4 + 8 / 64 + 32 / (64 * 256),
             row_scale_bytes=0,
-            # MatMul4Bit saves only the weight (bitsandbytes/autograd/_functions.py:357-358).
+            # MatMul4Bit saves only the weight (bitsandbytes 0.50.2 autograd/_functions.py: MatMul4Bit.forward).
             saves_input=False,
             optimizer=PAGED_ADAMW,
             auto=True,
@@ -127,7 +127,7 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             # LLM.int8: int8 weights (CB) and one fp32 scale per output row (SCB).
             bits_per_weight=8,
             row_scale_bytes=4,
-            # MatMul8bitLt saves its input (bitsandbytes/autograd/_functions.py:186-187).
+            # MatMul8bitLt saves its input (bitsandbytes 0.50.2 autograd/_functions.py: MatMul8bitLt.forward).
             saves_input=True,
             optimizer=PAGED_ADAMW,
             auto=False,

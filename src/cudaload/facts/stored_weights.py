@@ -8,23 +8,27 @@ quantized. Whether this machine can keep them quantized is the policy's question
 How each method stores a weight (paths relative to site-packages, transformers 5.22.2 and 5.25.0):
 
 - bitsandbytes 4-bit: upstream's `param_element_size` counts 0.5 bytes per quantized weight
-  (quantizers/quantizer_bnb_4bit.py:52-54, `quantized_element_size`); bitsandbytes also keeps an
-  absmax per block of 64 weights: fp32 (32/64 bits), or with double quantization a uint8 plus one
-  fp32 scale per 256 blocks (bitsandbytes/nn/modules.py:230-231, functional.py:938-940).
-- bitsandbytes 8-bit: 1 byte (quantizer_bnb_8bit.py:52-54).
+  (transformers 5.22-5.25 quantizers/quantizer_bnb_4bit.py: Bnb4BitHfQuantizer.quantized_element_size);
+  bitsandbytes also keeps an absmax per block of 64 weights (bitsandbytes 0.50.2 nn/modules.py: Params4bit.__new__):
+  fp32 (32/64 bits), or with double quantization a uint8 plus one fp32 scale per 256 blocks
+  (bitsandbytes 0.50.2 functional.py: quantize_4bit).
+- bitsandbytes 8-bit: 1 byte
+  (transformers 5.22-5.25 quantizers/quantizer_bnb_8bit.py: Bnb8BitHfQuantizer.quantized_element_size).
 - GPTQ / AWQ: `bits` packed into int32 (qweight), one fp16 scale and one packed zero point per
   `group_size` inputs (optimum / gptqmodel QuantLinear layouts): bits + (16 + bits) / group_size.
-- FP8 (`quant_method: "fp8"`, FineGrainedFP8): 1 byte (quantizer_finegrained_fp8.py:27-29) plus an
-  fp32 `weight_scale_inv` per `weight_block_size` block (default 128 x 128).
+- FP8 (`quant_method: "fp8"`, FineGrainedFP8): 1 byte
+  (transformers 5.22-5.25 quantizers/quantizer_finegrained_fp8.py: FineGrainedFP8HfQuantizer.quantized_element_size)
+  plus an fp32 `weight_scale_inv` per `weight_block_size` block (default 128 x 128).
 - MXFP4 (gpt-oss): only the MoE experts' `gate_up_proj`/`down_proj` are quantized, their biases are
-  not (quantizer_mxfp4.py:144-152, `param_needs_quantization`); 16 uint8 of packed fp4 values plus one
-  uint8 scale per 32 values (integrations/mxfp4.py:318-331, `Mxfp4GptOssExperts`): 4.25 bits.
+  not (transformers 5.22-5.25 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer.param_needs_quantization); 16 uint8
+  of packed fp4 values plus one uint8 scale per 32 values
+  (transformers 5.22-5.25 integrations/mxfp4.py: Mxfp4GptOssExperts.__init__): 4.25 bits.
 - compressed-tensors: `config_groups[*].weights.num_bits`, plus a 16-bit scale per group.
 
 Which weights: the methods that replace `nn.Linear` layers skip the output embeddings (`lm_head`,
 quantizers/base.py `get_keys_to_not_convert`) and the modules named in `modules_to_not_convert`
 (bitsandbytes: `llm_int8_skip_modules`), matched as upstream matches them
-(quantizers/quantizers_utils.py:26-37, `should_convert_module`).
+(transformers 5.22-5.25 quantizers/quantizers_utils.py: should_convert_module).
 """
 
 from __future__ import annotations
@@ -218,7 +222,7 @@ def read_quantization_config(config: Any) -> CheckpointQuantization | None:
 
 
 def _skipped(name: str, patterns: Iterable[str]) -> bool:
-    """transformers' `should_convert_module`, negated (quantizers/quantizers_utils.py:26-37)."""
+    """transformers' `should_convert_module`, negated (5.22-5.25 quantizers_utils.py: should_convert_module)."""
     boundary = r"(?:(?<=\.)|(?=\.|$))"
     return any(re.match(rf"(?:{key}){boundary}", name) or name.endswith(key) for key in patterns)
 

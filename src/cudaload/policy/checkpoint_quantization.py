@@ -19,8 +19,13 @@ __all__ = ["CheckpointPlan", "decide_checkpoint_quantization"]
 
 
 # transformers 5.22.2 dequantizes MXFP4 when use_kernels=True on CUDA and requires it on the CPU
-# (quantizer_mxfp4.py:171-184); 5.25.0 dropped both rules (5.23/5.24 not checked: treated as 5.22).
+# (transformers 5.22 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer._process_model_before_weight_loading);
+# 5.25.0 dropped both rules (5.23/5.24 not checked: treated as 5.22).
 MXFP4_USE_KERNELS_RULE_UNTIL = "5.25.0"
+# Where transformers decides, cited in the reasons shown to users.
+_MXFP4_CHECK = "transformers 5.22-5.25 quantizer_mxfp4.py: Mxfp4HfQuantizer.validate_environment"
+_FP8_CHECK = "transformers 5.22-5.25 quantizer_finegrained_fp8.py: FineGrainedFP8HfQuantizer.validate_environment"
+_FBGEMM_CHECK = "5.22-5.25 quantizer_fbgemm_fp8.py: FbgemmFp8HfQuantizer.validate_environment"
 
 
 def _at_least(machine: Machine, dist: str, minimum: str) -> tuple[bool, str]:
@@ -37,36 +42,38 @@ def _transformers_before(machine: Machine, version: str) -> bool:
 
 
 def _mxfp4_blocker(machine: Machine, use_kernels: bool) -> str | None:
-    """Why transformers would dequantize an MXFP4 checkpoint here (quantizer_mxfp4.py
-    `validate_environment`, 5.22.2 lines 63-121 and 171-184); None when it keeps it quantized."""
+    """Why transformers would dequantize an MXFP4 checkpoint here
+    (transformers 5.22-5.25 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer.validate_environment, and in 5.22
+    quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer._process_model_before_weight_loading); None when it keeps it
+    quantized."""
     old_rule = _transformers_before(machine, MXFP4_USE_KERNELS_RULE_UNTIL)
     kernels_ok, kernels_why = kernels_status(machine)
     if not machine.gpus:
         triton_ok, triton_why = _at_least(machine, "triton", "3.5.0")
         if not triton_ok:
-            return f"MXFP4 on a CPU needs triton >= 3.5.0 (quantizer_mxfp4.py:85-88, 104-111): {triton_why}"
+            return f"MXFP4 on a CPU needs triton >= 3.5.0 ({_MXFP4_CHECK}): {triton_why}"
         if not kernels_ok:
-            return f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:113-121): {kernels_why}"
+            return f"MXFP4 needs the `kernels` package ({_MXFP4_CHECK}): {kernels_why}"
         if old_rule and not use_kernels:
             return (
                 f"on a CPU transformers {machine.software.version('transformers')} runs MXFP4 only with "
-                "use_kernels=True (5.22 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer."
-                "_process_model_before_weight_loading), which fetches kernels-community/megablocks from the Hub: "
-                "pass use_kernels=True to keep it quantized"
+                "use_kernels=True "
+                "(5.22 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer._process_model_before_weight_loading), "
+                "which fetches kernels-community/megablocks from the Hub: pass use_kernels=True to keep it quantized"
             )
         return None
     gpu = min(machine.gpus, key=lambda g: g.capability)
     if gpu.capability < (7, 5):
-        return f"MXFP4 kernels need compute capability >= 7.5 and {gpu.name} is {gpu.sm} (quantizer_mxfp4.py:80-102)"
+        return f"MXFP4 kernels need compute capability >= 7.5 and {gpu.name} is {gpu.sm} ({_MXFP4_CHECK})"
     triton_ok, triton_why = _at_least(machine, "triton", "3.4.0")
     if not triton_ok:
-        return f"MXFP4 on CUDA needs triton >= 3.4.0 (quantizer_mxfp4.py:83, 104-111): {triton_why}"
+        return f"MXFP4 on CUDA needs triton >= 3.4.0 ({_MXFP4_CHECK}): {triton_why}"
     if not kernels_ok:
-        return f"MXFP4 needs the `kernels` package (quantizer_mxfp4.py:84, 113-121): {kernels_why}"
+        return f"MXFP4 needs the `kernels` package ({_MXFP4_CHECK}): {kernels_why}"
     if use_kernels and old_rule:
         return (
             f"use_kernels=True makes transformers {machine.software.version('transformers')} dequantize MXFP4 on "
-            "CUDA (quantizer_mxfp4.py:171-177)"
+            "CUDA (5.22 quantizer_mxfp4.py: Mxfp4HfQuantizer._process_model_before_weight_loading)"
         )
     return None
 
@@ -79,11 +86,16 @@ def _missing_packages(machine: Machine, checkpoint: CheckpointQuantization) -> s
         return None if usable else why
     needs: tuple[tuple[str, str], ...] = ()
     if checkpoint.method == "gptq":
-        needs = (("optimum", "1.24.0"), ("gptqmodel", "1.4.3"))  # quantizer_gptq.py:35-36, 55-72
+        # transformers 5.22-5.25 quantizers/quantizer_gptq.py: GptqHfQuantizer.validate_environment
+        # (and MIN_OPTIMUM_VERSION, MIN_GPTQ_VERSION)
+        needs = (("optimum", "1.24.0"), ("gptqmodel", "1.4.3"))
     elif checkpoint.method == "awq":
-        needs = (("gptqmodel", "0"),)  # quantizer_awq.py:45-49
+        # transformers 5.22-5.25 quantizers/quantizer_awq.py: AwqQuantizer.validate_environment
+        needs = (("gptqmodel", "0"),)
     elif checkpoint.method == "compressed-tensors":
-        needs = (("compressed-tensors", "0.15.0"),)  # quantizer_compressed_tensors.py:68-72
+        # transformers 5.22-5.25 quantizers/quantizer_compressed_tensors.py:
+        # CompressedTensorsHfQuantizer.validate_environment
+        needs = (("compressed-tensors", "0.15.0"),)
     problems = [why for ok, why in (_at_least(machine, d, v) for d, v in needs) if not ok]
     return "; ".join(problems) or None
 
@@ -97,15 +109,12 @@ def _dequantized_why(machine: Machine, checkpoint: CheckpointQuantization, use_k
     if checkpoint.method == "mxfp4":
         return _mxfp4_blocker(machine, use_kernels)
     if checkpoint.method == "fp8":
-        # quantizer_finegrained_fp8.py:39-57: no GPU, or below sm89, dequantizes to bf16.
+        # No GPU, or below sm89, dequantizes to bf16 (_FP8_CHECK).
         if not machine.gpus:
-            return "FP8 weights need a GPU (quantizer_finegrained_fp8.py:39-46)"
+            return f"FP8 weights need a GPU ({_FP8_CHECK})"
         gpu = min(machine.gpus, key=lambda g: g.capability)
         if gpu.capability < (8, 9):
-            return (
-                f"FP8 matmuls need compute capability >= 8.9 and {gpu.name} is {gpu.sm} "
-                "(quantizer_finegrained_fp8.py:48-57)"
-            )
+            return f"FP8 matmuls need compute capability >= 8.9 and {gpu.name} is {gpu.sm} ({_FP8_CHECK})"
     if checkpoint.method == "compressed-tensors":
         # Without the FP8 kernel path the compressed weights are decompressed on the first forward
         # (quantizer_compressed_tensors.py, `_process_model_after_weight_loading`); the FP8 path needs
@@ -127,7 +136,7 @@ def _refuse_unloadable(machine: Machine, model: ModelFacts, checkpoint: Checkpoi
     if checkpoint.method == "nvfp4":
         raise QuantizationError(
             f'{what}, and transformers refuses to load one: "Loading pre-quantized NVFP4 checkpoints is not '
-            'supported yet." (quantizers/quantizer_nvfp4.py:53-54, `validate_environment`, 5.22.2 and 5.25.0). '
+            'supported yet." (5.22-5.25 quantizers/quantizer_nvfp4.py: NVFP4HfQuantizer.validate_environment). '
             "Use the unquantized checkpoint (NVFP4 can quantize it at load on sm100+), or another format."
         )
     if checkpoint.method != "fbgemm_fp8":
@@ -135,21 +144,21 @@ def _refuse_unloadable(machine: Machine, model: ModelFacts, checkpoint: Checkpoi
     if not machine.gpus:
         raise QuantizationError(
             f'{what}, and transformers refuses it without a GPU: "Using fbgemm fp8 quantization requires a GPU or '
-            'XPU" (quantizers/quantizer_fbgemm_fp8.py:55-56). Plan it for a GPU with compute capability >= 9.0.'
+            f'XPU" ({_FBGEMM_CHECK}). Plan it for a GPU with compute capability >= 9.0.'
         )
-    # The quantizer reads torch.cuda.get_device_capability() of the current device (quantizer_fbgemm_fp8.py:68-74):
+    # The quantizer reads torch.cuda.get_device_capability() of the current device (_FBGEMM_CHECK):
     # cudaload makes the GPU it places the model on current (the `cuda_device` decision), the weakest of a spread.
     gpu = min(machine.gpus, key=lambda g: g.capability)
     if gpu.capability < (9, 0):
         raise QuantizationError(
             f'{what}, and {gpu.name} is {gpu.sm}: transformers refuses it, "FP8 quantized models is only supported '
-            'on GPUs with compute capability >= 9.0 (e.g H100)" (quantizers/quantizer_fbgemm_fp8.py:68-74). '
+            f'on GPUs with compute capability >= 9.0 (e.g H100)" ({_FBGEMM_CHECK}). '
             "Use a Hopper or newer GPU, or the unquantized checkpoint."
         )
     if not any(machine.software.version(d) for d in ("fbgemm-gpu", "fbgemm-gpu-genai")):
         raise MissingPackageError(
             f'{what}, and fbgemm-gpu is not installed: transformers raises "Loading an FP8 fbgemm quantized model '
-            'on CUDA requires fbgemm-gpu library" (quantizers/quantizer_fbgemm_fp8.py:59-63). Install fbgemm-gpu '
+            f'on CUDA requires fbgemm-gpu library" ({_FBGEMM_CHECK}). Install fbgemm-gpu '
             "(https://pytorch.org/FBGEMM/fbgemm_gpu-development/InstallationInstructions.html)."
         )
 
@@ -202,7 +211,9 @@ def decide_checkpoint_quantization(
             f"{checkpoint.bits:.3g} bits (~{format_bytes(stored)}), the other {rest:,} parameters in {dtype}; "
             "cudaload never quantizes it again"
         )
-        trainable = checkpoint.method != "mxfp4"  # quantizer_mxfp4.py:208-213: is_trainable is False
+        # MXFP4 does not train quantized (transformers 5.22-5.25 quantizers/quantizer_mxfp4.py:
+        # Mxfp4HfQuantizer.is_trainable is False).
+        trainable = checkpoint.method != "mxfp4"
         return CheckpointPlan(
             Decision(
                 "checkpoint_quantization",
@@ -215,8 +226,10 @@ def decide_checkpoint_quantization(
             trainable,
             warnings,
         )
-    # MXFP4 and FP8 dequantize to bf16 (quantizer_mxfp4.py:99-120 "dequantizing the model to bf16",
-    # integrations/mxfp4.py `_convert_moe_packed_tensors(dtype=torch.bfloat16)`; quantizer_finegrained_fp8.py:42, 54).
+    # MXFP4 and FP8 dequantize to bf16: "dequantizing the model to bf16" in
+    # transformers 5.22-5.25 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer.validate_environment and
+    # 5.22-5.25 quantizers/quantizer_finegrained_fp8.py: FineGrainedFP8HfQuantizer.validate_environment;
+    # `dtype=torch.bfloat16` in 5.22-5.25 integrations/mxfp4.py: _convert_moe_packed_tensors.
     target = "bfloat16" if checkpoint.method in ("mxfp4", "fp8") else dtype
     decision = Decision(
         "checkpoint_quantization",

@@ -19,8 +19,8 @@ def _transformers_at_least(machine: Machine, minimum: str) -> bool:
 def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: str | None, offloaded: bool) -> str | None:
     """Why generate() will not auto-compile on this plan (None when it would with a static cache)."""
     if not machine.gpus:
-        # `_valid_auto_compile_criteria` (generation/utils.py): `self.device.type in ["cuda", "xpu", "neuron", "tpu"]`
-        # in 5.22-5.24; 5.25.0 adds "mps" (line 2450). A CPU never qualifies.
+        # transformers 5.22-5.25 generation/utils.py: GenerationMixin._valid_auto_compile_criteria asks for
+        # `self.device.type in ["cuda", "xpu", "neuron", "tpu"]` in 5.22-5.24; 5.25.0 adds "mps". A CPU never qualifies.
         devices = "cuda/xpu/neuron/tpu/mps" if _transformers_at_least(machine, "5.25") else "cuda/xpu/neuron/tpu"
         return f"no CUDA GPU (generate() compiles only on {devices}; never on a CPU)"
     if quantized is not None and quantized not in COMPILEABLE_QUANT_METHODS:

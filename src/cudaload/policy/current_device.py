@@ -96,11 +96,13 @@ def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) 
     """The CUDA device to make current before a pre-quantized checkpoint loads on GPUs of different compute
     capability in one process (None when there is no such question).
 
-    transformers' quantizers judge the *current* device, not the one the weights go on:
-    quantizer_mxfp4.py `validate_environment` (`torch.cuda.get_device_capability()`, 5.22.2 lines 80-102),
-    quantizer_finegrained_fp8.py:48-57, quantizer_fbgemm_fp8.py:68-74, compressed-tensors. cudaload judges the GPU
-    the model goes on (the weakest of a spread), so `load()` makes that GPU current (`torch.cuda.set_device`) and
-    both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other would."""
+    transformers' quantizers judge the *current* device (`torch.cuda.get_device_capability()`), not the one the
+    weights go on: transformers 5.22-5.25 quantizers/quantizer_mxfp4.py: Mxfp4HfQuantizer.validate_environment,
+    5.22-5.25 quantizers/quantizer_finegrained_fp8.py: FineGrainedFP8HfQuantizer.validate_environment,
+    5.22-5.25 quantizers/quantizer_fbgemm_fp8.py: FbgemmFp8HfQuantizer.validate_environment, compressed-tensors.
+    cudaload judges the GPU the model goes on (the weakest of a spread), so `load()` makes that GPU current
+    (`torch.cuda.set_device`) and both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other
+    would."""
     if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
         return None
     pinned = pinned_gpu(device_map)

@@ -120,8 +120,8 @@ def _fa2_versions(model: ModelFacts, installed: str | None) -> tuple[str, ...]:
 
 def _fa2_sinks(gpu: Gpu, dtype: str, installed: str | None) -> tuple[str, ...]:
     return (
-        "the model has attention sinks and FlashAttention-2 takes neither `s_aux` nor `learnable_sink`: "
-        "transformers would drop them silently (modeling_flash_attention_utils.py:705-709)",
+        "the model has attention sinks and FlashAttention-2 takes neither `s_aux` nor `learnable_sink`: transformers "
+        "would drop them silently (5.22-5.25 modeling_flash_attention_utils.py: _process_flash_attention_kwargs)",
     )
 
 

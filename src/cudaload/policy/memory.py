@@ -10,22 +10,24 @@ plan's dtype (2 in bf16/fp16, 4 in fp32).
 
 weights
     16-bit: parameters x d. 4-bit (nf4, double quantization, QLoRA): linear layers at
-    4 + 8/64 + 32/(64·256) = 4.127 bits (bitsandbytes/nn/modules.py:230-231: blocks of 64;
-    functional.py:938-940: their absmax re-quantized to uint8 in blocks of 256 with an fp32
-    scale each), the rest (embeddings, lm_head, norms) in d. 8-bit (LLM.int8): one int8 per
-    weight plus one fp32 scale per output row (nn/modules.py:743, `CB, SCB`).
+    4 + 8/64 + 32/(64·256) = 4.127 bits (blocks of 64: bitsandbytes 0.50.2 nn/modules.py: Params4bit.__new__;
+    their absmax re-quantized to uint8 in blocks of 256 with an fp32 scale each:
+    bitsandbytes 0.50.2 functional.py: quantize_4bit), the rest (embeddings, lm_head, norms) in d.
+    8-bit (LLM.int8): one int8 per weight plus one fp32 scale per output row
+    (`CB, SCB`: bitsandbytes 0.50.2 nn/modules.py: Int8Params._quantize).
 lora
-    r·(fan_in + fan_out) parameters per wrapped layer, kept in fp32 (peft/mapping_func.py:110,
-    `autocast_adapter_dtype=True`; peft/tuners/tuners_utils.py:2705-2745 upcasts bf16/fp16
-    adapters to fp32): 4 bytes of weight + 4 of gradient + the optimizer's state. AdamW in
+    r·(fan_in + fan_out) parameters per wrapped layer, kept in fp32 (`autocast_adapter_dtype=True` in
+    peft 0.21.2 mapping_func.py: get_peft_model; peft 0.21.2 tuners/tuners_utils.py: cast_adapter_dtype
+    upcasts bf16/fp16 adapters to fp32): 4 bytes of weight + 4 of gradient + the optimizer's state. AdamW in
     torch (adamw_torch, adamw_torch_fused): exp_avg + exp_avg_sq in fp32, 8 bytes.
-    paged_adamw_8bit (QLoRA on CUDA; transformers/trainer_optimizer.py:253-289 builds
-    bitsandbytes' AdamW with optim_bits=8, is_paged=True): bitsandbytes/optim/optimizer.py:502-529
-    keeps two uint8 states (2 bytes) plus an fp32 absmax per block of 256 for each
-    (8/256 bytes), so 2.03125 bytes per parameter; a tensor under `min_8bit_size` = 4096
-    elements (optim/adamw.py:20) keeps fp32 states (8 bytes). The two 256-entry quantization
-    maps are shared by all parameters (`name2qmap`). Paged states (>= 1e5 elements,
-    optimizer.py:383-391) are CUDA unified memory: resident on the GPU unless evicted, so counted.
+    paged_adamw_8bit (QLoRA on CUDA; transformers 5.22-5.25 trainer_optimizer.py: _get_bitsandbytes_optimizer
+    builds bitsandbytes' AdamW with optim_bits=8, is_paged=True):
+    bitsandbytes 0.50.2 optim/optimizer.py: Optimizer2State.init_state keeps two uint8 states (2 bytes) plus an
+    fp32 absmax per block of 256 for each (8/256 bytes), so 2.03125 bytes per parameter; a tensor under
+    `min_8bit_size` = 4096 elements (bitsandbytes 0.50.2 optim/adamw.py: AdamW.__init__) keeps fp32 states
+    (8 bytes). The two 256-entry quantization maps are shared by all parameters (`name2qmap`). Paged states
+    (>= 1e5 elements, bitsandbytes 0.50.2 optim/optimizer.py: Optimizer8bit.get_state_buffer) are CUDA unified
+    memory: resident on the GPU unless evicted, so counted.
 activations
     The logits, for the loss (see `logits_bytes_per_element`): 12·s·b·V bytes in every dtype,
     usually the largest single term for models with big vocabularies.
@@ -64,7 +66,8 @@ __all__ = [
 
 CUDA_OVERHEAD = 1 << 30  # CUDA context + allocator slack
 FP32 = 4
-# bitsandbytes 8-bit optimizers (bitsandbytes/optim/optimizer.py:502-529, optim/adamw.py:20).
+# bitsandbytes 8-bit optimizers (bitsandbytes 0.50.2 optim/optimizer.py: Optimizer2State.init_state and
+# bitsandbytes 0.50.2 optim/adamw.py: AdamW.__init__).
 BNB_MIN_8BIT_SIZE = 4096
 BNB_STATE_BLOCK = 256
 LLAMA_STYLE = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -75,8 +78,9 @@ def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None, *, dequant
 
     An already-quantized checkpoint (`model.quantization`, with `quantize` None or "checkpoint") has
     its quantized weights at the bits it stores them in, as transformers' `param_element_size` sizes
-    them (quantizers/base.py:129-132), or in `dequantized_to` when transformers dequantizes them on
-    this machine (policy/checkpoint_quantization.py, `decide_checkpoint_quantization`); the rest in dtype.
+    them (transformers 5.22-5.25 quantizers/base.py: HfQuantizer.param_element_size), or in `dequantized_to`
+    when transformers dequantizes them on this machine (policy/checkpoint_quantization.py,
+    `decide_checkpoint_quantization`); the rest in dtype.
     """
     checkpoint = model.quantization
     if checkpoint is not None and quantize in (None, "checkpoint"):
@@ -126,13 +130,14 @@ def lora_tensor_bytes(numel: int, optim: str) -> int:
 def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False, softcapped: bool = False) -> int:
     """Peak bytes per logit (per token x vocabulary entry) of the causal-LM loss and its backward.
 
-    The model computes logits for every position in training (`logits_to_keep=0`,
-    transformers/models/qwen3/modeling_qwen3.py:480-481; the same in modeling_llama.py:467-468):
-    one tensor of s·b x V in the dtype (d bytes). `ForCausalLMLoss`
-    (transformers/loss/loss_utils.py:51-73) upcasts it with `logits.float()` (line 61: a new fp32
-    tensor when d < 4, the same tensor in fp32), shifts the labels rather than the logits (lines
-    65-66: no copy), and calls `cross_entropy` (line 42), which is log_softmax (an fp32 output,
-    saved for the backward) + nll_loss. The upcast copy is saved by nothing (a dtype cast saves
+    The model computes logits for every position in training (`logits_to_keep=0`:
+    transformers 5.22-5.25 models/qwen3/modeling_qwen3.py: Qwen3ForCausalLM.forward; the same in
+    5.22-5.25 models/llama/modeling_llama.py: LlamaForCausalLM.forward): one tensor of s·b x V in the dtype
+    (d bytes). `ForCausalLMLoss` (transformers 5.22-5.25 loss/loss_utils.py: ForCausalLMLoss) upcasts it with
+    `logits.float()` (a new fp32 tensor when d < 4, the same tensor in fp32), shifts the labels rather than the
+    logits (`nn.functional.pad(labels, ...)`: no copy), and calls `cross_entropy`
+    (5.22-5.25 loss/loss_utils.py: fixed_cross_entropy), which is log_softmax (an fp32 output, saved for the
+    backward) + nll_loss. The upcast copy is saved by nothing (a dtype cast saves
     no tensor), so it dies with the loss function.
 
     forward peak  = d (logits) + 4 (fp32 copy, when d < 4) + 4 (log-probs) = 10 in bf16, 8 in fp32
@@ -167,18 +172,19 @@ def layer_bytes_per_token(
 
     Frozen base linears save no activation (torch saves the input of a matmul only for the
     weight's gradient; bitsandbytes' MatMul4Bit saves only the weight,
-    bitsandbytes/autograd/_functions.py:357-358), except LLM.int8, which saves its input
-    (_functions.py:186-187). Llama-style layer (transformers/models/qwen3/modeling_qwen3.py,
-    modeling_llama.py), with q = attention width, I = MLP width:
+    bitsandbytes 0.50.2 autograd/_functions.py: MatMul4Bit.forward), except LLM.int8, which saves its input
+    (bitsandbytes 0.50.2 autograd/_functions.py: MatMul8bitLt.forward). Llama-style layer
+    (transformers/models/qwen3/modeling_qwen3.py, modeling_llama.py), with q = attention width, I = MLP width:
 
-    - two RMSNorms save the fp32 upcast of their input (modeling_qwen3.py:60-63): 2 x 4h;
+    - two RMSNorms save the fp32 upcast of their input
+      (transformers 5.22-5.25 models/qwen3/modeling_qwen3.py: Qwen3RMSNorm.forward): 2 x 4h;
     - fused attention (SDPA / flash) saves q, k, v and its output: d·4q, with k and v repeated to
       every head as transformers does when a padding mask is passed
       (transformers 5.22-5.25 integrations/sdpa_attention.py: use_gqa_in_sdpa, then repeat_kv;
       without a mask GQA keeps them narrower);
-    - the SwiGLU MLP (modeling_qwen3.py:81) saves act_fn's input and both operands of the product:
-      3·d·I;
-    - each LoRA adapter (peft/tuners/lora/layer.py:1100-1102: `lora_B(lora_A(dropout(x)))` with x
+    - the SwiGLU MLP (transformers 5.22-5.25 models/qwen3/modeling_qwen3.py: Qwen3MLP.forward) saves act_fn's
+      input and both operands of the product: 3·d·I;
+    - each LoRA adapter (peft 0.21.2 tuners/lora/layer.py: Linear.forward, `lora_B(lora_A(dropout(x)))` with x
       cast to the fp32 adapter dtype) saves its dropout mask (bool on CUDA: 1 byte; on CPU torch's
       dropout saves a float noise tensor: 4 bytes) and the input of lora_A (d: autocast casts it to
       the compute dtype; fp32 without autocast): (m + d) x fan_in per adapter. The plan's default

@@ -199,9 +199,10 @@ def launcher_precision(machine: Machine) -> tuple[Decision, Decision] | None:
     )
 
 
-# torch lists "cpu" among the devices with fused optimizer kernels (`_get_fused_kernels_supported_devices` in
-# torch/utils/_foreach_utils.py, 2.13.0), and transformers defaults `optim` to "adamw_torch_fused" when torch >= 2.8
-# (`default_optim` in TrainingArguments.__post_init__, training_args.py: line 805 in 5.22.2, 811 in 5.25.0).
+# torch lists "cpu" among the devices with fused optimizer kernels
+# (torch 2.13 utils/_foreach_utils.py: _get_fused_kernels_supported_devices), and transformers defaults `optim` to
+# "adamw_torch_fused" when torch >= 2.8 (in the class body: transformers 5.22-5.25 training_args.py:
+# TrainingArguments.default_optim).
 CPU_FUSED_ADAMW_SINCE = "2.8"
 
 
