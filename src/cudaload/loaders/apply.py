@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import CudaloadError, CudaloadWarning, describe_error
+from ..facts.quant_methods import config_method
 from ..plans import Decision, Plan, Rejected
 from .applied import AppliedPlan, Fallback
 from .attribution import _is_attention_failure, _no_fallback, _unrelated
@@ -94,8 +95,8 @@ def apply_plan(
     from ..upstream_imports import import_bitsandbytes, import_transformers
 
     import_transformers()
-    if "quantization_config" in plan.kwargs or any(d.setting == "checkpoint_quantization" for d in plan.decisions):
-        import_bitsandbytes(hub_code=plan.hub_code)  # transformers' quantizers import it: no Hub code unasked
+    if _quantizes_with_bitsandbytes(plan):  # transformers' bitsandbytes quantizer imports it: no Hub code unasked
+        import_bitsandbytes(hub_code=plan.hub_code)
     # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
     # current device (policy/current_device.py, `decide_rank_device` and `decide_current_device`).
     set_rank_device(plan)
@@ -173,6 +174,16 @@ def apply_plan(
     model.cudaload_plan = applied
     logger.info("%s", _summary(applied, type(model).__name__))
     return model
+
+
+def _quantizes_with_bitsandbytes(plan: Plan) -> bool:
+    """The plan quantizes with bitsandbytes (its quantization_config, built by a bitsandbytes record or as the
+    default BitsAndBytesConfig) or loads a bitsandbytes checkpoint kept quantized."""
+    if "quantization_config" in plan.kwargs:
+        method = config_method(plan.decisions)
+        if method is None or method.package == "bitsandbytes":
+            return True
+    return any(d.setting == "checkpoint_quantization" and d.value == "bitsandbytes" for d in plan.decisions)
 
 
 def _generation_dtype_note(plan: Plan, dtype: str) -> tuple[str, ...]:
