@@ -29,6 +29,7 @@ import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -259,13 +260,19 @@ def test_outputs_wrap_with_a_hanging_indent_and_code_does_not(site: Path) -> Non
     assert "output-line" not in python_block
 
 
-def test_the_hanging_indent_rule() -> None:
+def _docs_hooks() -> Any:
+    """The site's build hooks (tools/docs-assets/hooks.py), which import mkdocs."""
     spec = importlib.util.spec_from_file_location("docs_hooks", HOOKS)
     assert spec is not None and spec.loader is not None
     hooks = importlib.util.module_from_spec(spec)
     if importlib.util.find_spec("mkdocs") is None:
         pytest.skip("mkdocs is not installed (the dev extra)")
     spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_the_hanging_indent_rule() -> None:
+    hooks = _docs_hooks()
     assert hooks.hang("  dtype                bfloat16                              tie: bf16 at 0.90x") == 27
     assert hooks.hang("                       x float32                             est. 0.01 s") == 27
     assert hooks.hang("    generation.kv_cache              256                                   256 B") == 41
@@ -305,12 +312,7 @@ def test_flags_and_table_names_break_only_between_words(site: Path) -> None:
 
 
 def test_the_flag_and_name_rules() -> None:
-    spec = importlib.util.spec_from_file_location("docs_hooks", HOOKS)
-    assert spec is not None and spec.loader is not None
-    hooks = importlib.util.module_from_spec(spec)
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed (the dev extra)")
-    spec.loader.exec_module(hooks)
+    hooks = _docs_hooks()
     block = '<pre><span></span><code><span class="o">--random-weights</span> x-y --gpu T4 --seq-len 64</code></pre>'
     assert hooks.keep_flags_whole(block) == (
         '<pre><span></span><code><span class="o"><span class="flag">--random-weights</span></span> x-y --gpu T4 '
