@@ -21,6 +21,8 @@ What counts as an example, in a page:
     speed): it is regenerated, and the test checks that the example runs but does not compare;
   - `<!-- output: this machine; test: tests/FILE.py -->`: the same, but the docs test does not run
     it because tests/FILE.py runs the same code (used for the slow ones: a benchmark).
+  - `<!-- output: tested set -->`: the output shows what the tested set's releases decide (which `kernels`
+    the pinned transformers accepts): on another dependency set the test runs it and compares nothing.
   Say in the page which machine such an output comes from.
 Other blocks (```bash set-up steps, ```text without `$`, ```mermaid) are not examples.
 
@@ -66,6 +68,8 @@ class Example:
     """The output depends on the machine that ran it: regenerated, never compared."""
     covered_by: str | None = None
     """A test file that runs the same code: the docs test does not run this example."""
+    tested_set: bool = False
+    """The output is the tested set's decision: compared only where the tested set is installed."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,10 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
                 raise ValueError(f"{name}:{line}: '<!-- not run: WHY -->' needs a reason")
             skipped.append(Skipped(name, line, marker[1]))
             continue
-        this_machine, covered_by = False, None
-        if marker is not None:
+        this_machine, covered_by, tested_set = False, None, False
+        if marker is not None and marker[1] == "tested set":
+            tested_set = True
+        elif marker is not None:
             qualifier = re.fullmatch(r"this machine(?:;\s*test:\s*(\S+))?", marker[1])
             if qualifier is None:
                 raise ValueError(f"{name}:{line}: unknown qualifier <!-- output: {marker[1]} -->")
@@ -118,7 +124,7 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
         if kind == "text" and body.startswith("$ "):
             command, _, output = body.partition("\n")
             span = (fence.start(2) + len(command) + 1, fence.end(2))
-            found.append(Example(name, line, "shell", command[2:], output, span, this_machine, covered_by))
+            found.append(Example(name, line, "shell", command[2:], output, span, this_machine, covered_by, tested_set))
         elif kind == "python" and SCRIPT.match(body):
             found.append(Example(name, line, "file", body))
         elif kind == "python":
@@ -132,7 +138,7 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
                 ):
                     output, span = following.group(2), (following.start(2), following.end(2))
                     used_as_output.add(i + 1)
-            found.append(Example(name, line, "python", body, output, span, this_machine, covered_by))
+            found.append(Example(name, line, "python", body, output, span, this_machine, covered_by, tested_set))
     return found, skipped
 
 
