@@ -139,3 +139,22 @@ def test_a_task_type_of_another_head_is_refused(tiny_models, task_type) -> None:
 def test_the_models_own_task_type_is_accepted(tiny_models) -> None:
     plan = cudaload.plan(str(tiny_models["llama"]), finetune=True, lora={"task_type": "CAUSAL_LM"})
     assert plan.finetune is not None and plan.finetune.lora["task_type"] == "CAUSAL_LM"
+
+
+def test_a_plan_made_under_a_newer_transformers_names_both_versions(tiny_models, tmp_path) -> None:
+    import transformers
+    from transformers import TrainingArguments
+
+    from cudaload.upstream import version_at_least
+
+    machine = cudaload.Machine.simulated("A100", packages={"transformers": "5.25.0"})
+    plan = cudaload.plan(str(tiny_models["llama"]), machine=machine, finetune=True)
+    if version_at_least(transformers.__version__, "5.23.dev0"):
+        arguments = cudaload.training_arguments(plan, output_dir=str(tmp_path), bf16=False, tf32=False)
+        assert TrainingArguments(**arguments).activation_checkpointing is True
+        return
+    with pytest.raises(
+        FinetuneConfigError,
+        match=rf"planned for transformers 5\.25\.0 .* transformers {transformers.__version__} is installed",
+    ):
+        cudaload.training_arguments(plan, output_dir=str(tmp_path))
