@@ -21,13 +21,14 @@ def lora_targets(model: ModelFacts, requested: Any) -> tuple[str, ...]:
             raise FinetuneConfigError(f"{model.model_class} has no linear layers for LoRA to wrap.")
         return model.linear_names
     names = (requested,) if isinstance(requested, str) else tuple(requested)
-    known = (*model.linear_names, *((OUTPUT_LAYER,) if has_output_layer(model) else ()))
-    unknown = [n for n in names if n not in known]
+    output = (OUTPUT_LAYER,) if has_output_layer(model) else ()
+    unknown = [n for n in names if n not in (*model.linear_names, *output)]
     if unknown:
         raise FinetuneConfigError(
             f"LoRA target_modules {unknown} match no linear layer of {model.model_class}. Its linear layers are "
-            f"{list(known)}; pick from those, pass 'all-linear', or a regular expression peft matches against "
-            "each module's full name (e.g. r'.*\\.(q_proj|v_proj)')."
+            f"{list(model.linear_names)}{' (and the output layer lm_head)' if output else ''}; pick from those, pass "
+            "'all-linear', or a regular expression peft matches against each module's full name (e.g. "
+            "r'.*\\.(q_proj|v_proj)')."
         )
     return names
 
