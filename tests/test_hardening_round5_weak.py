@@ -158,3 +158,10 @@ def test_a_plan_made_under_a_newer_transformers_names_both_versions(tiny_models,
         match=rf"planned for transformers 5\.25\.0 .* transformers {transformers.__version__} is installed",
     ):
         cudaload.training_arguments(plan, output_dir=str(tmp_path))
+
+
+def test_the_output_layer_is_wrapped_by_peft_when_named(tiny_models) -> None:
+    model = cudaload.load_for_finetune(
+        str(tiny_models["llama"]), lora={"target_modules": ["q_proj", "lm_head"], "r": 4}, dtype="float32"
+    )
+    assert {name.rsplit(".", 1)[-1] for name in model.targeted_module_names} == {"q_proj", "lm_head"}
