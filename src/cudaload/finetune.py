@@ -288,6 +288,7 @@ def training_arguments(
             "cudaload.plan(..., finetune=True) or load the model with load_for_finetune()."
         )
     planned = dict(the_plan.finetune.training_arguments)
+    _check_checkpointing_name(the_plan, planned)
     for names in _RENAMED:
         yours = [name for name in names if name in overrides]
         if not yours:
@@ -305,6 +306,30 @@ def training_arguments(
                 stacklevel=2,
             )
     return {**planned, **overrides}
+
+
+def _check_checkpointing_name(the_plan: Plan, planned: Mapping[str, Any]) -> None:
+    """A plan made under transformers >= 5.23 (`activation_checkpointing`) cannot go to an older
+    TrainingArguments, which raises a bare TypeError ("unexpected keyword argument"). (The other way round
+    works: 5.23+ still takes `gradient_checkpointing`, with a FutureWarning.)"""
+    from .installed import installed_versions
+    from .policy.training import CHECKPOINTING_RENAMED_SINCE
+    from .upstream import version_at_least
+
+    here = installed_versions().get("transformers")
+    if here is None or "activation_checkpointing" not in planned or version_at_least(here, CHECKPOINTING_RENAMED_SINCE):
+        return
+    import re
+
+    # A plan for a simulated machine lists its packages ("...: torch 2.13.0, transformers 5.25.0, ...").
+    assumed = re.search(r"\btransformers (\S+?)(?:,|$)", the_plan.assumed_packages or "")
+    made_for = assumed.group(1) if assumed else "5.23 or newer"
+    raise FinetuneConfigError(
+        f"This plan's TrainingArguments flags were planned for transformers {made_for} "
+        f"(activation_checkpointing=...), but transformers {here} is installed here, whose TrainingArguments "
+        "takes gradient_checkpointing (transformers 5.23 renamed it). Plan again on this machine "
+        "(cudaload.plan(model, finetune=True)), or install the transformers the plan was made for."
+    )
 
 
 # TrainingArguments' checkpointing flags, old name first: transformers 5.23 renamed them

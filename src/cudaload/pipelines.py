@@ -71,6 +71,32 @@ def _check_plan_for(task: str, plan: Plan, given: list[str]) -> None:
         )
 
 
+# pipeline_kwargs that transformers.pipeline() would take from cudaload's own arguments: the model and the
+# tokenizer are passed by cudaload (a second one is a TypeError after loading), and device, device_map and dtype
+# would re-place or re-cast a model the plan already placed (transformers 5.25 pipelines/base.py:
+# Pipeline.__init__ moves a loaded model to `device`) or be ignored for a loaded model (dtype).
+_LOAD_SETTINGS = {
+    "model": "pass the model once, as pipeline()'s second argument",
+    "tokenizer": "cudaload builds the tokenizer with tokenizer_for(); pass its options as tokenizer_kwargs=",
+    "device": "the plan places the model; pass device_map= as a keyword of pipeline() (e.g. device_map='cpu')",
+    "device_map": "pass device_map= as a keyword of pipeline(), so the plan checks it against this machine",
+    "dtype": "pass dtype= as a keyword of pipeline(), so the plan loads the weights in it",
+    "torch_dtype": "pass dtype= as a keyword of pipeline(), so the plan loads the weights in it",
+}
+
+
+def _check_pipeline_kwargs(task: str, pipeline_kwargs: Mapping[str, Any] | None) -> None:
+    """Refuse, before loading, a pipeline_kwargs key that is a load setting (see _LOAD_SETTINGS)."""
+    for key, instead in _LOAD_SETTINGS.items():
+        if key in (pipeline_kwargs or {}):
+            value = (pipeline_kwargs or {})[key]
+            shown = repr(value) if isinstance(value, (str, int, float)) or value is None else type(value).__name__
+            raise SettingError(
+                f"pipeline({task!r}, pipeline_kwargs={{{key!r}: {shown}}}): {key} is not a pipeline setting here, "
+                f"as cudaload loads the model for this machine itself: {instead}."
+            )
+
+
 def pipeline(
     task: str,
     model: str | os.PathLike[str] | Plan,
@@ -117,7 +143,9 @@ def pipeline(
     Raises:
         SettingError: an unknown task or one the installed transformers lacks (before loading), a
             `model_class`/`generate` override (the task decides them),
-            or a Plan made for another Auto class, for fine-tuning, or given with overrides.
+            or a Plan made for another Auto class, for fine-tuning, or given with overrides; a
+            `pipeline_kwargs` key that is a load setting (model, tokenizer, device, device_map, dtype,
+            torch_dtype), before loading.
         ModelConfigError, LoadFailedError: as `load()` and `tokenizer_for()` raise them (and every
             other error `load()` raises for an impossible override).
 
@@ -152,6 +180,7 @@ def pipeline(
             f"{', '.join(sorted(TASK_MODEL_CLASSES))}, or load the model with cudaload.load(..., model_class=...) "
             "and build transformers.pipeline() yourself."
         )
+    _check_pipeline_kwargs(task, pipeline_kwargs)
     for key in ("model_class", "generate"):
         if key in overrides:
             raise SettingError(

@@ -78,6 +78,7 @@ def _optimizer(torch: Any, name: str, params: list[Any], on_cuda: bool) -> tuple
 def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
     """A variant's plan as recorded: dtype, quantization, LoRA, optimizer, checkpointing, estimate."""
     from ..capability.model_config import read_model_facts
+    from ..policy.lora_targets import lora_leaves
     from ..policy.memory import lora_parameters
 
     finetune = plan.finetune
@@ -86,7 +87,7 @@ def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
     estimates = finetune.memory_estimate
     estimate = estimates["16bit" if quantization is None else quantization]
     facts = read_model_facts(path)
-    adapters = lora_parameters(facts, int(lora["r"]), tuple(lora["target_modules"]))
+    adapters = lora_parameters(facts, int(lora["r"]), lora_leaves(facts, lora["target_modules"]))
     return {
         "dtype": plan.dtype,
         "attn_implementation": plan.attn_implementation,

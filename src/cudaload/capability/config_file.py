@@ -239,3 +239,41 @@ def check_sizes(config: Any, name: str) -> None:
                         f"{name!r}: config.json has {field}={value!r}{where}; it must be a whole number from 1 to "
                         f"{bound:,}. Fix that value in config.json (save_pretrained() writes a valid one)."
                     )
+        _check_rope_factor(part, name)
+
+
+def _rope_settings(config: Any) -> list[dict[str, Any]]:
+    """The RoPE settings of a config: `rope_parameters` (transformers 5; one per layer type where it is nested)
+    and a legacy `rope_scaling` dict. A config that cannot say (a per-layer config) gives none."""
+    found: list[dict[str, Any]] = []
+    for attribute in ("rope_parameters", "rope_scaling"):
+        try:
+            value = getattr(config, attribute, None)
+        except Exception:  # a per-layer config raises its own error on a global read
+            continue
+        if not isinstance(value, Mapping):
+            continue
+        nested = [v for v in value.values() if isinstance(v, Mapping)]
+        found.extend(dict(v) for v in nested) if nested else found.append(dict(value))
+    return found
+
+
+def _check_rope_factor(config: Any, name: str) -> None:
+    """A RoPE scaling factor must be a finite number above 0. transformers 5.25 (modeling_rope_utils.py:
+    RotaryEmbeddingConfigMixin._validate_linear_rope_parameters) only logs "must be a float or int >= 1",
+    then a string fails deep in the rotary embedding ("unsupported operand type(s) for /=") and a negative
+    factor builds a model whose positions run backwards."""
+    import math
+
+    for settings in _rope_settings(config):
+        factor = settings.get("factor")
+        if factor is None:
+            continue
+        number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+        if not number or not math.isfinite(factor) or factor <= 0:
+            rope_type = settings.get("rope_type", settings.get("type", "default"))
+            raise ModelConfigError(
+                f"{name!r}: config.json has a RoPE scaling factor={factor!r} (rope_type {rope_type!r}); it must be a "
+                "number (not a string) above 0, and transformers expects one >= 1 (e.g. 4.0 to stretch the context "
+                "fourfold). Fix rope_parameters (or rope_scaling) in config.json, or remove the scaling."
+            )

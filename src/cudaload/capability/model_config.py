@@ -98,12 +98,40 @@ def read_model_facts(
     if cache is not None:
         cached = cached_facts(cache, str(model))
         if cached is not None:
+            _warn_on_stored_dtype(model, cached, revision, config_kwargs)
             return cached
     import_transformers()  # a cached model is planned without transformers; this one is read with it
     facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision, config_kwargs or {})
     if cache is not None:
         write_cached_facts(cache, facts, dtype_from_weights)
+    _warn_on_stored_dtype(model, facts, revision, config_kwargs)
     return facts
+
+
+def _warn_on_stored_dtype(
+    model: Any, facts: ModelFacts, revision: str | None, config_kwargs: Mapping[str, Any] | None
+) -> None:
+    """Warn when config.json names one float dtype and the safetensors header another (read on every
+    plan, cached facts or not: a header read is one small file read). transformers follows the config
+    (transformers 5.25 modeling_utils.py: PreTrainedModel.from_pretrained with dtype="auto") and casts
+    each tensor to it, so the weights are not the ones saved; a quantized checkpoint mixes dtypes by design."""
+    if not isinstance(model, str) or facts.quantized is not None or facts.checkpoint_dtype is None:
+        return
+    stored = weights_dtype(model, revision, config_kwargs)
+    if stored is None or stored == facts.checkpoint_dtype:
+        return
+    import warnings
+
+    from ..errors import CudaloadWarning
+
+    warnings.warn(
+        f"{model!r}: config.json says dtype {facts.checkpoint_dtype}, but its safetensors weights are stored in "
+        f"{stored}. cudaload plans from the config and transformers casts every weight to the planned dtype on "
+        f"load, so the model is not exactly the one saved (float16 and bfloat16 keep different bits). Set "
+        f'"dtype": "{stored}" in config.json if the weights are right, or pass dtype= to choose.',
+        CudaloadWarning,
+        stacklevel=3,
+    )
 
 
 def _read_model_facts(

@@ -23,6 +23,7 @@ from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
+from .lora_targets import lora_leaves, rank_warnings
 from .memory import TrainingMemory, estimate_training_memory, weight_bytes
 from .parallelism import SHARDS_WEIGHTS, parallel_section, sixteen_bit_when_sharded
 from .placement import decide_placement
@@ -239,7 +240,7 @@ def _finetune_section(
             dtype=dtype,
             quantize=q,
             r=int(lora_config["r"]),
-            targets=tuple(lora_config["target_modules"]),
+            targets=lora_leaves(model, lora_config["target_modules"]),
             seq_len=training.seq_len,
             batch=training.batch_size,
             checkpointing=training.gradient_checkpointing,
@@ -261,7 +262,7 @@ def _finetune_section(
     arguments, training_args = decide_training_arguments(
         judged, dtype, quant.value or False, training.gradient_checkpointing, _current_gpu(machine)
     )
-    warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype))
+    warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype), *rank_warnings(model, lora_config))
     use_cache = _training_cache(training.gradient_checkpointing)
     plan = FinetunePlan(
         lora=lora_config,

@@ -99,10 +99,17 @@ def weight_bytes(model: ModelFacts, dtype: str, quantize: str | None, *, dequant
     return int(linear * method.bits_per_weight / 8) + method.row_scale_bytes * rows + rest
 
 
+def adapted_shapes(model: ModelFacts, targets: tuple[str, ...]) -> list[tuple[int, int, int]]:
+    """(in_features, out_features, how many) of each layer LoRA adapts: the linear layers named, and the
+    output layer (hidden -> vocabulary) when `lm_head` is."""
+    shapes = [(fan_in, fan_out, count) for name, fan_in, fan_out, count in model.linear_shapes if name in targets]
+    if "lm_head" in targets and model.hidden_size and model.vocab_size:
+        shapes.append((model.hidden_size, model.vocab_size, 1))
+    return shapes
+
+
 def lora_parameters(model: ModelFacts, r: int, targets: tuple[str, ...]) -> int:
-    return sum(
-        r * (fan_in + fan_out) * count for name, fan_in, fan_out, count in model.linear_shapes if name in targets
-    )
+    return sum(r * (fan_in + fan_out) * count for fan_in, fan_out, count in adapted_shapes(model, targets))
 
 
 def planned_optimizer(quantize: str | None, on_gpu: bool) -> str:
@@ -269,8 +276,7 @@ def estimate_training_memory(
         activations = layers * layer + logits
     lora = sum(
         (lora_tensor_bytes(r * fan_in, optim) + lora_tensor_bytes(r * fan_out, optim)) * count
-        for name, fan_in, fan_out, count in model.linear_shapes
-        if name in targets
+        for fan_in, fan_out, count in adapted_shapes(model, targets)
     )
     return TrainingMemory(
         weights=weight_bytes(model, dtype, quantize, dequantized_to=dequantized_to),

@@ -26,6 +26,7 @@ from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..request import TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
+from .lora_targets import lora_leaves
 from .memory import CUDA_OVERHEAD, TrainingMemory, logits_bytes_per_element, lora_parameters
 from .rank_sizing import STRATEGIES, RankSize, TrainingShape, size_rank
 
@@ -365,7 +366,7 @@ def parallel_section(
         model,
         dtype=dtype,
         weight_bytes=estimate.weights,
-        trained=lora_parameters(model, int(lora_config["r"]), tuple(lora_config["target_modules"])),
+        trained=lora_parameters(model, int(lora_config["r"]), lora_leaves(model, lora_config["target_modules"])),
         full=False,
         activations_per_sample=estimate.activations // training.batch_size,
         tokens=training.seq_len,

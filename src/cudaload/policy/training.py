@@ -10,6 +10,7 @@ from ..errors import DtypeUnsupportedError, FinetuneConfigError, install_hint
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from .lora_targets import check_regex, is_target_regex, lora_leaves, lora_targets
 from .memory import quantized_optimizer
 
 __all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
@@ -30,31 +31,36 @@ TASK_TYPES = {
 
 
 def _task_type(model: ModelFacts) -> str:
+    """peft's task type for the class the model loads through (`_known_task_type`), else a guess."""
+    return _known_task_type(model) or ("CAUSAL_LM" if "LMHead" in model.model_class else "FEATURE_EXTRACTION")
+
+
+def _known_task_type(model: ModelFacts) -> str | None:
     """peft's task type for the class the model loads through: its Auto class, or for a model class
-    (e.g. "BertForSequenceClassification") the Auto class its name's suffix belongs to."""
+    (e.g. "BertForSequenceClassification") the Auto class its name's suffix belongs to; None otherwise."""
     if model.auto_class in TASK_TYPES:
         return TASK_TYPES[model.auto_class]
     for auto, task in TASK_TYPES.items():
         suffix = auto.removeprefix("AutoModel")
         if suffix and model.model_class.endswith(suffix):
             return task
-    return "CAUSAL_LM" if "LMHead" in model.model_class else "FEATURE_EXTRACTION"
+    return None
 
 
-def lora_targets(model: ModelFacts, requested: Any) -> tuple[str, ...]:
-    """The leaf module names LoRA wraps; a requested name that matches nothing raises."""
-    if requested is None or requested == "all-linear":
-        if not model.linear_names:
-            raise FinetuneConfigError(f"{model.model_class} has no linear layers for LoRA to wrap.")
-        return model.linear_names
-    names = (requested,) if isinstance(requested, str) else tuple(requested)
-    unknown = [n for n in names if n not in model.linear_names]
-    if unknown:
-        raise FinetuneConfigError(
-            f"LoRA target_modules {unknown} match no linear layer of {model.model_class}. Its linear layers are "
-            f"{list(model.linear_names)}; pick from those, or pass 'all-linear'."
-        )
-    return names
+def _check_task_type(model: ModelFacts, requested: Any) -> None:
+    """A peft task_type of another head than the class loaded (e.g. SEQ_CLS on a causal LM) is refused: peft
+    would wrap the model in that task's PeftModel (peft 0.21 peft_model.py: PeftModelForSequenceClassification),
+    whose forward and saved modules (`score`, `classifier`) are not this model's."""
+    asked = str(getattr(requested, "value", requested))  # peft's TaskType is a str enum
+    known = _known_task_type(model)
+    if known is None or asked == known or asked not in TASK_TYPES.values():
+        return
+    wanted = next(auto for auto, task in TASK_TYPES.items() if task == asked)
+    raise FinetuneConfigError(
+        f"lora task_type={asked!r}: that is peft's task for {wanted}, but {model.model_class} loads through "
+        f"{model.auto_class} (task_type {known!r}). To train that head, plan with model_class={wanted!r}; "
+        "otherwise drop task_type (cudaload sets the model's own)."
+    )
 
 
 def _expert_targets(model: ModelFacts, requested: Any) -> list[str] | None:
@@ -102,9 +108,16 @@ def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple
         raise FinetuneConfigError(f"lora={overrides!r}: pass a dict of LoraConfig arguments, e.g. {{'r': 8}}.")
     overrides = dict(overrides or {})
     _check_lora_numbers(overrides)
-    targets = lora_targets(model, overrides.pop("target_modules", None))
+    if "task_type" in overrides:
+        _check_task_type(model, overrides["task_type"])
+    requested = overrides.pop("target_modules", None)
+    regex = is_target_regex(model, requested)
+    if regex:
+        check_regex(requested)
+    targets = lora_leaves(model, requested) if regex else lora_targets(model, requested)
     experts = _expert_targets(model, overrides.pop("target_parameters", None))
-    config: dict[str, Any] = {**LORA_DEFAULTS, **overrides, "target_modules": list(targets)}
+    # A regex goes to peft as given (peft matches it against full names, which the facts do not hold).
+    config: dict[str, Any] = {**LORA_DEFAULTS, **overrides, "target_modules": requested if regex else list(targets)}
     if experts is not None:
         # peft's ParamWrapper (the LoRA layer for a parameter) raises "does not work with
         # lora_dropout != 0" (peft/tuners/lora/layer.py): checked here, before any weight loads.
@@ -120,6 +133,8 @@ def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple
         config["fan_in_fan_out"] = True  # GPT-2's Conv1D stores weights transposed
     yours = sorted([*overrides, *(["target_parameters"] if experts is not None else [])])
     where = f"every projection ({', '.join(targets)})"
+    if regex:
+        where = f"the modules whose full names match {requested!r} (peft's regex; sized as {', '.join(targets)})"
     rejected: tuple[Rejected, ...] = ()
     if model.expert_parameters:
         # transformers 5 fuses each MoE layer's experts into 3-D parameters: nn.Linear names reach
