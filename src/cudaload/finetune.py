@@ -313,8 +313,7 @@ def _check_checkpointing_name(the_plan: Plan, planned: Mapping[str, Any]) -> Non
     TrainingArguments, which raises a bare TypeError ("unexpected keyword argument"). (The other way round
     works: 5.23+ still takes `gradient_checkpointing`, with a FutureWarning.)"""
     from .installed import installed_versions
-    from .policy.training import CHECKPOINTING_RENAMED_SINCE
-    from .upstream import version_at_least
+    from .upstream import CHECKPOINTING_RENAMED_SINCE, version_at_least
 
     here = installed_versions().get("transformers")
     if here is None or "activation_checkpointing" not in planned or version_at_least(here, CHECKPOINTING_RENAMED_SINCE):

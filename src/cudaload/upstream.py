@@ -16,6 +16,7 @@ from typing import Literal
 from packaging.version import InvalidVersion, Version
 
 __all__ = [
+    "CHECKPOINTING_RENAMED_SINCE",
     "FA4_HD256_VERSION",
     "FA4_MAJORS_WIDE",
     "FA4_WIDE_VERSION",
@@ -216,3 +217,8 @@ def attention_kind(implementation: str) -> AttentionKind:
         return "hub_kernel"
     named: dict[str, AttentionKind] = {"sdpa": "sdpa", "flex_attention": "flex", "eager": "eager"}
     return named.get(implementation, "other")
+
+
+CHECKPOINTING_RENAMED_SINCE = "5.23.dev0"
+"""transformers renamed gradient checkpointing to activation checkpointing (TrainingArguments' flags, the model's
+switch) in 5.23: every 5.23 release, pre-releases included (".dev0" is the first of them)."""

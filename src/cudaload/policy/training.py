@@ -10,6 +10,7 @@ from ..errors import DtypeUnsupportedError, FinetuneConfigError, install_hint
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from ..upstream import CHECKPOINTING_RENAMED_SINCE
 from .lora_targets import check_regex, is_target_regex, lora_leaves, lora_targets
 from .memory import quantized_optimizer
 
@@ -155,10 +156,6 @@ def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple
         f"; yours: {', '.join(yours)}" if yours else ""
     )
     return Decision("lora", config, reason, rejected, source="user" if yours else "auto"), config
-
-
-# Every 5.23 release, pre-releases included (".dev0" is the first of them).
-CHECKPOINTING_RENAMED_SINCE = "5.23.dev0"
 
 
 def checkpointing_argument(machine: Machine) -> str:
