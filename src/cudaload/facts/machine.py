@@ -78,6 +78,13 @@ class Software:
     def has(self, dist: str) -> bool:
         return self.version(dist) is not None
 
+    def assumed_packages(self) -> str | None:
+        """A simulated machine's packages, as a plan shows them: where they come from, then each version;
+        None when detected."""
+        if self.assumed is None:
+            return None
+        return f"{self.assumed}: " + ", ".join(f"{name} {version}" for name, version in self.packages)
+
     def at_least(self, dist: str, minimum: str) -> bool:
         """`dist` is installed at `minimum` or newer (PEP 440); False when it is missing or its version
         does not parse. A bare "X.Y.dev0" minimum admits every X.Y release, pre-releases included."""

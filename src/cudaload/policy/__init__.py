@@ -11,14 +11,21 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
-from ..facts.machine import Gpu, Machine
+from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
-from .current_device import decide_current_device, decide_rank_device, landed_machine, placed_machine, plan_within
+from .current_device import (
+    current_gpu_when_training,
+    decide_current_device,
+    decide_rank_device,
+    landed_machine,
+    placed_machine,
+    plan_within,
+)
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, percent
 from .generation import decide_generation
@@ -189,24 +196,8 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
         parameters=model.parameters,
         weight_bytes=size,
         finetune=section.plan if section is not None else None,
-        assumed_packages=_assumed_packages(machine),
+        assumed_packages=machine.software.assumed_packages(),
     )
-
-
-def _current_gpu(machine: Machine) -> Gpu | None:
-    """The GPU torch's current device is when the training script builds TrainingArguments: the launcher's
-    LOCAL_RANK, else cuda:0 (torch's default)."""
-    index = machine.launch.local_rank or 0
-    return machine.gpus[index] if index < len(machine.gpus) else None
-
-
-def _assumed_packages(machine: Machine) -> str | None:
-    """A simulated machine's packages, as a plan shows them: where they come from, then each version."""
-    software = machine.software
-    if software.assumed is None:
-        return None
-    listed = ", ".join(f"{name} {version}" for name, version in software.packages)
-    return f"{software.assumed}: {listed}"
 
 
 @dataclass(frozen=True)
@@ -260,7 +251,7 @@ def _finetune_section(
         # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
         quant_config = QUANT_METHODS[quant.value].build(dtype, True)
     arguments, training_args = decide_training_arguments(
-        judged, dtype, quant.value or False, training.gradient_checkpointing, _current_gpu(machine)
+        judged, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
     )
     warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype), *rank_warnings(model, lora_config))
     use_cache = _training_cache(training.gradient_checkpointing)

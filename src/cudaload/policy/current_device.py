@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import PlacementError
-from ..facts.machine import Launch, Machine
+from ..facts.machine import Gpu, Launch, Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Plan, Rejected
 from ..request import Request
@@ -23,6 +23,7 @@ from .fit import (
 from .memory import weight_bytes
 
 __all__ = [
+    "current_gpu_when_training",
     "decide_current_device",
     "decide_rank_device",
     "landed_machine",
@@ -150,3 +151,10 @@ def plan_within(plan: Plan, judged: Machine) -> bool:
 
 def sharder(launch: Launch) -> str:
     return "FSDP" if launch.strategy == "fsdp" else "DeepSpeed ZeRO-3"
+
+
+def current_gpu_when_training(machine: Machine) -> Gpu | None:
+    """The GPU torch's current device is when the training script builds TrainingArguments (which judges tf32
+    there): the launcher's LOCAL_RANK, else cuda:0 (torch's default)."""
+    index = machine.launch.local_rank or 0
+    return machine.gpus[index] if index < len(machine.gpus) else None
