@@ -180,25 +180,15 @@ def main() -> int:
         }
         print(json.dumps({k: v for k, v in kinds[name].items() if not k.endswith("_runs")}), flush=True)
     if args.json:
-        from cudaload.bench.environment import machine_facts, result_path, versions
-        from cudaload.capability import detect
+        from cudaload.bench.environment import write_benchmark_record
 
-        machine = detect()
-        out = (
-            result_path(Path(__file__).parent / "results", machine, "probe-busy")
-            if str(args.json) == "results"
-            else args.json
-        )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            "machine": machine_facts(machine),
+        fields = {
             "usable_cores": cores,
-            "versions": versions(),
             "model": "SmolLM2-135M-shaped Llama config, bf16 (probe bucket F.linear 512x2048)",
             "note": "the machine is shared: other engineers' processes ran too (load average before/after each kind)",
             "kinds": kinds,
         }
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        out = write_benchmark_record(args.json, Path(__file__).parent / "results", "probe-busy", fields)
         print("wrote", out)
     return 0
 

@@ -103,26 +103,16 @@ def main() -> int:
         for r in runs:
             print(f"    {r['dtype']:9s} {r['plan_s']:6.2f} s  {r['reason'][:150]}", flush=True)
     if args.json:
-        from cudaload.bench.environment import machine_facts, result_path, versions
-        from cudaload.capability import detect
+        from cudaload.bench.environment import write_benchmark_record
 
-        machine = detect()
-        out = (
-            result_path(Path(__file__).parent / "results", machine, "probe-concurrency")
-            if str(args.json) == "results"
-            else args.json
-        )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        record = {
-            "machine": machine_facts(machine),
+        fields = {
             "usable_cores": len(os.sched_getaffinity(0)),
-            "versions": versions(),
             "model": "0.6B-shaped Qwen3 config, bf16" if args.model is None else args.model,
             "reference_dtype": reference,
             "groups": groups,
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         }
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        out = write_benchmark_record(args.json, Path(__file__).parent / "results", "probe-concurrency", fields)
         print("wrote", out)
     return 0
 

@@ -58,18 +58,10 @@ def main() -> int:
     counts = Counter(run["dtype"] for run in runs)
     print("counts:", dict(counts), f"on {os.cpu_count()} cores")
     if args.json:
-        from cudaload.bench.environment import machine_facts, result_path, versions
-        from cudaload.capability import detect
+        from cudaload.bench.environment import write_benchmark_record
 
-        machine = detect()
-        out = (
-            result_path(Path(__file__).parent / "results", machine, "probe-stability")
-            if str(args.json) == "results"
-            else args.json
-        )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        record = {"machine": machine_facts(machine), "versions": versions(), "counts": counts, "runs": runs}
-        out.write_text(json.dumps(record, indent=2) + "\n")
+        fields = {"counts": counts, "runs": runs}
+        out = write_benchmark_record(args.json, Path(__file__).parent / "results", "probe-stability", fields)
         print("wrote", out)
     return 0
 

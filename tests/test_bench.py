@@ -489,3 +489,15 @@ def test_gpu_results_are_filed_by_gpu_name() -> None:
     from cudaload.bench import machine_slug
 
     assert machine_slug(Machine.simulated("H100")).startswith("cuda-nvidia-h100")
+
+
+def test_a_benchmark_scripts_record_leads_with_where_it_ran(tmp_path: Path) -> None:
+    from cudaload.bench.environment import machine_slug, write_benchmark_record
+    from cudaload.capability import detect
+
+    named = write_benchmark_record(tmp_path / "x" / "named.json", tmp_path / "results", "probe-x", {"runs": [1]})
+    record = json.loads(named.read_text())
+    assert list(record)[:2] == ["machine", "versions"] and record["runs"] == [1]
+    assert record["versions"]["cudaload"] and record["machine"]["cpu"]["isa_flags"] is not None
+    filed = write_benchmark_record("results", tmp_path / "results", "probe-x", {})
+    assert filed.parent == tmp_path / "results" / machine_slug(detect()) and filed.name.endswith("-probe-x.json")

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-__all__ = ["machine_facts", "machine_slug", "result_path", "versions"]
+__all__ = ["machine_facts", "machine_slug", "result_path", "versions", "write_benchmark_record"]
 
 
 def _sanitise(text: str) -> str:
@@ -87,3 +87,19 @@ def versions() -> dict[str, str | None]:
         **{name: installed.get(name) for name in ("transformers", "accelerate", "peft", "bitsandbytes", "kernels")},
         "cudaload": __version__,
     }
+
+
+def write_benchmark_record(destination: str | Path, results_root: Path, kind: str, fields: dict[str, Any]) -> Path:
+    """Write a benchmark script's record, led by the machine and the versions it ran on: to
+    `result_path(results_root, <this machine>, kind)` when `destination` is "results", else to `destination`.
+    Returns the path written."""
+    import json
+
+    from ..capability import detect
+
+    machine = detect()
+    out = result_path(results_root, machine, kind) if str(destination) == "results" else Path(destination)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"machine": machine_facts(machine), "versions": versions(), **fields}
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    return out
