@@ -9,6 +9,20 @@ from cudaload.facts.model import ModelFacts, any_model
 PROJ = ("down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj")
 
 
+def tiny(model: ModelFacts, **changes: object) -> ModelFacts:
+    """`model` shrunk to a tiny one (2 layers of width 64, 100k parameters): its matmuls take milliseconds,
+    so a measured dtype lead is worth less than choosing is."""
+    return replace(
+        model,
+        parameters=100_000,
+        hidden_size=64,
+        num_layers=2,
+        vocab_size=256,
+        linear_shapes=(("down_proj", 128, 64, 2), ("gate_proj", 64, 128, 2), ("up_proj", 64, 128, 2)),
+        **changes,
+    )
+
+
 def llama(billions: float = 8, *, vocab: int = 128256, inter: int = 14336, kv: int = 1024) -> ModelFacts:
     """A Llama-shaped model (8B: hidden 4096, 32 layers, GQA 8 kv heads, MLP 14336, vocab 128256)."""
     layers = max(1, round(32 * billions / 8.0))

@@ -28,6 +28,7 @@ from cudaload.facts.machine import ProbeRound
 from cudaload.facts.model import any_model
 from cudaload.request import GenerationRequest, Request, TrainingRequest
 from model_shapes import llama
+from model_shapes import tiny as shrunk
 
 GiB = 2**30
 
@@ -576,15 +577,7 @@ def test_a_tiny_models_clear_bf16_ratio_is_still_a_tie_on_the_cpu() -> None:
     `_measured_choice`): a model so small that bf16's clear 1.5x lead is worth milliseconds keeps the
     checkpoint's dtype (the measured demo model: 10 fresh caches on a Zen 4 put bf16 from 1.5x slower to 1.2x
     faster)."""
-    tiny = replace(
-        QWEN_06B,
-        parameters=100_000,
-        hidden_size=64,
-        num_layers=2,
-        vocab_size=256,
-        linear_shapes=(("down_proj", 128, 64, 2), ("gate_proj", 64, 128, 2), ("up_proj", 64, 128, 2)),
-        checkpoint_dtype="float32",
-    )
+    tiny = shrunk(QWEN_06B, checkpoint_dtype="float32")
     machine = Machine.simulated(None, dtype_probe=_probe(1.5))
     decision = _decide(machine, tiny, Request(workload=Workload(8, 2))).decision("dtype")
     assert decision.value == "float32"

@@ -21,6 +21,7 @@ from cudaload.facts.machine import ProbeRound
 from cudaload.facts.model import any_model
 from cudaload.facts.spread import TIE_MARGIN, spread
 from cudaload.policy import Request, decide_plan
+from model_shapes import tiny as shrunk
 
 # A 0.6B-shaped model (hidden 1024, MLP 3072, 28 layers); its checkpoint dtype varies per test.
 MODEL = replace(
@@ -195,14 +196,7 @@ def test_a_clear_ratio_on_a_gap_nobody_notices_is_a_tie() -> None:
 def test_a_tie_by_milliseconds_says_so_not_noise() -> None:
     # docs/finetune.md printed "float32 ... 7.67x faster than bfloat16, a tie within the measurement noise" for a
     # tiny model (issue 38): a 7.67x gap is no noise; it is a tie because it is a few milliseconds.
-    tiny = replace(
-        MODEL,
-        parameters=100_000,
-        hidden_size=64,
-        num_layers=2,
-        vocab_size=256,
-        linear_shapes=(("down_proj", 128, 64, 2), ("gate_proj", 64, 128, 2), ("up_proj", 64, 128, 2)),
-    )
+    tiny = shrunk(MODEL)
     machine = Machine.simulated(None, dtype_probe=probe_of([1 / 7.67] * 5))
     decision = decide_plan(machine, tiny, Request(workload=Workload(512, 128))).decision("dtype")
     assert decision.value == "bfloat16" and decision.reason.startswith("tie: bf16 at 0.13x fp32's speed")
