@@ -19,7 +19,7 @@ import transformers.modeling_flash_attention_utils as flash_utils
 
 import cudaload
 from cudaload import LoadFailedError, Machine
-from cudaload.loaders.attribution import _is_attention_failure
+from cudaload.loaders.attribution import is_attention_failure
 
 # Every word the old text match took for an attention failure.
 ATTENTION_WORDS = "flash_attention_2-kernel-attn-sdpa"
@@ -189,29 +189,29 @@ def _raised_in(module: str, function: str, error: BaseException) -> BaseExceptio
 
 def test_a_refusal_counts_in_transformers_attention_checks_with_the_types_they_raise() -> None:
     refused = _raised_in("transformers.modeling_utils", "_flash_attn_can_dispatch", ImportError("no flash_attn"))
-    assert _is_attention_failure(refused, "flash_attention_2")
+    assert is_attention_failure(refused, "flash_attention_2")
     unknown = _raised_in("transformers.modeling_utils", "get_interface", KeyError("`x` is not a valid attention"))
-    assert _is_attention_failure(unknown, "x")
+    assert is_attention_failure(unknown, "x")
     # Not a type those checks refuse an option with; not one of those checks.
     other = _raised_in("transformers.modeling_utils", "_flash_attn_can_dispatch", RuntimeError("CUDA error"))
-    assert not _is_attention_failure(other, "flash_attention_2")
+    assert not is_attention_failure(other, "flash_attention_2")
     elsewhere = _raised_in("transformers.modeling_utils", "_load_pretrained_model", ValueError("flash_attention_2"))
-    assert not _is_attention_failure(elsewhere, "flash_attention_2")
+    assert not is_attention_failure(elsewhere, "flash_attention_2")
 
 
 def test_code_that_runs_an_option_counts_for_that_option_only() -> None:
     in_flash_attn = _raised_in("flash_attn.flash_attn_interface", "_flash_attn_forward", RuntimeError(NO_KERNEL_IMAGE))
-    assert _is_attention_failure(in_flash_attn, "flash_attention_2")
-    assert not _is_attention_failure(in_flash_attn, "sdpa")
+    assert is_attention_failure(in_flash_attn, "flash_attention_2")
+    assert not is_attention_failure(in_flash_attn, "sdpa")
     in_sdpa = _raised_in("transformers.integrations.sdpa_attention", "sdpa_attention_forward", RuntimeError("x"))
-    assert _is_attention_failure(in_sdpa, "sdpa")
-    assert not _is_attention_failure(in_sdpa, "flex_attention") and not _is_attention_failure(in_sdpa, "eager")
+    assert is_attention_failure(in_sdpa, "sdpa")
+    assert not is_attention_failure(in_sdpa, "flex_attention") and not is_attention_failure(in_sdpa, "eager")
     # The kernels package also loads use_kernels layers and quantization kernels: not attention's by itself.
     in_kernels = _raised_in("kernels.layer", "kernelize", ValueError("kernels-community/flash-attn2"))
-    assert not _is_attention_failure(in_kernels, "kernels-community/flash-attn2")
+    assert not is_attention_failure(in_kernels, "kernels-community/flash-attn2")
     # Out of memory inside an attention kernel: the fix is placement, not another option.
     oom = _raised_in("flash_attn.flash_attn_interface", "_flash_attn_forward", torch.OutOfMemoryError("CUDA OOM"))
-    assert not _is_attention_failure(oom, "flash_attention_2")
+    assert not is_attention_failure(oom, "flash_attention_2")
 
 
 def test_text_alone_never_counts() -> None:
@@ -219,7 +219,7 @@ def test_text_alone_never_counts() -> None:
     for error in (RuntimeError(text), ImportError(text), ValueError(text), OSError(text)):
         raised = _raised_in("bitsandbytes.functional", "dequantize_4bit", error)
         for option in ("flash_attention_2", "kernels-community/flash-attn2", "sdpa", "flex_attention", "eager"):
-            assert not _is_attention_failure(raised, option)
+            assert not is_attention_failure(raised, option)
 
 
 def test_the_exceptions_it_was_raised_from_count_unless_suppressed() -> None:
@@ -239,6 +239,6 @@ def test_the_exceptions_it_was_raised_from_count_unless_suppressed() -> None:
                 return outer
         raise AssertionError("did not raise")
 
-    assert _is_attention_failure(wrap(suppress=False, chained=True), "sdpa")  # __cause__
-    assert _is_attention_failure(wrap(suppress=False, chained=False), "sdpa")  # __context__
-    assert not _is_attention_failure(wrap(suppress=True, chained=False), "sdpa")  # from None
+    assert is_attention_failure(wrap(suppress=False, chained=True), "sdpa")  # __cause__
+    assert is_attention_failure(wrap(suppress=False, chained=False), "sdpa")  # __context__
+    assert not is_attention_failure(wrap(suppress=True, chained=False), "sdpa")  # from None

@@ -148,7 +148,7 @@ def test_the_checker_sees_every_form_of_import() -> None:
     assert imports_in("from .kv_layout import f", "cudaload.capability", is_package=True) == {"capability.kv_layout.f"}
     skipped = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..capability import detect\n"
     assert imports_in(skipped, "cudaload.policy.fit") == set()
-    assert "capability.detect" in _imports(PACKAGE / "loaders" / "hub_code.py")  # a lazy import, in _unasked_hub_code
+    assert "capability.detect" in _imports(PACKAGE / "loaders" / "hub_code.py")  # a lazy import, in unasked_hub_code
     assert _imports(PACKAGE / "__init__.py") == {"version.__version__"}  # the rest is TYPE_CHECKING only
 
 

@@ -272,7 +272,7 @@ def test_fine_tuning_plans_for_2048_tokens_by_default(config_only: Path) -> None
 def test_gpus_torch_cannot_drive_are_planned_as_a_cpu_and_its_dtype_measured(
     monkeypatch: pytest.MonkeyPatch, config_only: Path
 ) -> None:
-    """The planner's usable-machine line (planner `_measured`): the CPU dtype probe runs when the plan
+    """The planner's usable-machine line (planner `with_measurements`): the CPU dtype probe runs when the plan
     runs on the CPU, which includes a machine whose GPUs this torch cannot drive (a CPU-only torch build
     beside an NVIDIA GPU: policy/devices.py `usable_machine`), not only a machine without GPUs."""
     import cudaload.capability

@@ -203,9 +203,9 @@ def load_for_finetune(
 def _verify_adapted(peft_model: Any, the_plan: Plan) -> None:
     """The check forward again on the model that is returned: the base passed it before get_peft_model,
     and the adapters (their scale lora_alpha / r, their init) can still break it."""
-    from .loaders.verify import _verify
+    from .loaders.verify import verify_forward
 
-    outcome = _verify(peft_model, training=True)
+    outcome = verify_forward(peft_model, training=True)
     if outcome.status == "failed":
         assert the_plan.finetune is not None
         settings = ", ".join(f"{k}={v!r}" for k, v in the_plan.finetune.lora.items() if k != "target_modules")

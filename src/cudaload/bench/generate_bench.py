@@ -28,8 +28,8 @@ from typing import Any
 
 from ..errors import describe_error
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS
-from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, _Memory, _StepClock
-from .results import _median, _ratio
+from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, PeakMemory, StepClock
+from .results import median, ratio
 from .rounds import RoundBudget, ratios_settled
 
 __all__ = ["GenerationVariant", "compare_generation", "generation_variants", "prompt_lengths"]
@@ -62,9 +62,9 @@ class GenerationVariant:
         return str(self.generate_kwargs.get("cache_implementation", "default"))
 
     def to_dict(self, default: GenerationVariant | None, batch: int) -> dict[str, Any]:
-        generate_s, decode = _median(self.generate_s), _median(self.decode_tps)
-        base_s = _median(default.generate_s) if default else None
-        base_tps = _median(default.decode_tps) if default else None
+        generate_s, decode = median(self.generate_s), median(self.decode_tps)
+        base_s = median(default.generate_s) if default else None
+        base_tps = median(default.decode_tps) if default else None
         return {
             "name": self.name,
             "generate_kwargs": self.generate_kwargs,
@@ -81,10 +81,10 @@ class GenerationVariant:
             "sequences": batch,
             # Over default generate(): >1 this variant is faster / uses more memory.
             "speedup_over_default": {
-                "generate": _ratio(base_s, generate_s),
-                "decode": _ratio(decode, base_tps),
+                "generate": ratio(base_s, generate_s),
+                "decode": ratio(decode, base_tps),
             },
-            "memory_over_default": _ratio(self.peak_bytes, default.peak_bytes if default else None),
+            "memory_over_default": ratio(self.peak_bytes, default.peak_bytes if default else None),
         }
 
 
@@ -166,7 +166,7 @@ def compare_generation(
 
     generation = the_plan.generation
     variants = generation_variants(generation, default_padding_side(path))
-    memory = _Memory(torch, on_cuda)
+    memory = PeakMemory(torch, on_cuda)
 
     def sync() -> None:
         if on_cuda:
@@ -224,7 +224,7 @@ def _compare_rounds(
     variants: list[GenerationVariant],
     prompts: list[Any],
     work: BenchRun,
-    memory: _Memory,
+    memory: PeakMemory,
     sync: Callable[[], None],
     say: Callable[[str], None],
 ) -> None:
@@ -252,7 +252,7 @@ def _time_round(
     prompts: list[Any],
     reference: list[Any],
     work: BenchRun,
-    memory: _Memory,
+    memory: PeakMemory,
     sync: Callable[[], None],
 ) -> None:
     """One variant's generate() in round `r`: timed and, after warm-up, recorded; in the first
@@ -260,7 +260,7 @@ def _time_round(
     new = planned.new
     v.weights_bytes = planned.weights
     ids, mask = _padded(torch, prompts, v.padding_side, planned.pad)
-    clock = _StepClock(sync)
+    clock = StepClock(sync)
     try:
         with memory.watch(v) if r >= work.warmup else nullcontext():
             sync()
@@ -283,7 +283,7 @@ def _time_round(
 
 
 def _comparison(
-    generation: Any, variants: list[GenerationVariant], lengths: list[int], new: int, memory: _Memory
+    generation: Any, variants: list[GenerationVariant], lengths: list[int], new: int, memory: PeakMemory
 ) -> dict[str, Any]:
     """The comparison's JSON section: each variant against default generate(), and the plan's estimate."""
     batch = len(lengths)

@@ -21,7 +21,7 @@ from ..errors import SettingError, describe_error
 from ..loaders import input_device
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
 
-__all__ = ["BUDGET_S", "BenchRun", "Measurement", "Variant", "measure", "workload_for"]
+__all__ = ["BUDGET_S", "BenchRun", "Measurement", "PeakMemory", "StepClock", "Variant", "measure", "workload_for"]
 
 BUDGET_S = 120.0
 """Wall seconds the measured rounds of a full `cudaload bench` (no --repeats) may take: loads
@@ -116,7 +116,7 @@ class Measurement:
     """How `Variant.peak_bytes` was measured on this device."""
 
 
-class _StepClock:
+class StepClock:
     """A logits processor that only notes when each generated token's logits were ready.
 
     `generate` calls it once per new token: the first call follows the prefill, the later ones
@@ -134,13 +134,13 @@ class _StepClock:
 
 
 class _Measured(Protocol):
-    """What `_Memory.watch` reads and fills: a load variant or a generation variant."""
+    """What `PeakMemory.watch` reads and fills: a load variant or a generation variant."""
 
     weights_bytes: int | None
     peak_bytes: int | None
 
 
-class _Memory:
+class PeakMemory:
     """Peak memory of one round. CUDA: max_memory_allocated above what was allocated before the
     round (the other resident variants), plus this variant's weights. CPU: the growth of the
     process's peak RSS (VmHWM, reset through /proc/self/clear_refs) over the RSS before the round,
@@ -238,7 +238,7 @@ def measure(
     variants run on a CUDA GPU (synchronise before reading clocks, measure CUDA memory)."""
     import torch
 
-    memory = _Memory(torch, on_cuda)
+    memory = PeakMemory(torch, on_cuda)
     loader = _Loader(torch, on_cuda, path)
     rounds = work.warmup + work.repeats
     interrupted = False
@@ -306,7 +306,7 @@ def _time_runs(
     work: BenchRun,
     vocab_size: int,
     loader: _Loader,
-    memory: _Memory,
+    memory: PeakMemory,
     bar: Any,
     say: Callable[[str], None],
 ) -> None:
@@ -358,7 +358,7 @@ def _run(
         prefill_s = time.perf_counter() - start
         finite = bool(torch.isfinite(logits).all())
         del logits
-        clock = _StepClock(sync)
+        clock = StepClock(sync)
         sync()
         start = time.perf_counter()
         out = model.generate(

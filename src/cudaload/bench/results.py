@@ -17,13 +17,13 @@ from typing import Any
 from ..plans import jsonable
 from .harness import Variant
 
-__all__ = ["METRICS", "VariantResult", "baseline_of", "rows_of", "summarise"]
+__all__ = ["METRICS", "VariantResult", "baseline_of", "median", "ratio", "rows_of", "summarise"]
 
 METRICS = ("load", "prefill", "decode", "end_to_end", "memory")
 """What the summary compares; decode is a rate (higher is better), the rest lower is better."""
 
 
-def _median(values: list[float]) -> float | None:
+def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
@@ -32,7 +32,7 @@ def _spread(values: list[float]) -> float | None:
     return round(max(values) / min(values), 3) if values and min(values) > 0 else None
 
 
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return round(numerator / denominator, 4)
@@ -47,7 +47,7 @@ def _paired(numerators: list[float], denominators: list[float]) -> float | None:
 
 def _end_to_end(v: Variant) -> float | None:
     """The reference workload: one load, then generate() of the prompt (prefill + decode)."""
-    load_s, generate_s = _median(v.load_s), _median(v.generate_s)
+    load_s, generate_s = median(v.load_s), median(v.generate_s)
     return load_s + generate_s if load_s is not None and generate_s is not None else None
 
 
@@ -108,7 +108,7 @@ def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: in
     base_e2e = _end_to_end(baseline) if baseline else None
     rows = []
     for v in variants:
-        load_s, prefill_s, decode_tps = _median(v.load_s), _median(v.prefill_s), _median(v.decode_tps)
+        load_s, prefill_s, decode_tps = median(v.load_s), median(v.prefill_s), median(v.decode_tps)
         ok = v.error is None and None not in (load_s, prefill_s, decode_tps)
         paired = ok and baseline is not None
         rows.append(
@@ -126,7 +126,7 @@ def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: in
                 prefill_s=prefill_s,
                 prefill_tokens_per_s=batch * prompt_tokens / prefill_s if prefill_s else None,
                 decode_tokens_per_s=decode_tps,
-                generate_s=_median(v.generate_s),
+                generate_s=median(v.generate_s),
                 end_to_end_s=_end_to_end(v),
                 weights_bytes=v.weights_bytes,
                 peak_memory_bytes=v.peak_bytes,
@@ -134,10 +134,10 @@ def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: in
                 runs={"load_s": v.load_s, "prefill_s": v.prefill_s, "decode_tps": v.decode_tps},
                 spread={"load": _spread(v.load_s), "prefill": _spread(v.prefill_s), "decode": _spread(v.decode_tps)},
                 plan_speedup={
-                    "load": _ratio(load_s, _median(baseline.load_s)) if ok and baseline else None,
-                    "prefill": _ratio(prefill_s, _median(baseline.prefill_s)) if ok and baseline else None,
-                    "decode": _ratio(_median(baseline.decode_tps), decode_tps) if ok and baseline else None,
-                    "end_to_end": _ratio(_end_to_end(v), base_e2e) if ok else None,
+                    "load": ratio(load_s, median(baseline.load_s)) if ok and baseline else None,
+                    "prefill": ratio(prefill_s, median(baseline.prefill_s)) if ok and baseline else None,
+                    "decode": ratio(median(baseline.decode_tps), decode_tps) if ok and baseline else None,
+                    "end_to_end": ratio(_end_to_end(v), base_e2e) if ok else None,
                 },
                 plan_speedup_paired={
                     "load": _paired(v.load_s, baseline.load_s) if paired and baseline else None,
@@ -166,7 +166,7 @@ def summarise(rows: list[VariantResult]) -> tuple[dict[str, str | None], dict[st
         mine = plan.seconds(metric) if plan is not None and plan.ok else None
         summary[metric] = {
             "best": best[metric],
-            "plan_over_best": _ratio(mine, top.seconds(metric)) if top else None,
-            "plan_over_bare": _ratio(mine, bare.seconds(metric)) if bare else None,
+            "plan_over_best": ratio(mine, top.seconds(metric)) if top else None,
+            "plan_over_bare": ratio(mine, bare.seconds(metric)) if bare else None,
         }
     return best, summary

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .plan_command import _machine, parallel_overrides
+from .plan_command import machine_for, parallel_overrides
 
 __all__ = ["launch_command"]
 
@@ -18,7 +18,7 @@ def launch_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     quantize = args.quantize or "auto"
     files = launch_files(
         args.model,
-        machine=_machine(args, parser),
+        machine=machine_for(args, parser),
         emit=args.emit or EMITTERS[:2],
         script=args.script,
         script_args=args.script_args,

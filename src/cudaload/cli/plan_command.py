@@ -11,7 +11,7 @@ from packaging.version import InvalidVersion, Version
 
 from ..facts.machine import Launch, Machine
 
-__all__ = ["PARALLEL_OPTIONS", "parallel_overrides", "plan_command"]
+__all__ = ["PARALLEL_OPTIONS", "machine_for", "parallel_overrides", "plan_command"]
 
 
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
@@ -30,7 +30,7 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch
     )
 
 
-def _machine(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machine | None:
+def machine_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machine | None:
     """The machine to plan for: simulated when any simulation flag is given, this one under a
     simulated launch with only --world-size, else None (this machine as detected)."""
     launch = _launch(args, parser)
@@ -143,5 +143,5 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
             **parallel_overrides(args),
         }
     _say_when_asking_the_hub(args.model)
-    result = plan(args.model, machine=_machine(args, parser), **overrides)
+    result = plan(args.model, machine=machine_for(args, parser), **overrides)
     return result.to_json() if args.json else result.explain(cli=True)

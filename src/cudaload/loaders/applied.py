@@ -11,7 +11,7 @@ from ..plans import Plan
 if TYPE_CHECKING:
     from ..plans import GenerationPlan
 
-__all__ = ["AppliedPlan", "Fallback"]
+__all__ = ["AppliedPlan", "Fallback", "listed_keys"]
 
 
 @dataclass(frozen=True)
@@ -114,9 +114,9 @@ class AppliedPlan:
         if self.offloaded:
             lines.append(f"  offloaded to CPU/disk: {', '.join(self.offloaded)}")
         if self.missing_weights:
-            lines.append(f"  initialized at random (not in the checkpoint): {_listed(self.missing_weights)}")
+            lines.append(f"  initialized at random (not in the checkpoint): {listed_keys(self.missing_weights)}")
         if self.unexpected_weights:
-            lines.append(f"  checkpoint weights not used: {_listed(self.unexpected_weights)}")
+            lines.append(f"  checkpoint weights not used: {listed_keys(self.unexpected_weights)}")
         verdict = {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
         lines.append(f"  verified: {verdict}" + (f" ({self.verify_note})" if self.verify_note else ""))
         lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
@@ -140,5 +140,5 @@ class AppliedPlan:
         }
 
 
-def _listed(keys: tuple[str, ...], limit: int = 6) -> str:
+def listed_keys(keys: tuple[str, ...], limit: int = 6) -> str:
     return ", ".join(keys[:limit]) + (f" (and {len(keys) - limit} more)" if len(keys) > limit else "")

@@ -12,12 +12,12 @@ from ..errors import CudaloadError, CudaloadWarning, describe_error
 from ..facts.quant_methods import config_method
 from ..plans import Decision, Plan, Rejected
 from .applied import AppliedPlan, Fallback
-from .attribution import _is_attention_failure, _no_fallback, _unrelated
-from .hub_code import _unasked_hub_code
+from .attribution import is_attention_failure, no_fallback_error, unrelated_error
+from .hub_code import unasked_hub_code
 from .kwargs import from_pretrained_kwargs, set_rank_device
 from .readback import read_back
-from .verify import _Failure, _verify
-from .weights import _check_weights, _offload_warning, _offloaded, _WeightsReport
+from .verify import Failure, verify_forward
+from .weights import WeightsReport, check_weights, offload_warning, offloaded_modules
 
 logger = logging.getLogger("cudaload.loaders")
 """Under the "cudaload" logger (silent unless you configure logging): one INFO line per load, a WARNING per fallback."""
@@ -57,7 +57,7 @@ def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -
     )
 
 
-def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _WeightsReport, _Failure | None]:
+def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, WeightsReport, Failure | None]:
     """(the model loaded with `option`, its weights report, None), or (None, an empty report, the failure)."""
     try:
         model, info = auto.from_pretrained(
@@ -66,17 +66,17 @@ def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, _WeightsReport,
     except CudaloadError:
         raise  # cudaload's own errors already say what to do
     except Exception as exc:
-        return None, _WeightsReport(), _Failure("load", describe_error(exc), exc)
-    return model, _WeightsReport.read(info), None
+        return None, WeightsReport(), Failure("load", describe_error(exc), exc)
+    return model, WeightsReport.read(info), None
 
 
-def _switch_to(model: Any, option: str) -> _Failure | None:
+def _switch_to(model: Any, option: str) -> Failure | None:
     """Switch the loaded model in place to `option` (no weights are read again); the failure if
     transformers refuses it."""
     try:
         model.set_attn_implementation(option)
     except Exception as exc:
-        return _Failure("switch", describe_error(exc), exc)
+        return Failure("switch", describe_error(exc), exc)
     return None
 
 
@@ -87,9 +87,9 @@ def apply_plan(
 
     One loop over the chain: load the first option (or, once a model is loaded and failed its test
     forward, switch it in place to the next), then run the test forward. A failure that is the
-    option's (`_is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
+    option's (`is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
     any other failure raises at once, as does the last option's or one cudaload may not leave.
-    Weights the checkpoint does not fill raise before any test forward (`_check_weights`).
+    Weights the checkpoint does not fill raise before any test forward (`check_weights`).
     """
     from ..capability.model_config import resolve_auto_class
     from ..upstream_imports import import_bitsandbytes, import_transformers
@@ -109,32 +109,32 @@ def apply_plan(
     model: Any = None
     verified: bool | None = None
     skipped = ""
-    report = _WeightsReport()
+    report = WeightsReport()
     weight_notes: tuple[str, ...] = ()
     for index, option in enumerate(chain):
         start = time.perf_counter()
         # A link that would fetch Hub code the plan did not allow fails before transformers is asked.
-        failure: _Failure | None = _unasked_hub_code(plan, option, "load" if model is None else "switch")
+        failure: Failure | None = unasked_hub_code(plan, option, "load" if model is None else "switch")
         if failure is None and model is None:
             model, report, failure = _load_with(auto, plan, option)
             timings["load" if failure is None else f"load[{option}]"] = time.perf_counter() - start
             if failure is None:
-                weight_notes = _check_weights(plan, model, report, allow_missing_weights)
+                weight_notes = check_weights(plan, model, report, allow_missing_weights)
         elif failure is None:  # the loaded model failed its test forward: switch it in place, no weights read again
             failure = _switch_to(model, option)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
         if failure is None and verify:
             start = time.perf_counter()
-            outcome = _verify(model, training)
+            outcome = verify_forward(model, training)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
             verified, failure = outcome.verified, outcome.failure
             skipped = outcome.problem if outcome.status == "skipped" else ""
         if failure is None:
             break
-        if failure.error is not None and not _is_attention_failure(failure.error, option):
-            raise _unrelated(plan, option, failure, fallbacks) from failure.error
+        if failure.error is not None and not is_attention_failure(failure.error, option):
+            raise unrelated_error(plan, option, failure, fallbacks) from failure.error
         if not can_fall_back or index == len(chain) - 1:
-            raise _no_fallback(plan, option, failure, fallbacks, why) from failure.error
+            raise no_fallback_error(plan, option, failure, fallbacks, why) from failure.error
         fallbacks.append(Fallback(option, failure.phase, failure.problem))
         logger.warning(
             "%s: attn_implementation=%s failed at %s (%s); falling back to %s",
@@ -147,10 +147,10 @@ def apply_plan(
 
     applied_plan = _as_applied(plan, chain[index:], fallbacks)
     device_map = getattr(model, "hf_device_map", None)
-    offloaded = _offloaded(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
+    offloaded = offloaded_modules(device_map, has_gpu=any(isinstance(v, int) for v in (device_map or {}).values()))
     notes = [*plan.warnings, *weight_notes]
     if offloaded:
-        notes.append(_offload_warning(plan.model, offloaded))
+        notes.append(offload_warning(plan.model, offloaded))
     dtype = str(model.dtype).removeprefix("torch.")  # transformers: the first floating parameter's
     notes.extend(_generation_dtype_note(applied_plan, dtype))
     notes.extend(read_back(applied_plan, model))  # every value the plan shows, against the model's own state

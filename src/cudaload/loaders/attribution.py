@@ -10,9 +10,9 @@ from ..errors import LoadFailedError, describe_error
 from ..plans import Plan
 from ..upstream import FLASH_OPTIONS, attention_kind
 from .applied import Fallback
-from .verify import NON_FINITE, _Failure
+from .verify import NON_FINITE, Failure
 
-__all__: list[str] = []  # private helpers of apply.py
+__all__ = ["is_attention_failure", "no_fallback_error", "unrelated_error"]  # used by apply.py
 
 
 # Where transformers (5.22-5.25) refuses an attention option it cannot use, by module: it checks,
@@ -73,7 +73,7 @@ def _in(module: str, packages: tuple[str, ...]) -> bool:
     return any(module == package or module.startswith(f"{package}.") for package in packages)
 
 
-def _is_attention_failure(exc: BaseException, option: str) -> bool:
+def is_attention_failure(exc: BaseException, option: str) -> bool:
     """Whether `exc` is the attention option's failure, so that the next option may succeed.
 
     Judged by the exception's type and where it was raised (its traceback's frames), never by its
@@ -177,7 +177,7 @@ def _elsewhere(plan: Plan) -> str:
     )
 
 
-def _unrelated(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fallback]) -> LoadFailedError:
+def unrelated_error(plan: Plan, option: str, failure: Failure, fallbacks: list[Fallback]) -> LoadFailedError:
     """The error for a failure that is not the attention option's: no other option is tried."""
     model = plan.model
     if failure.phase == "load" and failure.error is not None:
@@ -194,7 +194,9 @@ def _unrelated(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fallb
     )
 
 
-def _no_fallback(plan: Plan, option: str, failure: _Failure, fallbacks: list[Fallback], why: str) -> LoadFailedError:
+def no_fallback_error(
+    plan: Plan, option: str, failure: Failure, fallbacks: list[Fallback], why: str
+) -> LoadFailedError:
     """The error for an attention option that failed when cudaload may not fall back (`why`)."""
     chain = plan.attention_chain
     if (

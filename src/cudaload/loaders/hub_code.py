@@ -6,9 +6,9 @@ import re
 
 from ..plans import Plan
 from ..upstream import attention_kind
-from .verify import _Failure, _Phase
+from .verify import Failure, Phase
 
-__all__: list[str] = []  # private helpers of apply.py
+__all__ = ["unasked_hub_code"]  # used by apply.py
 
 
 def _hub_code_allowed(plan: Plan, option: str) -> bool:
@@ -43,7 +43,7 @@ def _hub_repo_here(option: str) -> str | None:
     return FLASH_ATTN_KERNEL_FALLBACK.get(option)
 
 
-def _unasked_hub_code(plan: Plan, option: str, phase: _Phase) -> _Failure | None:
+def unasked_hub_code(plan: Plan, option: str, phase: Phase) -> Failure | None:
     """A failure, before transformers is asked, when `option` would make it download and run Hub code here that
     the plan did not allow (a plan made for another machine, where the package was installed or the kernel
     cached); None when it fetches nothing, the kernel is in this machine's cache, or Hub code was allowed."""
@@ -57,7 +57,7 @@ def _unasked_hub_code(plan: Plan, option: str, phase: _Phase) -> _Failure | None
     kernel = detect().hub.kernel(repo)
     if kernel is not None and kernel.cached:
         return None  # fetched before: the same rule as the plan's (policy/attention.py `_consent_needed`)
-    return _Failure(
+    return Failure(
         phase,
         f"transformers would download and run {repo} from the Hub here, and this plan does not allow Hub code "
         "(pass hub_kernels=True to plan() or load() to allow it)",

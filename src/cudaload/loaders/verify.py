@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from ..errors import describe_error
 
-__all__ = ["NON_FINITE", "check_inputs", "checked_output", "input_device"]
+__all__ = ["NON_FINITE", "Failure", "Phase", "check_inputs", "checked_output", "input_device", "verify_forward"]
 
 
 def input_device(model: Any) -> Any:
@@ -25,15 +25,15 @@ def input_device(model: Any) -> Any:
 
 NON_FINITE = "the test forward gave non-finite logits"
 
-_Phase = Literal["load", "verify", "switch"]
+Phase = Literal["load", "verify", "switch"]
 
 
 @dataclass(frozen=True)
-class _Failure:
+class Failure:
     """One attention option's failed attempt: the phase (as in `Fallback.phase`), the problem in one
     line, and what was raised (None when nothing was: non-finite logits)."""
 
-    phase: _Phase
+    phase: Phase
     problem: str
     error: BaseException | None = None
 
@@ -54,9 +54,9 @@ class _Verification:
         return {"passed": True, "skipped": None}.get(self.status, False)
 
     @property
-    def failure(self) -> _Failure | None:
+    def failure(self) -> Failure | None:
         """The failure to attribute when the forward failed (phase "verify"), else None."""
-        return _Failure("verify", self.problem, self.error) if self.status == "failed" else None
+        return Failure("verify", self.problem, self.error) if self.status == "failed" else None
 
 
 _PASSED = _Verification("passed")
@@ -159,7 +159,7 @@ def _pixels(vision: Any, generator: Any) -> Any:
     return torch.randn(1, channels, int(height), int(width), generator=generator)
 
 
-def _verify(model: Any, training: bool) -> _Verification:
+def verify_forward(model: Any, training: bool) -> _Verification:
     """A short forward of the model's main input (`check_inputs`: 8 token ids, or features, or
     pixels, with the decoder's start for an encoder-decoder), and whether its logits are finite.
 

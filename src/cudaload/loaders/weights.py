@@ -8,12 +8,12 @@ from typing import Any
 
 from ..errors import LoadFailedError
 from ..plans import Plan
-from .applied import _listed
+from .applied import listed_keys
 
-__all__: list[str] = []  # private helpers of apply.py
+__all__ = ["WeightsReport", "check_weights", "offload_warning", "offloaded_modules"]  # used by apply.py
 
 
-def _offloaded(device_map: Mapping[str, Any] | None, has_gpu: bool) -> tuple[str, ...]:
+def offloaded_modules(device_map: Mapping[str, Any] | None, has_gpu: bool) -> tuple[str, ...]:
     """Modules placed off the fast device: "disk" always, "cpu" when a GPU was available."""
     if not device_map:
         return ()
@@ -21,7 +21,7 @@ def _offloaded(device_map: Mapping[str, Any] | None, has_gpu: bool) -> tuple[str
     return tuple(f"{name or '(whole model)'} -> {where}" for name, where in device_map.items() if str(where) in slow)
 
 
-def _offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
+def offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
     """What to say when from_pretrained's device_map put modules on the CPU or disk (known only after
     loading, from the model's `hf_device_map`)."""
     shown = ", ".join(offloaded[:4]) + (", ..." if len(offloaded) > 4 else "")
@@ -33,7 +33,7 @@ def _offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
 
 
 @dataclass(frozen=True)
-class _WeightsReport:
+class WeightsReport:
     """What transformers' loading report (`output_loading_info=True`) says of the checkpoint's weights."""
 
     missing: tuple[str, ...] = ()
@@ -42,7 +42,7 @@ class _WeightsReport:
     """Weights the checkpoint holds and the model has no place for: not used."""
 
     @classmethod
-    def read(cls, info: Mapping[str, Any]) -> _WeightsReport:
+    def read(cls, info: Mapping[str, Any]) -> WeightsReport:
         mismatched = {str(entry[0]) for entry in info.get("mismatched_keys") or ()}
         return cls(
             missing=tuple(sorted({str(k) for k in info.get("missing_keys") or ()} | mismatched)),
@@ -50,7 +50,7 @@ class _WeightsReport:
         )
 
 
-def _check_weights(plan: Plan, model: Any, report: _WeightsReport, allow_missing: bool) -> tuple[str, ...]:
+def check_weights(plan: Plan, model: Any, report: WeightsReport, allow_missing: bool) -> tuple[str, ...]:
     """Raise when the checkpoint does not fill the model; the warnings to issue otherwise.
 
     A weight the checkpoint lacks is initialized at random by from_pretrained, which only logs it:
@@ -65,19 +65,19 @@ def _check_weights(plan: Plan, model: Any, report: _WeightsReport, allow_missing
         if not allow_missing:
             raise LoadFailedError(
                 f"{plan.model} loaded as {cls}, but its checkpoint lacks {len(report.missing)} of the model's "
-                f"weights, which from_pretrained initialized at random: {_listed(report.missing)}. The checkpoint "
+                f"weights, which from_pretrained initialized at random: {listed_keys(report.missing)}. The checkpoint "
                 "is incomplete, or it was saved from another architecture: pass the model_class it was saved "
                 "with (config.json's 'architectures'), or re-save it. To train these weights (e.g. a new task "
                 "head), pass allow_missing_weights=True."
             )
         notes.append(
             f"{plan.model}: {len(report.missing)} weights are not in the checkpoint and were initialized at random "
-            f"(allow_missing_weights=True): {_listed(report.missing)}. Train them before using the model's outputs."
+            f"(allow_missing_weights=True): {listed_keys(report.missing)}. Train them before using the model's outputs."
         )
     if report.unexpected and cls in (getattr(model.config, "architectures", None) or ()):
         raise LoadFailedError(
             f"{plan.model} loaded as {cls}, its own architecture, but {len(report.unexpected)} checkpoint weights "
-            f"have no place in it and were not used: {_listed(report.unexpected)}. config.json and the weights "
+            f"have no place in it and were not used: {listed_keys(report.unexpected)}. config.json and the weights "
             "disagree (e.g. num_hidden_layers edited after saving): fix the config or re-save the model."
         )
     return tuple(notes)

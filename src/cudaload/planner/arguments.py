@@ -23,7 +23,7 @@ from ..policy.parallelism import PARALLELISM_CHOICES
 from ..request import GenerationRequest, Request, TrainingRequest, check_count, check_flag
 from ..upstream_imports import import_transformers
 
-__all__ = ["parallel_request", "split_overrides"]
+__all__ = ["check_model", "generation_request", "parallel_request", "split_overrides", "training_request"]
 
 
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
@@ -121,7 +121,7 @@ def _kernel_arguments(rest: dict[str, Any]) -> None:
     rest["use_kernels"] = True
 
 
-def _check_model(model: Any) -> None:
+def check_model(model: Any) -> None:
     if not isinstance(model, (str, os.PathLike, ModelFacts)):
         import_transformers()
         from transformers import PretrainedConfig
@@ -135,7 +135,7 @@ def _check_model(model: Any) -> None:
         raise ModelConfigError("plan() was given an empty model name: pass a local path or a Hub id.")
 
 
-def _generation_request(
+def generation_request(
     generate: bool | None,
     finetune: bool,
     context: int | None,
@@ -157,7 +157,7 @@ def _generation_request(
     return GenerationRequest(generate is True, context, cache_implementation, padding_side)
 
 
-def _training_request(
+def training_request(
     finetune: bool,
     quantize: str | None,
     lora: Mapping[str, Any] | None,

@@ -16,7 +16,7 @@ from ..plans import Plan
 from ..request import Request
 from ..upstream_imports import import_transformers
 
-__all__ = ["SOURCE_KWARGS"]
+__all__ = ["SOURCE_KWARGS", "judged_upstream", "read_facts", "with_measurements"]
 
 
 # from_pretrained's arguments that choose which files it reads: transformers 5.22-5.25
@@ -35,7 +35,7 @@ SOURCE_KWARGS = (
 )
 
 
-def _read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any]) -> ModelFacts:
+def read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any]) -> ModelFacts:
     """The facts of what from_pretrained will read with these overrides: the same subfolder, cache,
     GGUF file and config, so that the model planned is the model loaded."""
     name = str(model) if isinstance(model, os.PathLike) else model
@@ -92,7 +92,7 @@ def _read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any
     )
 
 
-def _judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Plan:
+def judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Plan:
     """A spread (device_map "auto" with max_memory) of an unquantized model, judged as transformers itself will
     place it (capability/upstream_placement.py, then policy/placement.py `judge_upstream_placement`)."""
     from ..capability.upstream_placement import upstream_placement
@@ -116,7 +116,7 @@ def _judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Pla
     return result if landed is None else judge_upstream_placement(result, landed)
 
 
-def _measured(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:
+def with_measurements(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:
     """This machine with the measurements that apply to `facts` (tuning records, the CPU dtype probe)."""
     from ..capability import measure_for
 

@@ -16,8 +16,8 @@ from ..facts.model import ModelFacts
 from ..plans import Plan
 from ..policy import decide_plan
 from ..request import Workload, check_flag, workload_from
-from .arguments import _check_model, _generation_request, _training_request, parallel_request, split_overrides
-from .gather import _judged_upstream, _measured, _read_facts
+from .arguments import check_model, generation_request, parallel_request, split_overrides, training_request
+from .gather import judged_upstream, read_facts, with_measurements
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -168,10 +168,10 @@ def plan(
     """
     for name, value, allow_none in (("generate", generate, True), ("finetune", finetune, False)):
         check_flag(name, value, allow_none)
-    generation = _generation_request(generate, finetune, context, cache_implementation, padding_side)
-    _check_model(model)
+    generation = generation_request(generate, finetune, context, cache_implementation, padding_side)
+    check_model(model)
     check_flag("probe", probe, allow_none=False)
-    training = _training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
+    training = training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
     training = parallel_request(training, nodes, ranks_per_node, interconnect, parallelism)
     model_class = model_class_name(model_class)
     # Validated before anything is read: a bad flag must not reach the config loader.
@@ -189,16 +189,16 @@ def plan(
         from ..capability import detect
 
         machine = detect()
-    facts = model if isinstance(model, ModelFacts) else _read_facts(model, model_class, overrides)
+    facts = model if isinstance(model, ModelFacts) else read_facts(model, model_class, overrides)
     if detected:
-        machine = _measured(machine, facts, probe, request)
+        machine = with_measurements(machine, facts, probe, request)
     result = decide_plan(machine, facts, request)
     if result.finetune is not None:
         from ..capability.transformers_api import check_lora_settings
 
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
     if not isinstance(model, ModelFacts):
-        result = _judged_upstream(model, result, overrides)
+        result = judged_upstream(model, result, overrides)
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})

@@ -9,14 +9,14 @@ from ..plans import Decision
 from ..upstream import COMPILEABLE_QUANT_METHODS
 from .attention import is_flash_attention
 
-__all__ = ["NOT_FULLGRAPH"]
+__all__ = ["NOT_FULLGRAPH", "decide_compile", "decide_continuous_batching", "why_not_compiled"]
 
 
 def _transformers_at_least(machine: Machine, minimum: str) -> bool:
     return machine.software.at_least("transformers", minimum)
 
 
-def _compile_blocker(machine: Machine, facts: GenerationFacts, quantized: str | None, offloaded: bool) -> str | None:
+def why_not_compiled(machine: Machine, facts: GenerationFacts, quantized: str | None, offloaded: bool) -> str | None:
     """Why generate() will not auto-compile on this plan (None when it would with a static cache)."""
     if not machine.gpus:
         # transformers 5.22-5.25 generation/utils.py: GenerationMixin._valid_auto_compile_criteria asks for
@@ -44,7 +44,7 @@ NOT_FULLGRAPH = (
 )
 
 
-def _compile_decision(
+def decide_compile(
     facts: GenerationFacts, cache: Decision, blocker: str | None, compiles: bool, attention: str
 ) -> Decision:
     if not compiles:
@@ -67,7 +67,7 @@ def _compile_decision(
     return Decision("generation.compile", "reduce-overhead (CUDA graphs)", reason)
 
 
-def _continuous_batching_decision(machine: Machine, attention: str) -> Decision:
+def decide_continuous_batching(machine: Machine, attention: str) -> Decision:
     graphs = bool(machine.gpus) and is_flash_attention(attention)
     return Decision(
         "generation.continuous_batching",

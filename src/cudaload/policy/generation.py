@@ -34,7 +34,7 @@ from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, CHECKPOINT_STATIC_CACHES, ST
 from ..facts.machine import Machine
 from ..plans import Decision, GenerationPlan, Rejected
 from ..request import Workload
-from .compile import NOT_FULLGRAPH, _compile_blocker, _compile_decision, _continuous_batching_decision
+from .compile import NOT_FULLGRAPH, decide_compile, decide_continuous_batching, why_not_compiled
 from .devices import gpu_indices
 from .fit import format_bytes
 
@@ -309,7 +309,7 @@ def decide_generation(
     fit = _fit(facts, d, chosen_context, budget, where)
     warnings += fit.warnings
     offloaded = isinstance(device_map, str) and device_map == "auto" and budget is not None and budget < 0
-    blocker = _compile_blocker(machine, facts, quantized, offloaded)
+    blocker = why_not_compiled(machine, facts, quantized, offloaded)
     cache = _cache_decision(machine, facts, cache_implementation, workload, blocker, fit.max_batch != 0)
     compiles = cache.value in STATIC_CACHES and blocker is None
     padding, padding_warnings = _padding_decision(facts, padding_side)
@@ -323,8 +323,8 @@ def decide_generation(
         _kv_decision(facts, dtype, d, per_token),
         fit.decision,
         cache,
-        _compile_decision(facts, cache, blocker, compiles, attention),
-        _continuous_batching_decision(machine, attention),
+        decide_compile(facts, cache, blocker, compiles, attention),
+        decide_continuous_batching(machine, attention),
         padding,
     )
     return GenerationPlan(
