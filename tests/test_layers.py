@@ -1,8 +1,10 @@
 """The layers import only downwards, and no module imports itself back.
 
 capability (probes and readers) -> facts (data) <- policy (pure) -> plans (the contract, with request,
-the input side) <- planner (gathers facts, runs the policy); loaders (apply) import neither; the facade
-(`load()`: plan, then apply), cli and bench at the edge. Read from the source, lazy imports included, so a
+the input side) <- planner (gathers facts, runs the policy); loaders (apply) import neither the planner, the
+policy nor a probe: what applying needs to know of this process is in the plan (`Plan.apply_facts`), gathered by
+the planner. The facade (`load()`: plan, then apply) and finetune probe nothing of their own either; cli and
+bench at the edge. Read from the source, lazy imports included, so a
 function-level import cannot hide an upward arrow; `if TYPE_CHECKING:` blocks are annotations, not imports,
 and are skipped."""
 
@@ -44,13 +46,13 @@ ALLOWED: dict[str, set[str]] = {
     "plans": {"facts", "request"},  # the contract: Plan, GenerationPlan, FinetunePlan, Decision
     "policy": {"facts", "plans", "request"},  # pure: never a probe, never the planner
     "planner": {"facts", "capability", "plans", "policy", "request"},
-    "loaders": {"facts", "capability", "plans", "request"},  # apply only: never the planner, never the policy
-    "facade": {"facts", "capability", "plans", "planner", "loaders", "request"},  # load(): plan(), then apply_plan()
+    "loaders": {"facts", "plans", "request"},  # apply only: never the planner, the policy or a probe
+    "facade": {"facts", "plans", "planner", "loaders", "request"},  # load(): plan(), then apply_plan(); no probe
     "tokenizer": {"facts", "plans", "request"},
     # the launch files for a plan (torchrun, accelerate, DeepSpeed, SLURM) and the check launched ranks make
     "launch_writer": {"facts", "plans", "planner"},
     "launch_check": {"plans", "launch_writer"},
-    "finetune": {"facts", "capability", "plans", "planner", "loaders", "request", "launch_check"},
+    "finetune": {"facts", "plans", "planner", "loaders", "request", "launch_check"},  # no probe: the plan's facts
     "pipelines": {"facade", "tokenizer", "plans"},
     "smollm2": {"capability"},  # the real demo model: found in an installed package, converted into the cache
     "demo": {"facade", "tokenizer", "smollm2", "capability"},  # capability: the cache folder the demo builds in
@@ -148,7 +150,7 @@ def test_the_checker_sees_every_form_of_import() -> None:
     assert imports_in("from .kv_layout import f", "cudaload.capability", is_package=True) == {"capability.kv_layout.f"}
     skipped = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..capability import detect\n"
     assert imports_in(skipped, "cudaload.policy.fit") == set()
-    assert "capability.detect" in _imports(PACKAGE / "loaders" / "hub_code.py")  # a lazy import, in unasked_hub_code
+    assert "planner.plan" in _imports(PACKAGE / "facade.py")  # a lazy import, in load()
     assert _imports(PACKAGE / "__init__.py") == {"version.__version__"}  # the rest is TYPE_CHECKING only
 
 
@@ -197,3 +199,58 @@ def test_the_how_it_works_page_gives_every_module_one_line() -> None:
     listed = [path for path, _ in rows]
     assert sorted(listed) == sorted(str(p.relative_to(PACKAGE)) for p in MODULES)
     assert all(job.strip() and "|" not in job for _, job in rows)
+
+
+def private_names_imported(source: str, module: str, is_package: bool = False) -> list[str]:
+    """The `_private` names that `source`, the text of `module`, imports from another cudaload module, as
+    "module.name". A module's private names are its own: another module that needs one needs a public name.
+    A public name imported under a private alias (`from ..installed import dist_version as _dist_version`)
+    is not one of them."""
+    package = module if is_package else module.rsplit(".", 1)[0]
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+        else:
+            base = node.module or ""
+        if base == "cudaload" or base.startswith("cudaload."):
+            found += [f"{base}.{a.name}" for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_the_private_name_checker_sees_each_form() -> None:
+    assert private_names_imported("from .verify import _Failure", "cudaload.loaders.apply") == [
+        "cudaload.loaders.verify._Failure"
+    ]
+    assert private_names_imported("def f():\n    from ..capability import _x\n", "cudaload.policy.fit") == [
+        "cudaload.capability._x"
+    ]
+    assert private_names_imported("from cudaload.plans import _y", "cudaload.cli.output") == ["cudaload.plans._y"]
+    assert private_names_imported("from ..installed import dist_version as _dist_version", "cudaload.policy.fit") == []
+    assert private_names_imported("from typing import _SpecialForm", "cudaload.policy.fit") == []  # not cudaload's
+    assert private_names_imported("from .version import __version__", "cudaload", is_package=True) == []
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_a_private_name_of_another(path: Path) -> None:
+    module = _module_name(path).removesuffix(".__init__")
+    private = private_names_imported(path.read_text(), module, path.name == "__init__.py")
+    assert not private, f"{path.relative_to(PACKAGE)} imports {private}: make each a public name of its module"
+
+
+EDGE = ("cli", "bench")
+"""The edge takes the policy through its public names (policy/__init__.py `__all__`), not its modules."""
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in MODULES if p.relative_to(PACKAGE).parts[0] in EDGE], ids=lambda p: str(p.relative_to(PACKAGE))
+)
+def test_the_edge_imports_only_the_policy_s_public_names(path: Path) -> None:
+    import cudaload.policy
+
+    policy = {m for m in _imports(path) if _unit(m) == "policy"}
+    internal = sorted(m for m in policy if m.count(".") != 1 or m.split(".")[1] not in cudaload.policy.__all__)
+    assert not internal, f"{path.relative_to(PACKAGE)} imports {internal}: add a public name to policy/__init__.py"

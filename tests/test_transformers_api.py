@@ -3,6 +3,8 @@ read in capability, once, and followed by the code that applies the plan, which 
 
 from __future__ import annotations
 
+import pickle
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ import pytest
 import cudaload
 from cudaload import FinetuneConfigError, Machine
 from cudaload.capability import transformers_api
-from cudaload.plans import FinetunePlan, Plan
+from cudaload.plans import ApplyFacts, FinetunePlan, Plan
 
 
 def test_lora_settings_peft_refuses_fail_at_plan_time(tiny_models: dict[str, Path]) -> None:
@@ -43,12 +45,9 @@ class _Model:
 
 
 @pytest.mark.parametrize("name", ["gradient_checkpointing", "activation_checkpointing"])
-def test_checkpointing_follows_the_fact_about_transformers_not_the_model(
-    name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_checkpointing_follows_the_plan_s_fact_about_transformers_not_the_model(name: str) -> None:
     from cudaload.finetune import _prepare
 
-    monkeypatch.setattr(transformers_api, "checkpointing_method", lambda: name)
     model = _Model()
     section = FinetunePlan(
         lora={},
@@ -57,9 +56,31 @@ def test_checkpointing_follows_the_fact_about_transformers_not_the_model(
         gradient_checkpointing=True,
         checkpointing_kwargs={"use_reentrant": False},
     )
-    _prepare(model, section)
+    _prepare(model, section, name)
     assert model.calls == [(f"{name}_enable", {f"{name}_kwargs": {"use_reentrant": False}})]
     assert model.config.use_cache is False
+    _prepare(without := _Model(), section, None)  # a plan without the planner's facts: the name every 5.x has
+    assert without.calls == [
+        ("gradient_checkpointing_enable", {"gradient_checkpointing_kwargs": {"use_reentrant": False}})
+    ]
+
+
+def test_the_planner_reads_the_facts_apply_needs(tiny_models: dict[str, Path]) -> None:
+    a100 = Machine.simulated("A100")
+    finetune = cudaload.plan(str(tiny_models["llama"]), machine=a100, finetune=True)
+    assert finetune.apply_facts is not None
+    assert finetune.apply_facts.checkpointing_method == transformers_api.checkpointing_method()
+    assert finetune.apply_facts.tensor_parallel_argument is None  # no tp_plan: nothing read
+    # A machine you pass is not this process's: no description of it, none of its cached kernels.
+    assert finetune.apply_facts.machine_here is None and finetune.apply_facts.cached_kernels == frozenset()
+    inference = cudaload.plan(str(tiny_models["llama"]), machine=a100)
+    here = cudaload.plan(str(tiny_models["llama"]), probe=False)  # planned for this machine: its facts
+    assert here.apply_facts is not None and here.apply_facts.machine_here == cudaload.detect().usable().describe()
+    assert here.apply_facts.cached_kernels == {k.repo for k in cudaload.detect().hub.kernels if k.cached}
+    # Not part of the plan's value, not in its JSON; a pickled plan keeps them (what its process read).
+    assert replace(here, apply_facts=None) == here and "apply_facts" not in here.to_json()
+    assert pickle.loads(pickle.dumps(here)).apply_facts == here.apply_facts
+    assert inference.apply_facts is not None and inference.apply_facts.checkpointing_method is None
 
 
 def test_the_checkpointing_fact_is_the_installed_transformers() -> None:
@@ -71,15 +92,18 @@ def test_the_checkpointing_fact_is_the_installed_transformers() -> None:
     )
 
 
-def _tp_plan() -> Plan:
+def _tp_plan(argument: str | None) -> Plan:
     return Plan(
-        model="m", machine="x", kwargs={"dtype": "bfloat16", "tp_plan": "auto"}, attention_chain=("sdpa",), decisions=()
+        model="m",
+        machine="x",
+        kwargs={"dtype": "bfloat16", "tp_plan": "auto"},
+        attention_chain=("sdpa",),
+        decisions=(),
+        apply_facts=ApplyFacts(tensor_parallel_argument=argument),
     )
 
 
-def test_tensor_parallelism_is_passed_the_way_the_installed_transformers_takes_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_tensor_parallelism_is_passed_the_way_the_installed_transformers_takes_it() -> None:
     from cudaload.loaders import from_pretrained_kwargs
 
     try:
@@ -89,9 +113,12 @@ def test_tensor_parallelism_is_passed_the_way_the_installed_transformers_takes_i
     assert transformers_api.tensor_parallel_argument() == (
         "tp_plan" if DistributedConfig is None else "distributed_config"
     )
-    monkeypatch.setattr(transformers_api, "tensor_parallel_argument", lambda: "tp_plan")
-    assert from_pretrained_kwargs(_tp_plan()) == {"dtype": "bfloat16", "tp_plan": "auto"}
+    # The loader follows the plan's fact (ApplyFacts), read by the planner: it asks transformers nothing.
+    assert from_pretrained_kwargs(_tp_plan("tp_plan")) == {"dtype": "bfloat16", "tp_plan": "auto"}
+    assert from_pretrained_kwargs(_tp_plan(None)) == {"dtype": "bfloat16", "tp_plan": "auto"}
     if DistributedConfig is not None:
-        monkeypatch.setattr(transformers_api, "tensor_parallel_argument", lambda: "distributed_config")
-        kwargs = from_pretrained_kwargs(_tp_plan())
+        kwargs = from_pretrained_kwargs(_tp_plan("distributed_config"))
         assert "tp_plan" not in kwargs and isinstance(kwargs["distributed_config"], DistributedConfig)
+    planned = cudaload.plan(cudaload.facts.model.reference_model(), machine=Machine.simulated("A100"), tp_plan="auto")
+    assert planned.apply_facts is not None
+    assert planned.apply_facts.tensor_parallel_argument == transformers_api.tensor_parallel_argument()

@@ -211,7 +211,7 @@ def test_apply_plan_sets_the_current_device_before_from_pretrained(monkeypatch: 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: events.append(f"set_device({index})"))
     monkeypatch.setattr(loaders, "_load_with", load_with)
-    monkeypatch.setattr("cudaload.capability.model_config.resolve_auto_class", lambda name: object)
+    monkeypatch.setattr("cudaload.upstream_imports.resolve_auto_class", lambda name: object)
     with pytest.raises(Stop):
         loaders.apply_plan(result, strict=False, verify=False)
     assert events == ["set_device(1)", "from_pretrained"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from .errors import ModelConfigError, SettingError
 from .loaders import AppliedPlan, apply_plan
 from .plans import Plan
-from .request import check_flag
+from .request import check_flag, model_class_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -102,8 +102,6 @@ def load(
             f"load() takes a local path, a Hub id or a Plan, not {type(model).__name__}. To plan from a "
             "config object use cudaload.plan(config); to load, save the model and pass its folder."
         )
-    from .capability.model_config import model_class_name
-
     for name, value in (("strict", strict), ("verify", verify), ("allow_missing_weights", allow_missing_weights)):
         check_flag(name, value, allow_none=False)
     if "output_loading_info" in overrides:

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
 __all__ = ["load_for_finetune", "training_arguments"]
 
 
-def _prepare(model: Any, finetune: FinetunePlan) -> None:
+def _prepare(model: Any, finetune: FinetunePlan, checkpointing_method: str | None) -> None:
     """Apply the plan's k-bit preparation: freeze the base, checkpointing as planned, the planned
-    `use_cache`; without peft's fp32 upcast.
+    `use_cache`; without peft's fp32 upcast. `checkpointing_method` is the installed transformers' name for
+    checkpointing, as the planner read it (`ApplyFacts.checkpointing_method`; None: the old name).
 
     peft's `prepare_model_for_kbit_training` also casts every non-quantized weight (norms,
     embeddings, lm_head) to fp32, which multiplies their memory (81 GB vs 63 GB peak in one
@@ -37,10 +38,8 @@ def _prepare(model: Any, finetune: FinetunePlan) -> None:
     for param in model.parameters():
         param.requires_grad_(False)
     if finetune.gradient_checkpointing:
-        from .capability.transformers_api import checkpointing_method
-
         # transformers >= 5.23 names it activation_checkpointing (the old name warns FutureWarning there).
-        name = checkpointing_method()
+        name = checkpointing_method or "gradient_checkpointing"
         getattr(model, f"{name}_enable")(**{f"{name}_kwargs": dict(finetune.checkpointing_kwargs)})
         # With the embeddings frozen, the checkpointed blocks' inputs need grads for the
         # backward to reach the adapters.
@@ -129,11 +128,9 @@ def load_for_finetune(
     """
     if importlib.util.find_spec("peft") is None:
         raise MissingPackageError(f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}.")
-    from .capability.model_config import model_class_name
-    from .capability.transformers_api import check_lora_settings
     from .launch_check import check_launched_plan, manifest_plan_arguments, read_manifest
     from .planner import plan
-    from .request import check_flag
+    from .request import check_flag, model_class_name
 
     for name, value in (("strict", strict), ("allow_missing_weights", allow_missing_weights)):
         check_flag(name, value, allow_none=False)
@@ -175,11 +172,16 @@ def load_for_finetune(
     import_bitsandbytes(hub_code=the_plan.hub_code)
     from peft import LoraConfig, get_peft_model
 
-    if isinstance(model, Plan):  # plan() checked its LoRA settings where it was made, if peft was there
-        check_lora_settings(the_plan.finetune.lora, lora)
-    lora_config = LoraConfig(**the_plan.finetune.lora)
+    try:  # plan() checked its LoRA settings where it was made, if peft was there: a Plan may come from elsewhere
+        lora_config = LoraConfig(**the_plan.finetune.lora)
+    except (TypeError, ValueError) as exc:
+        raise FinetuneConfigError(
+            f"peft's LoraConfig refuses the plan's LoRA settings ({dict(the_plan.finetune.lora)!r}): "
+            f"{type(exc).__name__}: {exc}. Plan again with LoraConfig keyword arguments it takes (r, lora_alpha, "
+            "lora_dropout, target_modules, ...)."
+        ) from exc
     base = apply_plan(the_plan, strict=strict, verify=True, training=True, allow_missing_weights=allow_missing_weights)
-    _prepare(base, the_plan.finetune)
+    _prepare(base, the_plan.finetune, the_plan.apply_facts.checkpointing_method if the_plan.apply_facts else None)
     with warnings.catch_warnings():
         # peft (<= 0.21.2) reads the deprecated `is_gradient_checkpointing`, a FutureWarning on
         # transformers >= 5.23 that the caller cannot act on.

@@ -18,6 +18,7 @@ __all__ = [
     "check_count",
     "check_flag",
     "check_padding_side",
+    "model_class_name",
     "workload_from",
 ]
 
@@ -190,3 +191,33 @@ class Request:
     """Other from_pretrained kwargs the caller gave: passed on untouched."""
     generation: GenerationRequest | None = None
     """Plan generation settings as asked; None: no generation section (generate=False, fine-tuning)."""
+
+
+def model_class_name(value: Any) -> str | None:
+    """`model_class=` as the name of a transformers class: a name is kept, a transformers class (an
+    Auto class or a model class such as `BertModel`) gives its name; None stays None (the class is
+    then read from the config, `default_auto_class`).
+
+    Raises:
+        SettingError: anything else, or a class transformers does not export under its name.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    name = getattr(value, "__name__", None)
+    if isinstance(value, type) and name and hasattr(value, "from_pretrained"):
+        import transformers
+
+        if getattr(transformers, name, None) is value:
+            return str(name)
+        raise SettingError(
+            f"model_class={value!r}: cudaload loads through classes transformers exports, and this one is not "
+            f"transformers.{name}. Pass a transformers Auto class (e.g. AutoModelForSequenceClassification) or "
+            "model class (e.g. BertModel), or its name."
+        )
+    raise SettingError(
+        f"model_class={value!r:.60} ({type(value).__name__}): pass a transformers Auto class or model class, or "
+        "its name (e.g. 'AutoModelForSequenceClassification', 'BertModel'); leave it unset to load the "
+        "checkpoint's own architecture (config.json's 'architectures')."
+    )

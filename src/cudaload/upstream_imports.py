@@ -1,5 +1,6 @@
 """First imports of upstream packages whose import has effects: transformers (once, under a lock) and
-bitsandbytes (without Hub code unless the user allowed it).
+bitsandbytes (without Hub code unless the user allowed it); a transformers class by its name
+(`resolve_auto_class`, for the planner and the loader alike).
 
 transformers resolves its public names lazily (`_LazyModule.__getattr__` imports the submodule on
 first access). Done from several threads at once on a fresh interpreter, the threads that lose the
@@ -18,7 +19,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["bitsandbytes_hub_kernel_refused", "import_bitsandbytes", "import_transformers"]
+from .errors import ModelConfigError
+
+__all__ = ["bitsandbytes_hub_kernel_refused", "import_bitsandbytes", "import_transformers", "resolve_auto_class"]
 
 _LOCK = threading.Lock()
 _DONE = False
@@ -50,6 +53,25 @@ def import_transformers() -> None:
         for name in _NAMES:
             getattr(transformers, name)
         _DONE = True
+
+
+def resolve_auto_class(name: str) -> Any:
+    """The transformers class called `name`: an Auto class (e.g. "AutoModelForCausalLM") or a model
+    class (e.g. "BertModel").
+
+    Raises:
+        ModelConfigError: transformers has no class of that name with `from_pretrained`.
+    """
+    import_transformers()
+    import transformers
+
+    auto = getattr(transformers, name, None)
+    if auto is None or not hasattr(auto, "from_pretrained"):
+        raise ModelConfigError(
+            f"model_class={name!r}: transformers has no such Auto class or model class. Pass the name of one, "
+            "e.g. 'AutoModelForCausalLM', 'AutoModelForSequenceClassification' or 'BertModel'."
+        )
+    return auto
 
 
 # bitsandbytes (0.48 to 0.50.2 at least) fetches and runs `kernels-community/quantization-bitsandbytes` from the Hub

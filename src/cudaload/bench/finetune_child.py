@@ -78,8 +78,7 @@ def _optimizer(torch: Any, name: str, params: list[Any], on_cuda: bool) -> tuple
 def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
     """A variant's plan as recorded: dtype, quantization, LoRA, optimizer, checkpointing, estimate."""
     from ..capability.model_config import read_model_facts
-    from ..policy.lora_targets import lora_leaves
-    from ..policy.memory import lora_parameters
+    from ..policy import lora_leaves, lora_parameters
 
     finetune = plan.finetune
     quantization = plan.decision("quantize").value

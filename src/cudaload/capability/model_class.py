@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ModelConfigError, RemoteCodeError, SettingError
+from ..errors import ModelConfigError, RemoteCodeError
+from ..upstream_imports import resolve_auto_class
 
-__all__ = ["default_auto_class", "meta_model", "model_class_for", "model_class_name", "resolve_auto_class"]
+# resolve_auto_class (upstream_imports.py) is also the loader's; model_class_name (request.py) checks the argument.
+__all__ = ["default_auto_class", "meta_model", "model_class_for", "resolve_auto_class"]
 
 
 def _remote_class(reference: str, source: str, revision: str | None) -> type:
@@ -23,54 +25,6 @@ def _remote_class(reference: str, source: str, revision: str | None) -> type:
             f"trust_remote_code=True: the model's custom class {reference} could not be imported from {source!r}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc
-
-
-def resolve_auto_class(name: str) -> Any:
-    """The transformers class called `name`: an Auto class (e.g. "AutoModelForCausalLM") or a model
-    class (e.g. "BertModel").
-
-    Raises:
-        ModelConfigError: transformers has no class of that name with `from_pretrained`.
-    """
-    import transformers
-
-    auto = getattr(transformers, name, None)
-    if auto is None or not hasattr(auto, "from_pretrained"):
-        raise ModelConfigError(
-            f"model_class={name!r}: transformers has no such Auto class or model class. Pass the name of one, "
-            "e.g. 'AutoModelForCausalLM', 'AutoModelForSequenceClassification' or 'BertModel'."
-        )
-    return auto
-
-
-def model_class_name(value: Any) -> str | None:
-    """`model_class=` as the name of a transformers class: a name is kept, a transformers class (an
-    Auto class or a model class such as `BertModel`) gives its name; None stays None (the class is
-    then read from the config, `default_auto_class`).
-
-    Raises:
-        SettingError: anything else, or a class transformers does not export under its name.
-    """
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    name = getattr(value, "__name__", None)
-    if isinstance(value, type) and name and hasattr(value, "from_pretrained"):
-        import transformers
-
-        if getattr(transformers, name, None) is value:
-            return str(name)
-        raise SettingError(
-            f"model_class={value!r}: cudaload loads through classes transformers exports, and this one is not "
-            f"transformers.{name}. Pass a transformers Auto class (e.g. AutoModelForSequenceClassification) or "
-            "model class (e.g. BertModel), or its name."
-        )
-    raise SettingError(
-        f"model_class={value!r:.60} ({type(value).__name__}): pass a transformers Auto class or model class, or "
-        "its name (e.g. 'AutoModelForSequenceClassification', 'BertModel'); leave it unset to load the "
-        "checkpoint's own architecture (config.json's 'architectures')."
-    )
 
 
 # The Auto classes a checkpoint's architecture is looked up in, most specific first: the first whose

@@ -26,7 +26,7 @@ from ..upstream_imports import import_transformers
 from .config_file import check_sizes, load_config
 from .facts_cache import cached_facts, facts_cache_file, write_cached_facts
 from .kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
-from .model_class import default_auto_class, meta_model, model_class_for, model_class_name, resolve_auto_class
+from .model_class import default_auto_class, meta_model, model_class_for, resolve_auto_class
 from .per_layer import largest_int, layer_values
 from .upstream_placement import upstream_placement
 from .weights_header import weights_dtype
@@ -34,9 +34,9 @@ from .weights_header import weights_dtype
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
-# model_class_name, resolve_auto_class and upstream_placement live in model_class.py and upstream_placement.py;
-# the planner, the loader and finetune import them from here.
-__all__ = ["default_auto_class", "model_class_name", "read_model_facts", "resolve_auto_class", "upstream_placement"]
+# resolve_auto_class lives in upstream_imports.py (the loader's too) and upstream_placement in upstream_placement.py;
+# the planner imports them from here.
+__all__ = ["default_auto_class", "read_model_facts", "resolve_auto_class", "upstream_placement"]
 
 
 def _normalise_dtype(value: Any) -> str | None:

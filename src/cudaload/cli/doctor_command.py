@@ -17,7 +17,7 @@ __all__ = ["doctor_report", "fit", "remeasure_report"]
 
 
 def _gib(n: int | None) -> str:
-    from ..policy.fit import format_bytes
+    from ..policy import format_bytes
 
     return "?" if n is None else format_bytes(n)
 
@@ -127,7 +127,7 @@ def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = 
 def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, width: int | None = None) -> str:
     from ..capability import measure_for
     from ..facts.model import reference_model
-    from ..policy.devices import usable_machine
+    from ..policy import usable_machine
 
     # What a plan may use here: GPUs this torch cannot drive are reported and planned around.
     usable, device_warnings = usable_machine(machine)

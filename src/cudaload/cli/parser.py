@@ -6,7 +6,7 @@ import argparse
 
 from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS
 from ..facts.quant_methods import QUANT_METHODS
-from ..policy.parallelism import PARALLELISM_CHOICES
+from ..policy import PARALLELISM_CHOICES
 
 __all__ = ["DEBUG_ENV", "build_parser"]
 

@@ -1,6 +1,7 @@
 """`apply_plan()`: apply a Plan through `from_pretrained`, fall back along its attention chain,
 verify with a short forward, and record what was applied. Loaders never decide (`load()`, which plans
-and then applies, is in facade.py), and import neither the planner nor the policy.
+and then applies, is in facade.py), and import neither the planner nor the policy, nor any probe: what
+applying needs to know of the machine and the installed transformers is in the plan (`Plan.apply_facts`).
 
 One module per job: applied.py (what was applied: `AppliedPlan`, `Fallback`), apply.py (the fallback
 loop), attribution.py (whose failure it is), verify.py (the test forward), weights.py (the loading report,

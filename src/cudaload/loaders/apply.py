@@ -91,8 +91,7 @@ def apply_plan(
     any other failure raises at once, as does the last option's or one cudaload may not leave.
     Weights the checkpoint does not fill raise before any test forward (`check_weights`).
     """
-    from ..capability.model_config import resolve_auto_class
-    from ..upstream_imports import import_bitsandbytes, import_transformers
+    from ..upstream_imports import import_bitsandbytes, import_transformers, resolve_auto_class
 
     import_transformers()
     if _quantizes_with_bitsandbytes(plan):  # transformers' bitsandbytes quantizer imports it: no Hub code unasked

@@ -163,17 +163,16 @@ def _short(value: Any) -> str:
 
 
 def _elsewhere(plan: Plan) -> str:
-    """ " This plan was made for <machine> ..." when the plan was made for another machine than this one (a
-    simulated GPU, or another host): said only on the error path, where detecting this machine costs nothing
-    that matters."""
-    from ..capability import detect
-
-    here = detect().usable().describe()
-    if here == plan.machine:
+    """ " This plan was made for <machine> ..." when the plan was not made for the machine of the process that
+    planned it (a machine passed to plan(): a simulated GPU, another host's); nothing when it was (the planner's
+    `ApplyFacts.machine_here`). Read from the plan: applying probes nothing."""
+    here = plan.apply_facts.machine_here if plan.apply_facts is not None else None
+    if here is not None:
         return ""
     return (
-        f" This plan was made for {plan.machine}, and this process runs on {here}: plan it here "
-        "(cudaload.load(model) or cudaload.plan(model) without machine=) to load on this machine."
+        f" This plan was made for {plan.machine}, a machine given to plan() (this process's own is read only "
+        "when machine= is left unset): to load on this machine, plan it here (cudaload.load(model) or "
+        "cudaload.plan(model) without machine=)."
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ..plans import Plan
+from ..plans import ApplyFacts, Plan
 from ..upstream import attention_kind
 from .verify import Failure, Phase
 
@@ -46,16 +46,16 @@ def _hub_repo_here(option: str) -> str | None:
 def unasked_hub_code(plan: Plan, option: str, phase: Phase) -> Failure | None:
     """A failure, before transformers is asked, when `option` would make it download and run Hub code here that
     the plan did not allow (a plan made for another machine, where the package was installed or the kernel
-    cached); None when it fetches nothing, the kernel is in this machine's cache, or Hub code was allowed."""
+    cached); None when it fetches nothing, Hub code was allowed, or the kernel is in this machine's cache as the
+    planner found it (`ApplyFacts.cached_kernels`: none for a plan made for a machine you passed, whose cache
+    is not this one's)."""
     if _hub_code_allowed(plan, option):
         return None
     repo = _hub_repo_here(option)
     if repo is None:
         return None
-    from ..capability import detect
-
-    kernel = detect().hub.kernel(repo)
-    if kernel is not None and kernel.cached:
+    facts = plan.apply_facts or ApplyFacts()
+    if repo in facts.cached_kernels:
         return None  # fetched before: the same rule as the plan's (policy/attention.py `_consent_needed`)
     return Failure(
         phase,

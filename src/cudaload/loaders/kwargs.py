@@ -57,10 +57,10 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
         parts = dict(item.split("=", 1) for item in str(per_sub_model).split(", "))
         kwargs["attn_implementation"] = {"": kwargs["attn_implementation"], **parts}
     if "tp_plan" in kwargs and "distributed_config" not in kwargs and "tp_size" not in kwargs:
-        from ..capability.transformers_api import tensor_parallel_argument
-
-        # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning).
-        if tensor_parallel_argument() == "tp_plan":  # older 5.x: tp_plan= is the API
+        # transformers >= 5.1x takes TP through DistributedConfig (a bare tp_plan= warns FutureWarning); older 5.x
+        # takes tp_plan=, as does a plan without the planner's facts (`ApplyFacts.tensor_parallel_argument`).
+        facts = plan.apply_facts
+        if facts is None or facts.tensor_parallel_argument != "distributed_config":
             return kwargs
         from transformers.distributed import DistributedConfig  # type: ignore[attr-defined]
 

@@ -9,13 +9,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..announce import announce
-from ..capability.model_config import model_class_name
 from ..errors import SettingError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Plan
 from ..policy import decide_plan
-from ..request import Workload, check_flag, workload_from
+from ..request import Workload, check_flag, model_class_name, workload_from
+from .apply_facts import apply_facts
 from .arguments import check_model, generation_request, parallel_request, split_overrides, training_request
 from .gather import judged_upstream, read_facts, with_measurements
 
@@ -199,6 +199,7 @@ def plan(
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
     if not isinstance(model, ModelFacts):
         result = judged_upstream(model, result, overrides)
+    result = replace(result, apply_facts=apply_facts(result, machine if detected else None))
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})

@@ -5,7 +5,7 @@ quantization as the BitsAndBytesConfig keyword arguments), the attention fallbac
 and one Decision per setting: its value, why, and what was rejected and why.
 
 One module per part: decision.py (Decision, Rejected and the read-only, JSON-ready values), sections.py
-(FinetunePlan, GenerationPlan), plan.py (Plan).
+(FinetunePlan, GenerationPlan, TokenizerPlan, ApplyFacts), plan.py (Plan).
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from .decision import (
     read_only,
 )
 from .plan import Plan
-from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
+from .sections import ApplyFacts, FinetunePlan, GenerationPlan, TokenizerPlan
 
 __all__ = [
     "SUB_MODEL_ATTENTION",
     "VALUE_WIDTH",
+    "ApplyFacts",
     "Decision",
     "DecisionSource",
     "FinetunePlan",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .decision import Decision, ReadOnlyDict, decision_lines, jsonable, read_only
-from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
+from .sections import ApplyFacts, FinetunePlan, GenerationPlan, TokenizerPlan
 
 __all__ = ["Plan"]
 
@@ -52,6 +52,9 @@ class Plan:
         assumed_packages: For a simulated machine, the packages planned with and where they come
             from (`Software.assumed`: "as installed here", or the defaults, and what you changed);
             None for this machine.
+        apply_facts: What applying the plan needs to know of the process that made it (`ApplyFacts`:
+            this machine, its cached Hub kernels, the installed transformers' API); not part of the
+            plan's value.
 
     Examples:
         >>> import tempfile, cudaload
@@ -104,6 +107,9 @@ class Plan:
     hub_code: bool = field(default=False, compare=False, repr=False)
     """The caller consented to Hub code (hub_kernels=True or use_kernels=True) when planning; a plan
     rebuilt without it (e.g. from its JSON) carries no consent beyond its kwargs."""
+    apply_facts: ApplyFacts | None = field(default=None, compare=False, repr=False)
+    """What applying the plan needs to know of the process that made it, filled by the planner; not part of
+    the plan's value, not in `to_dict()`. None for a plan built by hand or rebuilt from its JSON."""
 
     def __post_init__(self) -> None:
         # Frozen means frozen: kwargs is what load() applies, so it must not change behind the decisions.

@@ -1,5 +1,6 @@
 """The sections of a Plan: `FinetunePlan` (what load_for_finetune() applies) and `GenerationPlan` (the
-generation settings), each JSON-ready."""
+generation settings), each JSON-ready; `TokenizerPlan` and `ApplyFacts` (what applying the plan needs to know
+of the process that made it), which are not part of the plan's value."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..facts.dtypes import BYTES
 from ..facts.kv_cache import GenerationFacts
 from .decision import Decision, decision_lines, jsonable
 
-__all__ = ["FinetunePlan", "GenerationPlan", "TokenizerPlan"]
+__all__ = ["ApplyFacts", "FinetunePlan", "GenerationPlan", "TokenizerPlan"]
 
 
 @dataclass(frozen=True)
@@ -222,3 +223,31 @@ class TokenizerPlan:
         """The padding side to set: for training or inference; None keeps the tokenizer's own."""
         value = (self.training_padding_side if training else self.padding_side).value
         return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class ApplyFacts:
+    """What applying a Plan needs to know of the process that made it, gathered by the planner so that
+    `apply_plan()` and `load_for_finetune()` probe nothing (`Plan.apply_facts`; not part of the plan's value,
+    not in `to_dict()`). A Plan built by hand or rebuilt from its JSON has none: it is applied with these
+    defaults, which assume nothing about the machine.
+
+    Attributes:
+        machine_here: The machine the planning process runs on (`Machine.describe()` as its torch can use
+            it) when the plan was made for that machine (`plan()` without `machine=`); None for a machine you
+            passed, whose plan a load failure then says may be another machine's.
+        cached_kernels: The Hub attention kernel repositories in that machine's cache, for the check that
+            loading fetches no Hub code the plan did not allow; empty for a machine you passed (a simulated
+            machine's cache is not this one's).
+        tensor_parallel_argument: How the installed transformers takes the plan's `tp_plan`:
+            "distributed_config" (`DistributedConfig(tp_plan=...)`; a bare `tp_plan=` warns there) or
+            "tp_plan" (older 5.x); None when the plan has no `tp_plan` (then it is passed as it is).
+        checkpointing_method: The installed transformers' name for checkpointing on a model,
+            "activation_checkpointing" (5.23 on) or "gradient_checkpointing"; None when the plan does not
+            checkpoint (a fine-tuning plan without one checkpoints under the old name).
+    """
+
+    machine_here: str | None = None
+    cached_kernels: frozenset[str] = frozenset()
+    tensor_parallel_argument: str | None = None
+    checkpointing_method: str | None = None

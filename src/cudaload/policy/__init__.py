@@ -27,12 +27,12 @@ from .current_device import (
     plan_within,
 )
 from .devices import check_max_memory, usable_machine
-from .fit import HEADROOM, percent
+from .fit import HEADROOM, format_bytes, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .lora_targets import lora_leaves, rank_warnings
-from .memory import TrainingMemory, estimate_training_memory, weight_bytes
-from .parallelism import SHARDS_WEIGHTS, parallel_section, sixteen_bit_when_sharded
+from .memory import TrainingMemory, estimate_training_memory, lora_parameters, weight_bytes
+from .parallelism import PARALLELISM_CHOICES, SHARDS_WEIGHTS, parallel_section, sixteen_bit_when_sharded
 from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
@@ -41,7 +41,10 @@ from .tokenizer import decide_tokenizer
 from .training import decide_lora, decide_training_arguments
 from .tuning import tune_on_gpu
 
-__all__ = ["Request", "Workload", "decide_plan", "decide_plan_generation"]
+# The edge (cli, bench) takes these too: the strategies --parallelism names, the usable machine doctor reports,
+# bytes as GiB, the LoRA adapters' size (tests/test_layers.py: the edge imports only these of the policy).
+__all__ = ["PARALLELISM_CHOICES", "Request", "Workload", "decide_plan", "decide_plan_generation", "format_bytes",
+           "lora_leaves", "lora_parameters", "usable_machine"]  # fmt: skip
 
 
 def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
