@@ -31,56 +31,41 @@ def load(
     allow_missing_weights: bool = False,
     **overrides: Any,
 ) -> PreTrainedModel:
-    """Load `model` (a local path, a hub id, or a ready `Plan`) with the plan for this machine.
+    """Load `model` (a local path, a Hub id, or a ready `Plan`) with the plan for this machine.
 
-    - `overrides` are from_pretrained kwargs: yours always win; an impossible one raises.
-    - If an attention option fails at load or at a short test forward, the next link of the
-      plan's chain is used and the cause recorded; `strict=True` raises instead. Only an
-      attention implementation you left to cudaload falls back.
-    - `model.cudaload_plan` is the AppliedPlan: what was asked, chosen, and really applied.
-      For a generating model (a causal or seq2seq LM) it has `.generation` (see `plan()`'s
-      `generate=`): pass `generate=True, context=N, cache_implementation=..., padding_side=...` to
-      choose, or `generate=False` to skip.
-
-    Each plan warning (and an offload to CPU/disk) is issued once as a `CudaloadWarning`.
+    `plan()`, then the from_pretrained call the plan stands for. An attention option you left to cudaload that
+    fails at load or at the short test forward falls back to the next link of the plan's chain, and the cause
+    is recorded; each plan warning is issued once as a `CudaloadWarning`. What falls back, what raises and what
+    is recorded: [What load() does](#what-load-does) on the API page.
 
     Args:
-        model: A local path (str or PathLike), a Hub id, or a `Plan` from `plan()` (then loaded
-            as planned: `machine` is not used and no overrides are accepted).
+        model: A local path (str or PathLike), a Hub id, or a `Plan` from `plan()` (then loaded as planned:
+            `machine` is not used and no overrides are accepted).
         strict: Raise instead of falling back along the attention chain (default False).
-        verify: Run a short test forward (8 token ids) and check its logits are finite (default
-            True); False skips it (`AppliedPlan.verified` is then None).
-        machine: The `Machine` to plan for (default None: `detect()` this one, and measure the
-            CPU dtype when planning for its CPU). A simulated machine is planned as given.
-        model_class: The transformers Auto class (or model class) to load with, as a class or its
-            name (e.g. "AutoModelForSequenceClassification", `BertModel`). Default None: the
-            checkpoint's own architecture (config.json's "architectures"). A Plan loads through
-            the class it was planned with (`Plan.auto_class`); naming another one is an error.
-        allow_missing_weights: Accept weights the checkpoint does not hold, initialized at random
-            (e.g. a new task head you will train), with a warning; they are listed in
-            `AppliedPlan.missing_weights`. Default False: such a load raises LoadFailedError.
-        **overrides: from_pretrained keyword arguments (`dtype`, `attn_implementation`,
-            `device_map`, `max_memory`, `use_kernels`, `revision`, `trust_remote_code`, ...) and
-            `plan()` keyword arguments (`workload`, `probe`, `hub_kernels`, `generate`, `context`,
-            `cache_implementation`, `padding_side`, ...). Yours always win.
+        verify: Run a short test forward (8 token ids) and check its logits are finite (default True); False
+            skips it (`AppliedPlan.verified` is then None).
+        machine: The `Machine` to plan for (default None: this one, detected). A simulated machine is planned
+            as given.
+        model_class: The transformers Auto class or model class to load with, or its name (default None: the
+            checkpoint's own architecture). A Plan loads through the class it was planned with.
+        allow_missing_weights: Accept weights the checkpoint does not hold, initialized at random (e.g. a new
+            task head you will train), with a warning. Default False: such a load raises LoadFailedError.
+        **overrides: from_pretrained keyword arguments (`dtype`, `attn_implementation`, `device_map`, ...) and
+            `plan()` keyword arguments (`workload`, `hub_kernels`, `generate`, `context`, ...). Yours always win.
 
     Returns:
-        The loaded transformers model (in eval mode), with `model.cudaload_plan` set to the
-        `AppliedPlan`.
+        The loaded transformers model (in eval mode), with `model.cudaload_plan` set to the `AppliedPlan`:
+        what was asked, chosen and really applied.
 
     Raises:
-        ModelConfigError: `model` is not a path, Hub id or Plan, its config cannot be read, or
-            `model_class` is not a transformers Auto class that supports it.
+        ModelConfigError: `model` is not a path, Hub id or Plan, its config cannot be read, or `model_class`
+            does not support it.
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
-        LoadFailedError: loading failed for a reason no fallback can fix (the message
-            names the likely cause); the checkpoint lacks weights of the model (unless
-            `allow_missing_weights=True`) or holds weights its own architecture does not use;
-            the test forward failed for a reason unrelated to attention;
-            or an attention option failed with nothing to fall back to (you chose it,
-            `strict=True`, or the chain ran out).
-        SettingError: an override of the wrong type or an impossible generation setting
-            (`WorkloadError` for an unknown `workload`); a Plan given with overrides, a `machine`,
-            or a `model_class` other than the one it was planned with.
+        LoadFailedError: loading or the test forward failed for a reason no fallback can fix, an attention
+            option failed with nothing to fall back to, or the checkpoint does not fill the model.
+        SettingError: an override of the wrong type or an impossible generation setting (`WorkloadError` for
+            an unknown `workload`); a Plan given with overrides, a `machine`, another `model_class`, or a
+            fine-tuning plan.
         DtypeUnsupportedError: a `dtype` this machine cannot run.
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
         PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
@@ -93,8 +78,6 @@ def load(
         >>> model = cudaload.load(path, dtype="float32")
         >>> type(model).__name__, model.cudaload_plan.dtype, model.cudaload_plan.verified
         ('Qwen3ForCausalLM', 'float32', True)
-        >>> model.cudaload_plan.generation.padding_side  # a decoder-only LM pads batches on the left
-        'left'
     """
     start = time.perf_counter()
     if not isinstance(model, (str, os.PathLike, Plan)):
