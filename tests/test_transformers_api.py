@@ -119,6 +119,8 @@ def test_tensor_parallelism_is_passed_the_way_the_installed_transformers_takes_i
     if DistributedConfig is not None:
         kwargs = from_pretrained_kwargs(_tp_plan("distributed_config"))
         assert "tp_plan" not in kwargs and isinstance(kwargs["distributed_config"], DistributedConfig)
-    planned = cudaload.plan(cudaload.facts.model.reference_model(), machine=Machine.simulated("A100"), tp_plan="auto")
+    from cudaload.facts.model import reference_model
+
+    planned = cudaload.plan(reference_model(), machine=Machine.simulated("A100"), tp_plan="auto")
     assert planned.apply_facts is not None
     assert planned.apply_facts.tensor_parallel_argument == transformers_api.tensor_parallel_argument()
