@@ -17,7 +17,7 @@ from ..plans import Plan
 from ..policy import decide_plan
 from ..request import Workload, check_flag, workload_from
 from .arguments import _check_model, _generation_request, _training_request, parallel_request, split_overrides
-from .gather import _judged_upstream, _measured, _read_facts
+from .gather import _measured, _read_facts, upstream_placer
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -192,13 +192,13 @@ def plan(
     facts = model if isinstance(model, ModelFacts) else _read_facts(model, model_class, overrides)
     if detected:
         machine = _measured(machine, facts, probe, request)
-    result = decide_plan(machine, facts, request)
+    # Where transformers itself places a spread depends on the dtype the policy picks: a fact the policy asks for.
+    placer = None if isinstance(model, ModelFacts) else upstream_placer(model, facts, overrides)
+    result = decide_plan(machine, facts, request, placer=placer)
     if result.finetune is not None:
         from ..capability.transformers_api import check_lora_settings
 
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
-    if not isinstance(model, ModelFacts):
-        result = _judged_upstream(model, result, overrides)
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
