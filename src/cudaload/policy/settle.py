@@ -63,7 +63,8 @@ def settle_placement(
     last valid plan is kept and its device_map reason says where it was judged and where it landed. The
     kept plan is then judged against upstream's landing (placement.py `judge_upstream_placement`: CPU or
     disk offload the budgets missed). On uniform GPUs, and under a distributed launch, every GPU decides:
-    one round. No policy function runs on the Plan after this step and decide_plan's generation sections.
+    one round. decide_plan adds only the generation sections after this step; nothing judges the Plan once
+    it is returned.
     """
     judged = placed_machine(machine, model, request)
     tried: list[frozenset[int]] = []
@@ -117,9 +118,9 @@ def _unsettled(plan: Plan, kept: _Round) -> Plan:
     """The kept plan, its device_map reason saying it did not settle and on which GPUs it was judged."""
     placed = plan.decision("device_map")
     note = (
-        f"; dtype and attention judged on {_names(kept.judged)} while the weights land on {_names(kept.landed)}: "
-        f"judged there, the placement moved again, so it did not settle within {PLACEMENT_ROUNDS} rounds "
-        "(policy/settle.py) and every GPU it may touch decides"
+        f"; dtype and attention judged on {_names(kept.judged)} while the weights land on {_names(kept.landed)} "
+        "alone: judged there, the plan moved elsewhere, so the placement did not settle "
+        f"(at most {PLACEMENT_ROUNDS} rounds, policy/settle.py) and the GPUs judged cover every one it touches"
     )
     decisions = tuple(replace(d, reason=d.reason + note) if d is placed else d for d in plan.decisions)
     return replace(plan, decisions=decisions)
