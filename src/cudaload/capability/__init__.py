@@ -17,6 +17,7 @@ from .cpu import probe_cpu
 from .dtype_probe import dtype_probe_for, probe_enabled, shape_bucket, torch_threads
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
+from .rocm import AmdSmiProbe, RocmTorchProbe
 from .software import probe_hub, probe_software
 from .tuning_records import read_tuning_records
 from .usable_gpus import gpus_unusable, torch_arch_list
@@ -34,10 +35,18 @@ __all__ = [
 def detect_uncached(
     env: Mapping[str, str] | None = None,
     probes: Sequence[Callable[[], GpuProbe]] = (NvmlProbe, TorchProbe),
+    rocm_probes: Sequence[Callable[[], GpuProbe]] = (AmdSmiProbe, RocmTorchProbe),
 ) -> Machine:
-    """Read the machine now. `env` defaults to os.environ; `probes` is the GPU boundary."""
+    """Read the machine now. `env` defaults to os.environ; `probes` (NVIDIA's) and `rocm_probes` (AMD's, asked
+    when NVIDIA's find no GPU) are the GPU boundary."""
     env = dict(os.environ) if env is None else env
     report = probe_gpus(env, probes)
+    if not report.gpus and rocm_probes:
+        amd = probe_gpus(_rocm_env(env), rocm_probes)
+        if amd.gpus:
+            report = replace(amd, notes=report.notes + amd.notes)
+        elif not amd.no_driver:  # an AMD driver whose probes failed is worth a note; no AMD driver is not
+            report = replace(report, notes=report.notes + amd.notes)
     software = probe_software(report.driver)
     if report.gpus and software.torch_cuda is not None:
         software = replace(software, torch_arch_list=torch_arch_list())
@@ -54,12 +63,21 @@ def detect_uncached(
     )
 
 
+def _rocm_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The visibility amdsmi's list is filtered by: HIP numbers GPUs in PCI order (no FASTEST_FIRST) and reads
+    HIP_VISIBLE_DEVICES before CUDA_VISIBLE_DEVICES. (ROCR_VISIBLE_DEVICES, applied below HIP, is not read.)"""
+    rocm = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if "HIP_VISIBLE_DEVICES" in env:
+        rocm["CUDA_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"]
+    return rocm
+
+
 @functools.cache
 def detect() -> Machine:
     """The machine this process runs on, read once (NVML, /proc, package metadata, env).
 
     The GPUs come from NVML (else torch, else none: on Linux without an NVIDIA driver node NVML
-    is not even imported), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER as torch
+    is not even imported; without NVIDIA GPUs, amdsmi, else a ROCm torch's device properties), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER as torch
     sees them; the CPU from /proc; installed versions from package metadata; the Hub state (offline
     mode, cached attention kernels) and the distributed launch from the environment. The result
     is cached for the process: a changed environment needs a new process. A GPU probe that fails

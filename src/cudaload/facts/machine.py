@@ -41,6 +41,7 @@ class Software:
         packages: (distribution, version) pairs of the installed packages cudaload cares about
             (torch, transformers, accelerate, peft, bitsandbytes, kernels, ...), sorted by name.
         torch_cuda: CUDA version torch was built with (None for a CPU build).
+        torch_hip: ROCm (HIP) version torch was built with (`torch.version.hip`; None unless a ROCm build).
         driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
         kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
         torch_arch_list: The GPU architectures the installed CUDA torch was built for
@@ -61,6 +62,8 @@ class Software:
     packages: tuple[tuple[str, str], ...] = ()
     torch_cuda: str | None = None
     """CUDA version torch was built with (None for a CPU build)."""
+    torch_hip: str | None = None
+    """ROCm (HIP) version torch was built with (None unless a ROCm build)."""
     driver: str | None = None
     kernels_range: tuple[str, str] | None = None
     """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
@@ -100,7 +103,8 @@ class Machine:
     don't have, so `plan(..., machine=...)` can say what another machine would get.
 
     Attributes:
-        gpus: The CUDA devices this process sees, in torch's order (empty: none).
+        gpus: The GPUs this process sees as torch's `cuda:N` devices (NVIDIA, or AMD under ROCm), in torch's
+            order (empty: none).
         cpu: The CPU (model, usable cores, ISA flags, memory).
         software: Installed package versions and what transformers accepts.
         hub: Hub offline mode and which attention kernels are cached.
@@ -192,6 +196,7 @@ class Machine:
         return min(self.gpus, key=lambda g: (g.capability, g.usable_memory))
 
     def describe(self) -> str:
+        """ "2x NVIDIA A100-SXM4-80GB (sm_80)": the GPUs by name, and the weakest's architecture."""
         if not self.gpus:
             return f"CPU {self.cpu.model} ({self.cpu.cores} cores), no CUDA GPU"
         counts: dict[str, int] = {}
@@ -283,15 +288,18 @@ class Machine:
 
             raise SettingError(f"installed_packages={installed_packages!r}: pass True or False.")
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
-        gpus = tuple(catalog_gpu(lookup_gpu(name), i) for i, name in enumerate(names))
+        # An entry with several devices (an MI250X is two GCDs) is that many GPUs to torch.
+        entries = [entry for name in names for entry in [lookup_gpu(name)] * lookup_gpu(name).devices]
+        gpus = tuple(catalog_gpu(entry, i) for i, entry in enumerate(entries))
         versions, assumed = simulated_packages(packages or {}, installed_packages)
         software = Software(
             packages=tuple(sorted(versions.items())),
-            torch_cuda="12.8" if gpus else None,
             # the simulated transformers' range (None, i.e. unchecked, for a minor not in the table)
             kernels_range=KERNELS_RANGES.get(".".join(versions["transformers"].split(".")[:2])),
             assumed=assumed,
         )
+        for platform in {g.vendor: g.platform for g in gpus}.values():  # torch built for the GPUs' vendor
+            software = platform.simulate_build(software)
         cached = set(cached_kernels)
         hub = Hub(
             offline=offline,
