@@ -26,27 +26,43 @@ if TYPE_CHECKING:
     from ..facts.model import ModelFacts
 
 __all__ = [
+    "GPU_PROBES",
     "detect",
     "detect_uncached",
     "measure_for",
 ]
 
 
+GPU_PROBES: dict[str, tuple[Callable[[], GpuProbe], ...]] = {
+    "nvidia": (NvmlProbe, TorchProbe),
+    "amd": (AmdSmiProbe, RocmTorchProbe),
+}
+"""Each GPU vendor's probes, asked in this order (a vendor's management library first, torch as its fallback)
+until one vendor finds GPUs. A new vendor is one entry here (and its record, facts/platforms.py)."""
+
+
 def detect_uncached(
     env: Mapping[str, str] | None = None,
-    probes: Sequence[Callable[[], GpuProbe]] = (NvmlProbe, TorchProbe),
-    rocm_probes: Sequence[Callable[[], GpuProbe]] = (AmdSmiProbe, RocmTorchProbe),
+    probes: Sequence[Callable[[], GpuProbe]] | None = None,
+    vendor_probes: Mapping[str, Sequence[Callable[[], GpuProbe]]] | None = None,
 ) -> Machine:
-    """Read the machine now. `env` defaults to os.environ; `probes` (NVIDIA's) and `rocm_probes` (AMD's, asked
-    when NVIDIA's find no GPU) are the GPU boundary."""
+    """Read the machine now. `env` defaults to os.environ. The GPU boundary: `vendor_probes` (default
+    GPU_PROBES), whose "nvidia" entry `probes` replaces when given; the first vendor whose probes find GPUs
+    gives the machine's GPUs."""
     env = dict(os.environ) if env is None else env
-    report = probe_gpus(env, probes)
-    if not report.gpus and rocm_probes:
-        amd = probe_gpus(_rocm_env(env), rocm_probes)
-        if amd.gpus:
-            report = replace(amd, notes=report.notes + amd.notes)
-        elif not amd.no_driver:  # an AMD driver whose probes failed is worth a note; no AMD driver is not
-            report = replace(report, notes=report.notes + amd.notes)
+    every = dict(GPU_PROBES if vendor_probes is None else vendor_probes)
+    if probes is not None:
+        every["nvidia"] = tuple(probes)
+    first, *others = every.values()
+    report = probe_gpus(env, first)
+    notes = report.notes
+    for vendor_list in others if report.source == "none" else ():  # no probe of the first vendor answered
+        found = probe_gpus(env, vendor_list)
+        notes += () if found.no_driver else found.notes  # no driver of a vendor asked later is not news
+        if found.source != "none":
+            report = found
+            break
+    report = replace(report, notes=notes)
     software = probe_software(report.driver)
     if report.gpus and software.torch_cuda is not None:
         software = replace(software, torch_arch_list=torch_arch_list())
@@ -63,22 +79,14 @@ def detect_uncached(
     )
 
 
-def _rocm_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The visibility amdsmi's list is filtered by: HIP numbers GPUs in PCI order (no FASTEST_FIRST) and reads
-    HIP_VISIBLE_DEVICES before CUDA_VISIBLE_DEVICES. (ROCR_VISIBLE_DEVICES, applied below HIP, is not read.)"""
-    rocm = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if "HIP_VISIBLE_DEVICES" in env:
-        rocm["CUDA_VISIBLE_DEVICES"] = env["HIP_VISIBLE_DEVICES"]
-    return rocm
-
-
 @functools.cache
 def detect() -> Machine:
     """The machine this process runs on, read once (NVML, /proc, package metadata, env).
 
     The GPUs come from NVML (else torch, else none: on Linux without an NVIDIA driver node NVML
-    is not even imported; without NVIDIA GPUs, amdsmi, else a ROCm torch's device properties), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER as torch
-    sees them; the CPU from /proc; installed versions from package metadata; the Hub state (offline
+    is not even imported; when no NVIDIA probe answers, amdsmi, else a ROCm torch's device properties:
+    `GPU_PROBES`), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER (HIP_VISIBLE_DEVICES for
+    AMD) as torch sees them; the CPU from /proc; installed versions from package metadata; the Hub state (offline
     mode, cached attention kernels) and the distributed launch from the environment. The result
     is cached for the process: a changed environment needs a new process. A GPU probe that fails
     is recorded in `Machine.gpu_notes`, not raised. No measurement runs here (`plan()` adds those

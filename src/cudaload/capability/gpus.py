@@ -251,6 +251,11 @@ def late_visibility_warning(initialised_count: int | None, visible_count: int) -
     )
 
 
+def cuda_visibility(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(the visible devices, the order) CUDA reads: CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER."""
+    return env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
+
+
 def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] = (NvmlProbe, TorchProbe)) -> GpuReport:
     """Ask each probe in turn (NVML, then torch.cuda); no GPU when none answers.
 
@@ -276,7 +281,9 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
             # torch.cuda already applied CUDA_VISIBLE_DEVICES and CUDA's order.
             gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")
         else:
-            gpus, warnings = visible_gpus(raw, env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
+            # A probe of another vendor's runtime may read its own variables (rocm.py: HIP_VISIBLE_DEVICES).
+            visible, order = getattr(candidate, "visibility", cuda_visibility)(env)
+            gpus, warnings = visible_gpus(raw, visible, order)
         late = late_visibility_warning(_initialised_cuda_device_count(), len(gpus))
         return GpuReport(gpus, candidate.name, driver, (*warnings, *([late] if late else [])), tuple(notes))
     return GpuReport((), "none", None, (), tuple(notes), no_driver)

@@ -12,14 +12,14 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .gpus import ProbeFailed
 from .software import torch_hip_version
 from .visible import RawDevice
 
-__all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability", "gfx_target"]
+__all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability", "gfx_target", "hip_visibility"]
 
 AMD_DRIVER_NODE = "/dev/kfd"
 """The ROCm kernel driver's device (amdgpu's KFD): every process that uses an AMD GPU through ROCm opens it."""
@@ -46,10 +46,18 @@ def _driver_absent(exists: Callable[[str], bool]) -> bool:
     return sys.platform.startswith("linux") and not exists(AMD_DRIVER_NODE)
 
 
+def hip_visibility(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(the visible devices, the order) HIP applies to amdsmi's list: HIP_VISIBLE_DEVICES, else
+    CUDA_VISIBLE_DEVICES (HIP reads both), in PCI order (HIP has no FASTEST_FIRST). ROCR_VISIBLE_DEVICES, applied
+    below HIP, is not read."""
+    return env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")), "PCI_BUS_ID"
+
+
 class AmdSmiProbe:
     """Reads every AMD GPU through amdsmi (the `amdsmi` module ROCm installs). Creates no HIP context."""
 
     name = "amdsmi"
+    visibility = staticmethod(hip_visibility)
 
     def __init__(self, amdsmi: Any = None, exists: Callable[[str], bool] = os.path.exists) -> None:
         if _driver_absent(exists):

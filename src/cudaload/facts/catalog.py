@@ -18,7 +18,16 @@ from dataclasses import dataclass, replace
 
 from ..errors import UnknownGpuError
 
-__all__ = ["AMD_GPUS", "CATALOGS", "CUSTOM_PREFIX", "KNOWN_GPUS", "CatalogGpu", "all_gpus", "lookup_gpu", "parse_custom_gpu"]
+__all__ = [
+    "AMD_GPUS",
+    "CATALOGS",
+    "CUSTOM_PREFIX",
+    "KNOWN_GPUS",
+    "CatalogGpu",
+    "all_gpus",
+    "lookup_gpu",
+    "parse_custom_gpu",
+]
 
 CUDA_GPUS = "https://developer.nvidia.com/cuda-gpus"
 """NVIDIA's list of compute capabilities, the source of every entry's `capability`."""

@@ -109,8 +109,9 @@ class Machine:
         software: Installed package versions and what transformers accepts.
         hub: Hub offline mode and which attention kernels are cached.
         launch: How the process was launched (single, torchrun, accelerate, ...).
-        source: Where the GPU facts came from: "nvml", "torch", "none" (no GPU found) or
-            "simulated" ("detected" only for a Machine built by hand without a source).
+        source: Where the GPU facts came from: "nvml", "torch", "amdsmi", "rocm-torch" (a ROCm torch's
+            device properties), "none" (no GPU found) or "simulated" ("detected" only for a Machine built
+            by hand without a source).
         warnings: Problems detection found that every plan repeats (e.g. how CUDA_VISIBLE_DEVICES
             or CUDA_DEVICE_ORDER was read).
         gpu_notes: Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...").
@@ -140,7 +141,7 @@ class Machine:
     hub: Hub = field(default_factory=Hub)
     launch: Launch = field(default_factory=Launch)
     source: str = "detected"
-    """"nvml", "torch", "none" (no GPU found) or "simulated"."""
+    """"nvml", "torch", "amdsmi", "rocm-torch", "none" (no GPU found) or "simulated"."""
     warnings: tuple[str, ...] = ()
     gpu_notes: tuple[str, ...] = ()
     """Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...")."""

@@ -48,6 +48,8 @@ class Platform:
         flash_order: (GPU) -> FlashAttention versions (upstream.FLASH_OPTIONS names) in the order tried there.
         flash_generation: (weakest GPU, FlashAttention name, installed version or None for the Hub kernel) ->
             why that version has no kernels for this architecture; None when it has.
+        flash_note: (GPU, FlashAttention name) -> what an installed package runs as on these GPUs, appended to
+            the reason that plans it ("" when nothing is worth saying).
         flash_arch_rules: The version records' own architecture rules (upstream.FlashOption head_dims / sinks,
             written for CUDA architectures) apply to these GPUs.
         min_driver: The oldest driver each major of the runtime runs on ({} when not checked).
@@ -68,6 +70,7 @@ class Platform:
     quant_backend: Callable[[str], str | None]
     flash_order: Callable[[Gpu], tuple[str, ...]]
     flash_generation: Callable[[Gpu, str, str | None], str | None]
+    flash_note: Callable[[Gpu, str], str] = lambda gpu, name: ""
     flash_arch_rules: bool = True
     min_driver: Mapping[int, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()

@@ -109,7 +109,7 @@ AMD = Platform(
     torch_build=lambda software: software.torch_hip,
     simulate_build=_simulate,
     bf16=lambda gpu: gpu.arch in BF16_ARCHS,
-    bf16_since="gfx90a (CDNA2)",
+    bf16_since="gfx90a",
     bf16_missing=_bf16_missing,
     fp16_tensor_cores=lambda gpu: gpu.arch in MATRIX_ARCHS,
     tf32=_tf32,
@@ -120,6 +120,11 @@ AMD = Platform(
     quant_backend=_quant_backend,
     flash_order=lambda gpu: ("flash_attention_2", "flash_attention_3", "flash_attention_4"),
     flash_generation=_flash_generation,
+    flash_note=lambda gpu, name: (
+        f" (its ROCm build: the CK backend on {gpu.arch}, flash-attention README: AMD ROCm Support)"
+        if name == "flash_attention_2"
+        else ""
+    ),
     # FA3's Hopper-only sinks and FA4's sm100 head dims are CUDA architecture rules: FA3 and FA4 are not
     # planned on ROCm at all (above), so they add nothing here.
     flash_arch_rules=False,
