@@ -161,6 +161,7 @@ def all_gpus() -> tuple[CatalogGpu, ...]:
     """Every catalog GPU of every vendor, in CATALOGS' order."""
     return tuple(gpu for gpus in CATALOGS.values() for gpu in gpus)
 
+
 CUSTOM_PREFIX = "custom:"
 """A GPU described by its facts instead of its name: "custom:sm90:80GiB"."""
 

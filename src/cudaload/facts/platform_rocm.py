@@ -66,9 +66,7 @@ def _flash_generation(gpu: Gpu, name: str, installed: str | None) -> str | None:
             "for ROCm here"
         )
     if name == "flash_attention_3":
-        return (
-            f"flash-attn-3 (hopper/) is built for CUDA sm80/sm90 only: not documented for ROCm ({gpu.name}, {arch})"
-        )
+        return f"flash-attn-3 (hopper/) is built for CUDA sm80/sm90 only: not documented for ROCm ({gpu.name}, {arch})"
     return (
         f"FlashAttention-4 is written in CuTe DSL for NVIDIA GPUs, and transformers lists its Hub build for "
         f'"cuda" only (FLASH_ATTN_KERNEL_DEVICES): not documented for ROCm ({gpu.name}, {arch})'

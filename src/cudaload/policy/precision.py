@@ -1,5 +1,6 @@
 """dtype: bf16 where the GPU's vendor record says it is native (NVIDIA sm80+), fp16 on older GPUs, fp32 for
-fp16-fragile families there; on CPU the dtype measured fastest for the workload on this CPU (the static ISA table only when unmeasured)."""
+fp16-fragile families there; on CPU the dtype measured fastest for the workload on this CPU (the static ISA
+table only when unmeasured)."""
 
 from __future__ import annotations
 

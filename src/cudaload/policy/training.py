@@ -267,8 +267,12 @@ def decide_training_arguments(
             optim, why = quantized_optimizer(quantized if isinstance(quantized, str) else "checkpoint")
             paged = gpu.platform.paged_optimizers
             if optim.startswith("paged_") and paged is not None:
-                add("optim", "adamw_torch_fused", f"fused AdamW: {optim} is not planned on {gpu.platform.runtime}",
-                    Rejected(optim, paged))
+                add(
+                    "optim",
+                    "adamw_torch_fused",
+                    f"fused AdamW: {optim} is not planned on {gpu.platform.runtime}",
+                    Rejected(optim, paged),
+                )
             elif optim.endswith("8bit") and machine.software.version("bitsandbytes") is None:
                 # A base quantized by its checkpoint (FP8, GPTQ, AWQ) needs no bitsandbytes to load, but Trainer
                 # raises ImportError for a bitsandbytes optimizer without it (trainer_optimizer.py).
