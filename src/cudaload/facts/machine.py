@@ -237,7 +237,8 @@ class Machine:
                 catalog lacks described by its facts, "custom:sm90:80GiB" (compute capability,
                 memory, optionally ":132sm"); a list of them for a mixed machine, or None (the
                 default) for a CPU-only machine.
-            count: How many of a single named GPU (default 1).
+            count: How many of a single named GPU (default 1; an entry with several devices, as an MI250X
+                board's two GCDs, gives that many GPUs each).
             packages: Distribution -> version, added to (or replacing) what the machine starts
                 from; a version of None removes that distribution (e.g. `{"bitsandbytes": None}`).
             installed_packages: Start from the packages installed here (default True: a plan for
@@ -290,7 +291,7 @@ class Machine:
             raise SettingError(f"installed_packages={installed_packages!r}: pass True or False.")
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
         # An entry with several devices (an MI250X is two GCDs) is that many GPUs to torch.
-        entries = [entry for name in names for entry in [lookup_gpu(name)] * lookup_gpu(name).devices]
+        entries = [entry for entry in map(lookup_gpu, names) for _ in range(entry.devices)]
         gpus = tuple(catalog_gpu(entry, i) for i, entry in enumerate(entries))
         versions, assumed = simulated_packages(packages or {}, installed_packages)
         software = Software(
