@@ -134,6 +134,26 @@ def test_each_vendors_torch_probe_refuses_the_other_vendors_torch() -> None:
         RocmTorchProbe(_hip_torch(), exists=lambda path: False)
 
 
+def test_the_cuda_torch_probe_leaves_a_rocm_torch_to_the_amd_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "torch", _hip_torch())
+    with pytest.raises(ProbeFailed, match="ROCm build"):
+        TorchProbe()
+
+
+def test_amd_probes_are_asked_only_when_no_nvidia_probe_answered() -> None:
+    def never() -> AmdSmiProbe:
+        raise AssertionError("the AMD probes were asked although NVML answered")
+
+    class NoGpus(AcmeProbe):
+        name = "nvml"
+
+        def devices(self) -> list[Any]:
+            return []  # NVML answered: CUDA_VISIBLE_DEVICES="" hides every GPU
+
+    machine = detect_uncached({"CUDA_VISIBLE_DEVICES": ""}, vendor_probes={"nvidia": (NoGpus,), "amd": (never,)})
+    assert (machine.source, machine.gpus, machine.gpu_notes) == ("nvml", (), ())
+
+
 def test_amd_gpus_under_a_torch_not_built_for_rocm_are_planned_around() -> None:
     mi300x = Machine.simulated("MI300X").gpus
     cpu_torch = Software(packages=(("torch", "2.13.0"),))
