@@ -55,7 +55,8 @@ class FlashOption:
         implementation: The `attn_implementation` string transformers accepts.
         distribution: The PyPI distribution (which tells FA2 from FA4: both are module `flash_attn`).
         module: The module it is imported as.
-        hub_repo: The `kernels-community` repository transformers falls back to without the package.
+        hub_repo: The `kernels-community` repository transformers falls back to without the package (on CUDA; on
+            ROCm transformers takes another, which AMD's record names).
         majors: CUDA compute-capability majors the released package's kernels are built for.
         hub_majors: CUDA compute-capability majors the `kernels-community` Hub build runs on.
         versions: (model, installed version or None) -> why the installed package is too old (for
