@@ -105,7 +105,7 @@ def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) 
     cudaload judges the GPU the model goes on (the weakest of a spread), so `load()` makes that GPU current
     (`torch.cuda.set_device`) and both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other
     would."""
-    if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
+    if model.quantization is None or machine.launch.distributed or len({g.arch for g in machine.gpus}) < 2:
         return None
     pinned = pinned_gpu(device_map)
     if pinned is None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
@@ -145,7 +145,7 @@ def landed_machine(machine: Machine, plan: Plan, landing: Landing | None = None)
 def _mixed_single_process(machine: Machine) -> bool:
     """GPUs of different compute capability, loaded by one process (a launch keeps every GPU: all ranks
     must agree on the dtype)."""
-    return len({g.capability for g in machine.gpus}) >= 2 and not machine.launch.distributed
+    return len({g.arch for g in machine.gpus}) >= 2 and not machine.launch.distributed
 
 
 def _only(machine: Machine, index: int | None) -> Machine:
