@@ -17,6 +17,7 @@ from .cpu import probe_cpu
 from .dtype_probe import dtype_probe_for, probe_enabled, shape_bucket, torch_threads
 from .gpus import GpuProbe, NvmlProbe, TorchProbe, probe_gpus
 from .launch import read_launch
+from .rocm import AmdSmiProbe, RocmTorchProbe
 from .software import probe_hub, probe_software
 from .tuning_records import read_tuning_records
 from .usable_gpus import gpus_unusable, torch_arch_list
@@ -25,19 +26,43 @@ if TYPE_CHECKING:
     from ..facts.model import ModelFacts
 
 __all__ = [
+    "GPU_PROBES",
     "detect",
     "detect_uncached",
     "measure_for",
 ]
 
 
+GPU_PROBES: dict[str, tuple[Callable[[], GpuProbe], ...]] = {
+    "nvidia": (NvmlProbe, TorchProbe),
+    "amd": (AmdSmiProbe, RocmTorchProbe),
+}
+"""Each GPU vendor's probes, asked in this order (a vendor's management library first, torch as its fallback)
+until one vendor finds GPUs. A new vendor is one entry here (and its record, facts/platforms.py)."""
+
+
 def detect_uncached(
     env: Mapping[str, str] | None = None,
-    probes: Sequence[Callable[[], GpuProbe]] = (NvmlProbe, TorchProbe),
+    probes: Sequence[Callable[[], GpuProbe]] | None = None,
+    vendor_probes: Mapping[str, Sequence[Callable[[], GpuProbe]]] | None = None,
 ) -> Machine:
-    """Read the machine now. `env` defaults to os.environ; `probes` is the GPU boundary."""
+    """Read the machine now. `env` defaults to os.environ. The GPU boundary: `vendor_probes` (default
+    GPU_PROBES), whose "nvidia" entry `probes` replaces when given; the first vendor whose probes find GPUs
+    gives the machine's GPUs."""
     env = dict(os.environ) if env is None else env
-    report = probe_gpus(env, probes)
+    every = dict(GPU_PROBES if vendor_probes is None else vendor_probes)
+    if probes is not None:
+        every["nvidia"] = tuple(probes)
+    first, *others = every.values()
+    report = probe_gpus(env, first)
+    notes = report.notes
+    for vendor_list in others if report.source == "none" else ():  # no probe of the first vendor answered
+        found = probe_gpus(env, vendor_list)
+        notes += () if found.no_driver else found.notes  # no driver of a vendor asked later is not news
+        if found.source != "none":
+            report = found
+            break
+    report = replace(report, notes=notes)
     software = probe_software(report.driver)
     if report.gpus and software.torch_cuda is not None:
         software = replace(software, torch_arch_list=torch_arch_list())
@@ -59,8 +84,9 @@ def detect() -> Machine:
     """The machine this process runs on, read once (NVML, /proc, package metadata, env).
 
     The GPUs come from NVML (else torch, else none: on Linux without an NVIDIA driver node NVML
-    is not even imported), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER as torch
-    sees them; the CPU from /proc; installed versions from package metadata; the Hub state (offline
+    is not even imported; when no NVIDIA probe answers, amdsmi, else a ROCm torch's device properties:
+    `GPU_PROBES`), filtered and ordered by CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER (HIP_VISIBLE_DEVICES for
+    AMD) as torch sees them; the CPU from /proc; installed versions from package metadata; the Hub state (offline
     mode, cached attention kernels) and the distributed launch from the environment. The result
     is cached for the process: a changed environment needs a new process. A GPU probe that fails
     is recorded in `Machine.gpu_notes`, not raised. No measurement runs here (`plan()` adds those

@@ -56,6 +56,8 @@ class GpuReport:
     warnings: tuple[str, ...]
     notes: tuple[str, ...] = ()
     """Why each probe that did not answer failed."""
+    no_driver: bool = False
+    """Probing stopped because the vendor's driver is not installed at all."""
 
 
 # CUDA cores per SM by compute capability (CUDA C Programming Guide, "Arithmetic
@@ -192,6 +194,9 @@ class TorchProbe:
             import torch
         except ImportError as exc:
             raise ProbeFailed("torch is not importable") from exc
+        if getattr(torch.version, "hip", None):
+            # A ROCm torch answers torch.cuda for AMD GPUs: those are the ROCm probes' (rocm.py).
+            raise ProbeFailed("torch is a ROCm build: its GPUs are AMD's")
         if not torch.cuda.is_available():
             raise ProbeFailed("torch sees no CUDA device")
         self._torch: Any = torch
@@ -246,12 +251,18 @@ def late_visibility_warning(initialised_count: int | None, visible_count: int) -
     )
 
 
+def cuda_visibility(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(the visible devices, the order) CUDA reads: CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER."""
+    return env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER")
+
+
 def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] = (NvmlProbe, TorchProbe)) -> GpuReport:
     """Ask each probe in turn (NVML, then torch.cuda); no GPU when none answers.
 
     A probe's constructor or `devices()` raising ProbeFailed moves on to the next one.
     """
     notes: list[str] = []
+    no_driver = False
     for factory in probes:
         try:
             with factory() as candidate:
@@ -260,16 +271,19 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
         except ProbeFailed as exc:
             notes.append(f"{getattr(factory, 'name', factory)}: {exc}")
             if exc.no_driver:
+                no_driver = True
                 break
             continue
         except Exception as exc:  # a broken NVML binding or driver library: report it, try the next probe
             notes.append(f"{getattr(factory, 'name', factory)}: failed unexpectedly: {type(exc).__name__}: {exc}")
             continue
-        if candidate.name == "torch":
+        if candidate.name == "torch" or getattr(candidate, "visible_only", False):
             # torch.cuda already applied CUDA_VISIBLE_DEVICES and CUDA's order.
             gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")
         else:
-            gpus, warnings = visible_gpus(raw, env.get("CUDA_VISIBLE_DEVICES"), env.get("CUDA_DEVICE_ORDER"))
+            # A probe of another vendor's runtime may read its own variables (rocm.py: HIP_VISIBLE_DEVICES).
+            visible, order = getattr(candidate, "visibility", cuda_visibility)(env)
+            gpus, warnings = visible_gpus(raw, visible, order)
         late = late_visibility_warning(_initialised_cuda_device_count(), len(gpus))
         return GpuReport(gpus, candidate.name, driver, (*warnings, *([late] if late else [])), tuple(notes))
-    return GpuReport((), "none", None, (), tuple(notes))
+    return GpuReport((), "none", None, (), tuple(notes), no_driver)

@@ -80,6 +80,13 @@ def _torch_cuda_version() -> str | None:
     return match.group(1) if match else None
 
 
+def torch_hip_version() -> str | None:
+    """torch's ROCm (HIP) build (`torch.version.hip`), read from torch/version.py so that torch is not imported."""
+    text = _module_source("torch", "version.py")
+    match = re.search(r"^hip(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text or "", re.MULTILINE)
+    return match.group(1) if match else None
+
+
 def _transformers_kernels_range() -> tuple[str, str] | None:
     """The `kernels` versions transformers accepts (it ignores others silently): the
     KERNELS_MIN/MAX_VERSION assignments in transformers/utils/import_utils.py, read as text
@@ -115,6 +122,7 @@ def probe_software(driver: str | None = None) -> Software:
     return Software(
         packages=tuple(sorted(packages)),
         torch_cuda=_torch_cuda_version(),
+        torch_hip=torch_hip_version(),
         driver=driver,
         kernels_range=_transformers_kernels_range(),
     )

@@ -32,7 +32,7 @@ class RawMigSlice:
 
 @dataclass(frozen=True)
 class RawDevice:
-    """One physical GPU as NVML enumerates it (PCI bus order)."""
+    """One physical GPU as its vendor's probe enumerates it (NVML, amdsmi: PCI bus order)."""
 
     nvml_index: int
     name: str
@@ -44,6 +44,10 @@ class RawDevice:
     pci_bus_id: str | None = None
     mig_slices: tuple[RawMigSlice, ...] = ()
     """Non-empty when MIG mode is enabled on this GPU."""
+    vendor: str = "nvidia"
+    """Whose record (facts/platforms.py) holds its rules."""
+    arch: str | None = None
+    """The architecture when not a compute capability (AMD's gfx target, "gfx942")."""
 
 
 def _strtoul(entry: str) -> int:
@@ -123,6 +127,8 @@ def _as_gpu(index: int, device: RawDevice, mig: RawMigSlice | None = None) -> Gp
             multiprocessors=device.multiprocessors,
             uuid=device.uuid,
             pci_bus_id=device.pci_bus_id,
+            vendor=device.vendor,
+            arch_name=device.arch,
         )
     return Gpu(
         index=index,

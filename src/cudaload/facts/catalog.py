@@ -1,7 +1,8 @@
 """Known GPUs, for planning on a machine you don't have (`cudaload plan --gpu T4`).
 
 Values are the vendor's: compute capability from NVIDIA's CUDA GPUs list, memory as NVML (and so
-`nvidia-smi`) reports it rounded to GiB, SM count from the datasheet or architecture whitepaper; each
+`nvidia-smi`) reports it rounded to GiB, SM count from the datasheet or architecture whitepaper; for AMD
+Instinct GPUs the gfx target, memory and compute units from AMD's datasheets; each
 entry cites where its values come from. Lookup is by the name `nvidia-smi` prints (with or without
 "NVIDIA "/"Tesla "), or an alias, case and punctuation ignored; a near miss gets a "did you mean".
 A GPU not listed is described by its facts instead: "custom:sm90:80GiB" (see `parse_custom_gpu`).
@@ -13,11 +14,20 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import UnknownGpuError
 
-__all__ = ["CUSTOM_PREFIX", "KNOWN_GPUS", "CatalogGpu", "lookup_gpu", "parse_custom_gpu"]
+__all__ = [
+    "AMD_GPUS",
+    "CATALOGS",
+    "CUSTOM_PREFIX",
+    "KNOWN_GPUS",
+    "CatalogGpu",
+    "all_gpus",
+    "lookup_gpu",
+    "parse_custom_gpu",
+]
 
 CUDA_GPUS = "https://developer.nvidia.com/cuda-gpus"
 """NVIDIA's list of compute capabilities, the source of every entry's `capability`."""
@@ -34,6 +44,9 @@ class CatalogGpu:
         multiprocessors: Streaming multiprocessor count; None for a custom GPU.
         aliases: Other names people type ("h100-sxm", "a6000").
         source: Where capability and memory come from (URLs).
+        vendor: Whose record (facts/platforms.py) holds its rules: "nvidia" (default) or "amd".
+        arch: The architecture when it is not a compute capability (AMD's gfx target); None for NVIDIA.
+        devices: How many GPUs torch sees per board (an MI250X is two GCDs, each its own `cuda:N`).
     """
 
     name: str
@@ -42,6 +55,9 @@ class CatalogGpu:
     multiprocessors: int | None
     aliases: tuple[str, ...] = ()
     source: str = ""
+    vendor: str = "nvidia"
+    arch: str | None = None
+    devices: int = 1
 
 
 def _entry(
@@ -70,6 +86,22 @@ _B200 = "https://resources.nvidia.com/en-us-blackwell-architecture/datasheet (HG
 _RTX = "https://www.nvidia.com/en-us/geforce/graphics-cards/ (board memory)"
 _RTXPRO = "https://www.nvidia.com/en-us/products/workstations/professional-desktop-gpus/rtx-pro-6000/"
 _ORIN = "https://developer.nvidia.com/embedded/jetson-modules (AGX Orin 64GB, memory shared with the CPU)"
+_MI300X = "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html (192 GB HBM3, 304 CUs, gfx942)"
+_MI325X = "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html (256 GB HBM3E, 304 CUs, gfx942)"
+_MI250X = (
+    "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html (128 GB HBM2e and 220 CUs over two "
+    "GCDs, each its own device: 64 GB, 110 CUs; gfx90a)"
+)
+_MI210 = "https://www.amd.com/en/products/accelerators/instinct/mi200/mi210.html (64 GB HBM2e, 104 CUs, gfx90a)"
+
+
+def _amd(
+    name: str, arch: str, capability: tuple[int, int], memory_gib: int, cus: int, aliases: tuple[str, ...], source: str
+) -> CatalogGpu:
+    """An AMD Instinct entry: its gfx target decides; `capability` is what torch reports for it on ROCm
+    (`torch.cuda.get_device_capability()`, from the gfx number: gfx942 -> (9, 4))."""
+    return CatalogGpu(name, capability, memory_gib, cus, aliases, f"AMD: {source}", vendor="amd", arch=arch)
+
 
 KNOWN_GPUS: tuple[CatalogGpu, ...] = (
     _entry("Tesla V100-SXM2-32GB", (7, 0), 32, 80, ("v100", "v100-32gb", "v100-sxm2"), _V100),
@@ -110,11 +142,30 @@ KNOWN_GPUS: tuple[CatalogGpu, ...] = (
     ),
     _entry("Orin (nvgpu)", (8, 7), 64, 16, ("jetson-orin", "orin", "agx-orin"), _ORIN),
 )
+"""NVIDIA's GPUs (capability from NVIDIA's CUDA GPUs list)."""
+
+AMD_GPUS: tuple[CatalogGpu, ...] = (
+    _amd("AMD Instinct MI300X", "gfx942", (9, 4), 192, 304, ("mi300x", "mi300"), _MI300X),
+    _amd("AMD Instinct MI325X", "gfx942", (9, 4), 256, 304, ("mi325x",), _MI325X),
+    # Two GCDs per board, each a GPU to torch (64 GB, 110 CUs): "MI250X" simulates the board, two devices.
+    replace(_amd("AMD Instinct MI250X", "gfx90a", (9, 0), 64, 110, ("mi250x", "mi250"), _MI250X), devices=2),
+    _amd("AMD Instinct MI210", "gfx90a", (9, 0), 64, 104, ("mi210",), _MI210),
+)
+"""AMD Instinct GPUs (gfx target, memory and compute units from AMD's product pages)."""
+
+CATALOGS: dict[str, tuple[CatalogGpu, ...]] = {"nvidia": KNOWN_GPUS, "amd": AMD_GPUS}
+"""Every vendor's GPUs, by vendor: a new vendor's entries are one more item here."""
+
+
+def all_gpus() -> tuple[CatalogGpu, ...]:
+    """Every catalog GPU of every vendor, in CATALOGS' order."""
+    return tuple(gpu for gpus in CATALOGS.values() for gpu in gpus)
+
 
 CUSTOM_PREFIX = "custom:"
 """A GPU described by its facts instead of its name: "custom:sm90:80GiB"."""
 
-_VENDOR_WORDS = ("nvidia", "tesla", "geforce")
+_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct")
 
 
 def _normalise(name: str) -> str:
@@ -126,7 +177,7 @@ def _normalise(name: str) -> str:
 
 
 def _keys() -> dict[str, CatalogGpu]:
-    return {_normalise(spelling): gpu for gpu in KNOWN_GPUS for spelling in (gpu.name, *gpu.aliases)}
+    return {_normalise(spelling): gpu for gpu in all_gpus() for spelling in (gpu.name, *gpu.aliases)}
 
 
 def lookup_gpu(name: str) -> CatalogGpu:
@@ -142,10 +193,10 @@ def lookup_gpu(name: str) -> CatalogGpu:
     wanted = _normalise(name)
     if wanted in keys:
         return keys[wanted]
-    spelled = {_normalise(a): a for gpu in KNOWN_GPUS for a in gpu.aliases}
+    spelled = {_normalise(a): a for gpu in all_gpus() for a in gpu.aliases}
     near = [spelled[k] for k in difflib.get_close_matches(wanted, spelled, n=3, cutoff=0.6)]
     suggestion = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
-    known = ", ".join(g.aliases[0] for g in KNOWN_GPUS)
+    known = ", ".join(g.aliases[0] for g in all_gpus())
     raise UnknownGpuError(
         f"Unknown GPU {name!r} for a simulated machine.{suggestion} Known GPUs: {known} (or the name nvidia-smi "
         f"prints). For another GPU, describe it: '{CUSTOM_PREFIX}sm90:80GiB' (compute capability, memory)."

@@ -1,8 +1,13 @@
-"""The devices of a machine as frozen data: each CUDA `Gpu` this process sees, and the `Cpu`. Probes nothing."""
+"""The devices of a machine as frozen data: each `Gpu` this process sees (NVIDIA or AMD), and the `Cpu`.
+Probes nothing."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .platform import Platform
 
 __all__ = ["Cpu", "GiB", "Gpu"]
 
@@ -11,14 +16,17 @@ GiB = 1024**3
 
 @dataclass(frozen=True)
 class Gpu:
-    """One CUDA device as this process sees it (after CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER).
+    """One GPU as this process sees it (after CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER), as torch's `cuda:N`.
 
-    Found by `detect()` (NVML, else torch) or made by `Machine.simulated()` from the GPU catalog.
+    Found by `detect()` (NVML, else torch; amdsmi or a ROCm torch for AMD GPUs) or made by `Machine.simulated()`
+    from the GPU catalog. Its vendor's record (`platform`, facts/platforms.py) holds the rules that depend on
+    the vendor and the architecture; the policy asks it, never the capability numbers.
 
     Attributes:
         index: The ordinal torch uses: `cuda:{index}`.
         name: The device name as NVML/torch report it (e.g. "NVIDIA A100-SXM4-80GB", "Tesla T4").
-        capability: CUDA compute capability (major, minor), e.g. (8, 0); `sm` is "sm_80".
+        capability: CUDA compute capability (major, minor), e.g. (8, 0); `sm` is "sm_80". On an AMD GPU, what
+            torch reports for it on ROCm (`torch.cuda.get_device_capability()`: (9, 4) for gfx942); no rule reads it.
         total_memory: Total device memory in bytes.
         free_memory: Bytes free when detected; None when unknown (simulated, or the torch fallback).
         physical_index: NVML's index (PCI bus order), which `nvidia-smi` shows; None when unknown.
@@ -26,6 +34,9 @@ class Gpu:
         uuid: The device UUID; None when unknown (and for simulated GPUs).
         pci_bus_id: The PCI bus id; None when unknown (and for simulated GPUs).
         mig: True when this device is a MIG slice (or a MIG-enabled parent).
+        vendor: The vendor whose record (`platform`) holds its rules: "nvidia" (the default) or "amd".
+        arch_name: The architecture as the vendor names it when it is not a compute capability (AMD's gfx target,
+            "gfx942"); None for NVIDIA, whose `arch` is "sm_XY".
 
     Examples:
         >>> import cudaload
@@ -34,6 +45,9 @@ class Gpu:
         ('NVIDIA A100-SXM4-80GB', (8, 0), 'sm_80', True)
         >>> cudaload.Machine.simulated("T4").gpus[0].bf16  # sm_75: no native bf16
         False
+        >>> mi300x = cudaload.Machine.simulated("MI300X").gpus[0]
+        >>> mi300x.vendor, mi300x.arch, mi300x.bf16, mi300x.platform.runtime
+        ('amd', 'gfx942', True, 'ROCm')
     """
 
     index: int
@@ -51,16 +65,33 @@ class Gpu:
     pci_bus_id: str | None = None
     mig: bool = False
     """True when this device is a MIG slice (or a MIG-enabled parent)."""
+    vendor: str = "nvidia"
+    """The vendor whose record holds its rules ("nvidia", "amd")."""
+    arch_name: str | None = None
+    """The architecture as the vendor names it ("gfx942"); None for NVIDIA ("sm_XY" from the capability)."""
+
+    @property
+    def arch(self) -> str:
+        """The architecture: "sm_90" for NVIDIA, the gfx target ("gfx942") for AMD."""
+        return self.arch_name or f"sm_{self.capability[0]}{self.capability[1]}"
 
     @property
     def sm(self) -> str:
-        return f"sm_{self.capability[0]}{self.capability[1]}"
+        """The architecture as messages show it: "sm_80" on NVIDIA (the name predates AMD), `arch` on any vendor."""
+        return self.arch
+
+    @property
+    def platform(self) -> Platform:
+        """The vendor's record (facts/platforms.py): the rules the policy asks."""
+        from .platforms import platform_of
+
+        return platform_of(self.vendor)
 
     @property
     def bf16(self) -> bool:
-        # Native bf16 arrived with Ampere (sm80). torch.cuda.is_bf16_supported() says True
-        # on a T4 because it emulates it, so it must not be used to decide.
-        return self.capability >= (8, 0)
+        """Native bf16, as the vendor's record says (NVIDIA: sm80+; torch.cuda.is_bf16_supported() says True on
+        a T4, which emulates it, so it is never asked)."""
+        return self.platform.bf16(self)
 
     @property
     def usable_memory(self) -> int:

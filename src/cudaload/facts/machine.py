@@ -41,6 +41,7 @@ class Software:
         packages: (distribution, version) pairs of the installed packages cudaload cares about
             (torch, transformers, accelerate, peft, bitsandbytes, kernels, ...), sorted by name.
         torch_cuda: CUDA version torch was built with (None for a CPU build).
+        torch_hip: ROCm (HIP) version torch was built with (`torch.version.hip`; None unless a ROCm build).
         driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
         kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
         torch_arch_list: The GPU architectures the installed CUDA torch was built for
@@ -61,6 +62,8 @@ class Software:
     packages: tuple[tuple[str, str], ...] = ()
     torch_cuda: str | None = None
     """CUDA version torch was built with (None for a CPU build)."""
+    torch_hip: str | None = None
+    """ROCm (HIP) version torch was built with (None unless a ROCm build)."""
     driver: str | None = None
     kernels_range: tuple[str, str] | None = None
     """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
@@ -100,13 +103,15 @@ class Machine:
     don't have, so `plan(..., machine=...)` can say what another machine would get.
 
     Attributes:
-        gpus: The CUDA devices this process sees, in torch's order (empty: none).
+        gpus: The GPUs this process sees as torch's `cuda:N` devices (NVIDIA, or AMD under ROCm), in torch's
+            order (empty: none).
         cpu: The CPU (model, usable cores, ISA flags, memory).
         software: Installed package versions and what transformers accepts.
         hub: Hub offline mode and which attention kernels are cached.
         launch: How the process was launched (single, torchrun, accelerate, ...).
-        source: Where the GPU facts came from: "nvml", "torch", "none" (no GPU found) or
-            "simulated" ("detected" only for a Machine built by hand without a source).
+        source: Where the GPU facts came from: "nvml", "torch", "amdsmi", "rocm-torch" (a ROCm torch's
+            device properties), "none" (no GPU found) or "simulated" ("detected" only for a Machine built
+            by hand without a source).
         warnings: Problems detection found that every plan repeats (e.g. how CUDA_VISIBLE_DEVICES
             or CUDA_DEVICE_ORDER was read).
         gpu_notes: Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...").
@@ -136,7 +141,7 @@ class Machine:
     hub: Hub = field(default_factory=Hub)
     launch: Launch = field(default_factory=Launch)
     source: str = "detected"
-    """"nvml", "torch", "none" (no GPU found) or "simulated"."""
+    """"nvml", "torch", "amdsmi", "rocm-torch", "none" (no GPU found) or "simulated"."""
     warnings: tuple[str, ...] = ()
     gpu_notes: tuple[str, ...] = ()
     """Why GPU probes that did not answer failed (e.g. "nvml: NVML could not start: ...")."""
@@ -192,6 +197,7 @@ class Machine:
         return min(self.gpus, key=lambda g: (g.capability, g.usable_memory))
 
     def describe(self) -> str:
+        """ "2x NVIDIA A100-SXM4-80GB (sm_80)": the GPUs by name, and the weakest's architecture."""
         if not self.gpus:
             return f"CPU {self.cpu.model} ({self.cpu.cores} cores), no CUDA GPU"
         counts: dict[str, int] = {}
@@ -231,7 +237,8 @@ class Machine:
                 catalog lacks described by its facts, "custom:sm90:80GiB" (compute capability,
                 memory, optionally ":132sm"); a list of them for a mixed machine, or None (the
                 default) for a CPU-only machine.
-            count: How many of a single named GPU (default 1).
+            count: How many of a single named GPU (default 1; an entry with several devices, as an MI250X
+                board's two GCDs, gives that many GPUs each).
             packages: Distribution -> version, added to (or replacing) what the machine starts
                 from; a version of None removes that distribution (e.g. `{"bitsandbytes": None}`).
             installed_packages: Start from the packages installed here (default True: a plan for
@@ -283,15 +290,18 @@ class Machine:
 
             raise SettingError(f"installed_packages={installed_packages!r}: pass True or False.")
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
-        gpus = tuple(catalog_gpu(lookup_gpu(name), i) for i, name in enumerate(names))
+        # An entry with several devices (an MI250X is two GCDs) is that many GPUs to torch.
+        entries = [entry for entry in map(lookup_gpu, names) for _ in range(entry.devices)]
+        gpus = tuple(catalog_gpu(entry, i) for i, entry in enumerate(entries))
         versions, assumed = simulated_packages(packages or {}, installed_packages)
         software = Software(
             packages=tuple(sorted(versions.items())),
-            torch_cuda="12.8" if gpus else None,
             # the simulated transformers' range (None, i.e. unchecked, for a minor not in the table)
             kernels_range=KERNELS_RANGES.get(".".join(versions["transformers"].split(".")[:2])),
             assumed=assumed,
         )
+        for platform in {g.vendor: g.platform for g in gpus}.values():  # torch built for the GPUs' vendor
+            software = platform.simulate_build(software)
         cached = set(cached_kernels)
         hub = Hub(
             offline=offline,

@@ -48,6 +48,8 @@ def catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
         free_memory=None,
         physical_index=index,
         multiprocessors=entry.multiprocessors,
+        vendor=entry.vendor,
+        arch_name=entry.arch,
     )
 
 

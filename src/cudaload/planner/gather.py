@@ -12,11 +12,11 @@ from ..capability.model_config import read_model_facts
 from ..errors import ModelConfigError, SettingError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..plans import Plan
+from ..facts.placer import Landing, Placer
 from ..request import Request
 from ..upstream_imports import import_transformers
 
-__all__ = ["SOURCE_KWARGS", "judged_upstream", "read_facts", "with_measurements"]
+__all__ = ["SOURCE_KWARGS", "read_facts", "upstream_placer", "with_measurements"]
 
 
 # from_pretrained's arguments that choose which files it reads: transformers 5.22-5.25
@@ -92,28 +92,30 @@ def read_facts(model: Any, model_class: str | None, overrides: Mapping[str, Any]
     )
 
 
-def judged_upstream(model: Any, result: Plan, overrides: dict[str, Any]) -> Plan:
-    """A spread (device_map "auto" with max_memory) of an unquantized model, judged as transformers itself will
-    place it (capability/upstream_placement.py, then policy/placement.py `judge_upstream_placement`)."""
-    from ..capability.upstream_placement import upstream_placement
-    from ..policy.placement import judge_upstream_placement
-
-    kwargs = result.kwargs
-    if kwargs.get("device_map") != "auto" or "max_memory" not in kwargs or "quantization_config" in kwargs:
-        return result
+def upstream_placer(model: Any, facts: ModelFacts, overrides: Mapping[str, Any]) -> Placer | None:
+    """The `Placer` fact provider decide_plan asks where transformers' own device_map="auto" puts `model`
+    (capability/upstream_placement.py, run on a meta model built from the config), with its source,
+    Auto class, revision and trust bound; answers are kept per (dtype, max_memory), so the policy's
+    rounds (policy/settle.py) build each meta model once. None when the meta model would not be the model
+    loaded: a subfolder, GGUF file, cache or config of yours (the meta model is built from the root's)."""
     if any(overrides.get(key) not in (None, "") for key in (*SOURCE_KWARGS, "config")):
-        return result  # a subfolder, GGUF file, cache or config of yours: the meta model is built from the root's
-    if any(d.setting == "checkpoint_quantization" for d in result.decisions):
-        return result  # a quantizer sizes its own weights (and adjusts max_memory): not modelled here
-    landed = upstream_placement(
-        str(model) if isinstance(model, os.PathLike) else model,
-        result.auto_class,
-        str(kwargs["dtype"]),
-        kwargs["max_memory"],
-        trust_remote_code=overrides.get("trust_remote_code", False) is True,
-        revision=overrides.get("revision"),
-    )
-    return result if landed is None else judge_upstream_placement(result, landed)
+        return None
+    source = str(model) if isinstance(model, os.PathLike) else model
+    trust = overrides.get("trust_remote_code", False) is True
+    revision = overrides.get("revision")
+    answers: dict[tuple[str, str], Landing | None] = {}
+
+    def place(dtype: str, max_memory: Mapping[Any, Any]) -> Landing | None:
+        from ..capability.upstream_placement import upstream_placement
+
+        key = (dtype, repr(sorted(max_memory.items(), key=str)))
+        if key not in answers:
+            answers[key] = upstream_placement(
+                source, facts.auto_class, dtype, max_memory, trust_remote_code=trust, revision=revision
+            )
+        return answers[key]
+
+    return place
 
 
 def with_measurements(machine: Machine, facts: ModelFacts, probe: bool, request: Request) -> Machine:

@@ -17,7 +17,7 @@ from ..policy import decide_plan
 from ..request import Workload, check_flag, model_class_name, workload_from
 from .apply_facts import apply_facts
 from .arguments import check_model, generation_request, parallel_request, split_overrides, training_request
-from .gather import judged_upstream, read_facts, with_measurements
+from .gather import read_facts, upstream_placer, with_measurements
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -147,13 +147,13 @@ def plan(
     facts = model if isinstance(model, ModelFacts) else read_facts(model, model_class, overrides)
     if detected:
         machine = with_measurements(machine, facts, probe, request)
-    result = decide_plan(machine, facts, request)
+    # Where transformers itself places a spread depends on the dtype the policy picks: a fact the policy asks for.
+    placer = None if isinstance(model, ModelFacts) else upstream_placer(model, facts, overrides)
+    result = decide_plan(machine, facts, request, placer=placer)
     if result.finetune is not None:
         from ..capability.transformers_api import check_lora_settings
 
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
-    if not isinstance(model, ModelFacts):
-        result = judged_upstream(model, result, overrides)
     result = replace(result, apply_facts=apply_facts(result, machine if detected else None))
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:

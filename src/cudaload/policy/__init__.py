@@ -13,19 +13,13 @@ from typing import Any
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..facts.placer import Placer
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
-from .current_device import (
-    current_gpu_when_training,
-    decide_current_device,
-    decide_rank_device,
-    landed_machine,
-    placed_machine,
-    plan_within,
-)
+from .current_device import current_gpu_when_training, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, format_bytes, percent
 from .generation import decide_generation
@@ -36,6 +30,7 @@ from .parallelism import PARALLELISM_CHOICES, SHARDS_WEIGHTS, parallel_section, 
 from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
+from .settle import settle_placement
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
 from .training import decide_lora, decide_training_arguments
@@ -47,11 +42,15 @@ __all__ = ["PARALLELISM_CHOICES", "Request", "Workload", "decide_plan", "decide_
            "lora_leaves", "lora_parameters", "usable_machine"]  # fmt: skip
 
 
-def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
+def decide_plan(machine: Machine, model: ModelFacts, request: Request, *, placer: Placer | None = None) -> Plan:
     """Every decision for `model` on `machine` as `request` asks, composed into a Plan.
 
-    The names: `cudaload.plan()` (planner/) gathers the facts (detects the machine, reads the
-    config) and calls this; this decides; `Plan` (plans/plan.py) is what it returns; `load()` applies it.
+    The names: `cudaload.plan()` (planner/) gathers the facts (detects the machine, reads the config) and
+    calls this; this decides; `Plan` (plans/plan.py) is what it returns; `load()` applies it. `placer`
+    is the fact provider for where transformers' own device_map="auto" puts the model (facts/placer.py;
+    None: not asked). The placement step (settle.py `settle_placement`) composes, places and judges again
+    until the GPUs judged are the GPUs the weights land on, in at most `PLACEMENT_ROUNDS` rounds; the
+    generation sections follow. Nothing is judged after the Plan is returned.
     """
     machine, device_warnings = usable_machine(machine)
     warnings: list[str] = [*machine.warnings, *device_warnings, *machine.launch.notes]
@@ -60,20 +59,11 @@ def decide_plan(machine: Machine, model: ModelFacts, request: Request) -> Plan:
             "The distributed launch variables are invalid: " + "; ".join(machine.launch.problems) + ". Fix them "
             "(torchrun and accelerate set them for you), or unset them for a single process."
         )
-    # Mixed GPUs: dtype, attention and the training flags are judged for the GPUs the model is placed on
-    # (current_device.py `placed_machine`), not for the weakest GPU of the machine while the weights sit on
-    # another.
-    judged = placed_machine(machine, model, request)
-    plan = _compose(machine, judged, model, request, warnings)
-    if judged is not machine and not plan_within(plan, judged):
-        # The copy reached beyond the GPU judged on: every GPU it touches must run the dtype and attention.
-        judged, plan = machine, _compose(machine, machine, model, request, warnings)
-    landed = landed_machine(machine, plan) if judged is machine else machine
-    if landed is not machine:
-        # Judged on every GPU, the plan still landed on one (a 4-bit copy fits the A100 where a 16-bit one fit
-        # neither GPU of a T4 + A100): that GPU decides, as long as the plan stays on it.
-        again = _compose(machine, landed, model, request, warnings)
-        plan = again if plan_within(again, landed) else plan
+
+    def compose(judged: Machine) -> Plan:
+        return _compose(machine, judged, model, request, warnings)
+
+    plan = settle_placement(machine, model, request, compose, placer)
     generation = decide_plan_generation(machine, model, plan, request)
     # Each later link of the attention chain gets its own generation section now, so that load() only selects
     # the one of the attention it applied (a fallback changes compile, continuous batching, ...).

@@ -35,7 +35,7 @@ from ..facts.model import ModelFacts
 from ..plans import SUB_MODEL_ATTENTION, Decision, Rejected
 from ..upstream import attention_kind
 from .attention_checks import AS_IS, BACKENDS, OptionCheck, check_attention, is_checked, is_flash_attention
-from .flash_rules import flash_preference
+from .flash_rules import flash_order
 
 __all__ = [
     "Accepted",
@@ -108,8 +108,7 @@ def _judge(option: str, check: OptionCheck) -> TraceEntry:
 
 
 def _flash_trace(machine: Machine, model: ModelFacts, dtype: str) -> list[TraceEntry]:
-    gpu = machine.weakest_gpu
-    options = flash_preference(gpu.capability[0] if gpu is not None else 0)
+    options = flash_order(machine)
     if model.compatible_flash is not None:
         # transformers replaces any other FlashAttention request with one of these: the others are
         # rejected as redirected, and the listed ones tried in the model author's order

@@ -106,7 +106,9 @@ def _flash_package(machine: Machine, model: ModelFacts, dtype: str, name: str) -
     if installed is None:
         return _flash_hub(machine, model, dtype, name, f"{option.distribution} not installed; ")
     blockers = flash_blockers(machine, model, dtype, name, installed)
-    return OptionCheck(name, f"{option.distribution} {installed} installed", blockers)
+    gpu = machine.weakest_gpu
+    note = gpu.platform.flash_note(gpu, name) if gpu is not None else ""  # e.g. which ROCm backend runs it
+    return OptionCheck(name, f"{option.distribution} {installed} installed{note}", blockers)
 
 
 def _flash_hub(machine: Machine, model: ModelFacts, dtype: str, name: str, prefix: str = "") -> OptionCheck:

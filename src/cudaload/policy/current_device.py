@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import PlacementError
 from ..facts.machine import Gpu, Launch, Machine
 from ..facts.model import ModelFacts
+from ..facts.placer import Landing
 from ..plans import Decision, Plan, Rejected
 from ..request import Request
 from .fit import (
@@ -28,7 +29,6 @@ __all__ = [
     "decide_rank_device",
     "landed_machine",
     "placed_machine",
-    "plan_within",
     "rank_gpu",
     "sharder",
 ]
@@ -42,7 +42,8 @@ def placed_machine(machine: Machine, model: ModelFacts, request: Request) -> Mac
     free memory), as `decide_placement` will: T4 + A100 puts Llama-3-8B on the A100, so the A100 decides
     bf16 and FlashAttention. A distributed launch keeps every GPU (all ranks must agree on the dtype);
     a spread (device_map "auto", or a copy too big for one GPU) keeps every GPU it may touch.
-    `plan_within` checks the finished plan stayed on that GPU.
+    This is the first guess of policy/settle.py `settle_placement`, which checks it against where the
+    composed plan lands (`landed_machine`).
     """
     if not _mixed_single_process(machine):
         return machine
@@ -104,7 +105,7 @@ def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) 
     cudaload judges the GPU the model goes on (the weakest of a spread), so `load()` makes that GPU current
     (`torch.cuda.set_device`) and both judge the same one. Uniform GPUs need nothing: cuda:0 answers as any other
     would."""
-    if model.quantization is None or machine.launch.distributed or len({g.capability for g in machine.gpus}) < 2:
+    if model.quantization is None or machine.launch.distributed or len({g.arch for g in machine.gpus}) < 2:
         return None
     pinned = pinned_gpu(device_map)
     if pinned is None and device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
@@ -123,30 +124,34 @@ def decide_current_device(machine: Machine, model: ModelFacts, device_map: Any) 
     )
 
 
-def landed_machine(machine: Machine, plan: Plan) -> Machine:
-    """`machine` restricted to the one GPU the plan's device_map pins, when its GPUs differ in compute
-    capability and a single process loads; else `machine` itself."""
+def landed_machine(machine: Machine, plan: Plan, landing: Landing | None = None) -> Machine:
+    """`machine` restricted to the GPUs the plan's weights land on, when its GPUs differ in compute
+    capability and a single process loads; else `machine` itself.
+
+    The GPU the plan's device_map pins; for a spread, the GPUs that hold weights in `landing` (where
+    transformers' own device_map="auto" puts them, facts/placer.py); a spread of unknown landing may touch
+    every GPU. Offloaded layers run on a GPU of the map (accelerate's execution device), so "cpu" and
+    "disk" add none."""
     if not _mixed_single_process(machine):
         return machine
-    return _only(machine, pinned_gpu(plan.kwargs.get("device_map")))
+    pinned = pinned_gpu(plan.kwargs.get("device_map"))
+    if pinned is not None or landing is None:
+        return _only(machine, pinned)
+    filled = {int(device) for device, size in landing.items() if device.isdigit() and size > 0}
+    chosen = tuple(g for g in machine.gpus if g.index in filled)
+    return replace(machine, gpus=chosen) if chosen else machine
 
 
 def _mixed_single_process(machine: Machine) -> bool:
     """GPUs of different compute capability, loaded by one process (a launch keeps every GPU: all ranks
     must agree on the dtype)."""
-    return len({g.capability for g in machine.gpus}) >= 2 and not machine.launch.distributed
+    return len({g.arch for g in machine.gpus}) >= 2 and not machine.launch.distributed
 
 
 def _only(machine: Machine, index: int | None) -> Machine:
     """`machine` with GPU `index` alone (itself when no GPU has that index)."""
     chosen = tuple(g for g in machine.gpus if g.index == index)
     return replace(machine, gpus=chosen) if chosen else machine
-
-
-def plan_within(plan: Plan, judged: Machine) -> bool:
-    """Whether the plan's device_map keeps the model on `judged`'s GPUs."""
-    pinned = pinned_gpu(plan.kwargs.get("device_map"))
-    return pinned is not None and pinned in {g.index for g in judged.gpus}
 
 
 def sharder(launch: Launch) -> str:

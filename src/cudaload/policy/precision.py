@@ -1,5 +1,6 @@
-"""dtype: bf16 on sm80+, fp16 on older GPUs, fp32 for fp16-fragile families there; on CPU the
-dtype measured fastest for the workload on this CPU (the static ISA table only when unmeasured)."""
+"""dtype: bf16 where the GPU's vendor record says it is native (NVIDIA sm80+), fp16 on older GPUs, fp32 for
+fp16-fragile families there; on CPU the dtype measured fastest for the workload on this CPU (the static ISA
+table only when unmeasured)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,14 @@ def _user_dtype(machine: Machine, model: ModelFacts, dtype: str, asked: str) -> 
     if gpu is not None and dtype == "bfloat16" and not gpu.bf16:
         what = "dtype='bfloat16' was asked" if asked != "auto" else "dtype='auto' means the checkpoint's bfloat16"
         raise DtypeUnsupportedError(
-            f"{what}, but bfloat16 needs compute capability 8.0 or newer and "
-            f"{gpu.name} (cuda:{gpu.index}) has {gpu.capability[0]}.{gpu.capability[1]}. Use dtype='float16' "
+            f"{what}, but {gpu.platform.bf16_missing(gpu)}. Use dtype='float16' "
             "(or 'float32'), or leave dtype unset to let cudaload choose."
         )
     if dtype == "float16" and model.fp16_fragile:
+        since = gpu.platform.bf16_since if gpu is not None else "sm80"
         warnings.append(
             f"dtype='float16' with {model.model_type}: this family is known to overflow in fp16 (empty or NaN "
-            "output). Prefer 'bfloat16' on sm80+ or 'float32'."
+            f"output). Prefer 'bfloat16' on {since}+ or 'float32'."
         )
     reason = "your choice"
     probe = machine.dtype_probe
@@ -68,6 +69,7 @@ def decide_dtype(
     if gpu is None:
         return _cpu_dtype(machine, model, workload or Workload()), ()
     where = f"{gpu.name} ({gpu.sm})"
+    since = gpu.platform.bf16_since  # "sm80": the vendor's first architecture with native bf16
     if gpu.bf16:
         if ckpt == "float16" and model.fp16_fragile:
             return Decision(
@@ -93,11 +95,11 @@ def decide_dtype(
             "bfloat16",
             f"{where} runs bf16 natively: fp32's range at half the memory{note}",
             (
-                Rejected("float16", "narrower range: overflow risk, no speed gain on sm80+"),
+                Rejected("float16", f"narrower range: overflow risk, no speed gain on {since}+"),
                 Rejected("float32", "2x memory and no tensor-core bf16 speed"),
             ),
         ), ()
-    bf16_no = Rejected("bfloat16", f"{where} has no native bf16 (needs sm80+; torch emulates it slowly)")
+    bf16_no = Rejected("bfloat16", f"{where} has no native bf16 (needs {since}+; torch emulates it slowly)")
     if model.fp16_fragile:
         warning = (
             f"{model.model_type} is known to overflow in fp16 and {where} has no native bf16: planned float32 "
@@ -109,17 +111,17 @@ def decide_dtype(
             f"{model.model_type} overflows in fp16 (vLLM refuses it) and {where} lacks bf16",
             (bf16_no, Rejected("float16", f"{model.model_type}: numerical instability in fp16")),
         ), (warning,)
-    if gpu.capability < (7, 0):  # tensor cores came with Volta (sm70): fp16 only halves the memory here
+    if not gpu.platform.fp16_tensor_cores(gpu):  # no matrix units (NVIDIA: before Volta): fp16 only halves memory
         return Decision(
             "dtype",
             "float16",
-            f"{where} predates bf16 (sm80) and tensor cores (sm70): fp16 halves the memory",
+            f"{where} predates bf16 ({since}) and tensor cores (sm70): fp16 halves the memory",
             (bf16_no, Rejected("float32", "2x memory")),
         ), ()
     return Decision(
         "dtype",
         "float16",
-        f"{where} predates bf16 (sm80): fp16 runs on its tensor cores",
+        f"{where} predates bf16 ({since}): fp16 runs on its tensor cores",
         (bf16_no, Rejected("float32", "2x memory and no tensor-core speed")),
     ), ()
 

@@ -33,7 +33,11 @@ def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
     if not machine.gpus and not (method.cpu_since and machine.software.at_least(package, method.cpu_since)):
         since = f" ({method.cpu_since.removesuffix('.0')}+ has one)" if method.cpu_since else ""
         return False, f"{package} {version} has no CPU backend{since}; this machine has no CUDA GPU"
-    return True, f"{package} {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
+    gpu = machine.weakest_gpu
+    no_backend = gpu.platform.quant_backend(package) if gpu is not None else None  # the vendor's record says
+    if no_backend is not None:
+        return False, no_backend
+    return True, f"{package} {version} ({gpu.platform.runtime if gpu is not None else 'CPU'} backend)"
 
 
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:

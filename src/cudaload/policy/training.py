@@ -199,7 +199,7 @@ def launcher_precision(machine: Machine) -> tuple[Decision, Decision] | None:
     if launched == "bf16" and gpu is not None and not gpu.bf16:
         raise DtypeUnsupportedError(
             f"ACCELERATE_MIXED_PRECISION=bf16 (accelerate launch --mixed_precision bf16), but {gpu.name} ({gpu.sm}) "
-            "has no bf16: it needs sm80 or newer. Relaunch with --mixed_precision fp16 (or no)."
+            f"has no bf16: it needs {gpu.platform.bf16_since} or newer. Relaunch with --mixed_precision fp16 (or no)."
         )
     reason = (
         f"the launcher's: ACCELERATE_MIXED_PRECISION={launched} (accelerate launch --mixed_precision {launched}); "
@@ -259,21 +259,21 @@ def decide_training_arguments(
         else:
             add("bf16", dtype == "bfloat16", f"mixed precision in the plan's dtype ({dtype})")
             add("fp16", dtype == "float16", f"mixed precision in the plan's dtype ({dtype})")
-        if gpu.bf16 and current is not None and not current.bf16:
-            # TrainingArguments(tf32=True) raises unless `is_torch_tf32_available()`, which reads
-            # `torch.cuda.current_device()` (transformers 5.22-5.25 utils/import_utils.py), not the model's GPU.
-            add(
-                "tf32",
-                False,
-                f"the current CUDA device when TrainingArguments checks TF32 is cuda:{current.index} "
-                f"({current.name}, {current.sm}), which has none (is_torch_tf32_available): tf32=True would raise",
-                Rejected(True, f"{gpu.sm} has TF32, but TrainingArguments judges the current device"),
-            )
-        elif gpu.bf16:
-            add("tf32", True, f"{gpu.sm} has TF32 tensor cores: fp32 matmuls (LoRA, optimizer) run faster")
+        # TF32 as the vendor's record says (TrainingArguments judges the current device: facts/platform_cuda.py).
+        tf32, why_tf32, why_not = gpu.platform.tf32(gpu, current)
+        if tf32 is not None:
+            add("tf32", tf32, why_tf32, *((Rejected(not tf32, why_not),) if why_not else ()))
         if quantized:
             optim, why = quantized_optimizer(quantized if isinstance(quantized, str) else "checkpoint")
-            if optim.endswith("8bit") and machine.software.version("bitsandbytes") is None:
+            paged = gpu.platform.paged_optimizers
+            if optim.startswith("paged_") and paged is not None:
+                add(
+                    "optim",
+                    "adamw_torch_fused",
+                    f"fused AdamW: {optim} is not planned on {gpu.platform.runtime}",
+                    Rejected(optim, paged),
+                )
+            elif optim.endswith("8bit") and machine.software.version("bitsandbytes") is None:
                 # A base quantized by its checkpoint (FP8, GPTQ, AWQ) needs no bitsandbytes to load, but Trainer
                 # raises ImportError for a bitsandbytes optimizer without it (trainer_optimizer.py).
                 add(

@@ -1,0 +1,185 @@
+"""AMD GPU probing for a ROCm (HIP) torch: amdsmi first (AMD's management library: no HIP context, as NVML
+for NVIDIA), torch's own device properties as a fallback. The probes return raw records, as gpus.py's do;
+`detect()` asks them when the NVIDIA probes found no GPU.
+
+vLLM reads AMD GPUs the same two ways (vllm/platforms/rocm.py: `RocmPlatform`, amdsmi's
+`amdsmi_get_gpu_asic_info`, and torch's `gcnArchName`). Neither probe launches a kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .gpus import ProbeFailed
+from .software import torch_hip_version
+from .visible import RawDevice
+
+__all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability", "gfx_target", "hip_visibility"]
+
+AMD_DRIVER_NODE = "/dev/kfd"
+"""The ROCm kernel driver's device (amdgpu's KFD): every process that uses an AMD GPU through ROCm opens it."""
+
+_GFX = re.compile(r"gfx[0-9a-f]+", re.IGNORECASE)
+
+
+def gfx_target(name: str) -> str | None:
+    """The gfx target of an architecture name: "gfx942:sramecc+:xnack-" (torch's gcnArchName) -> "gfx942";
+    "GFX942" (amdsmi) -> "gfx942"; None when there is none."""
+    match = _GFX.search(name or "")
+    return match.group(0).lower() if match else None
+
+
+def gfx_capability(arch: str) -> tuple[int, int]:
+    """What HIP reports as (major, minor) for a gfx target (`hipDeviceProp_t.major/minor`, and so
+    `torch.cuda.get_device_capability()` on ROCm): "gfx942" -> (9, 4), "gfx90a" -> (9, 0), "gfx1100" -> (11, 0).
+    The last hex digit is the stepping; no rule of cudaload reads these numbers for an AMD GPU."""
+    digits = arch.removeprefix("gfx")
+    return int(digits[:-2]), int(digits[-2], 16)
+
+
+def _driver_absent(exists: Callable[[str], bool]) -> bool:
+    return sys.platform.startswith("linux") and not exists(AMD_DRIVER_NODE)
+
+
+def hip_visibility(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """(the visible devices, the order) HIP applies to amdsmi's list: HIP_VISIBLE_DEVICES, else
+    CUDA_VISIBLE_DEVICES (HIP reads both), in PCI order (HIP has no FASTEST_FIRST). ROCR_VISIBLE_DEVICES, applied
+    below HIP, is not read."""
+    return env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")), "PCI_BUS_ID"
+
+
+class AmdSmiProbe:
+    """Reads every AMD GPU through amdsmi (the `amdsmi` module ROCm installs). Creates no HIP context."""
+
+    name = "amdsmi"
+    visibility = staticmethod(hip_visibility)
+
+    def __init__(self, amdsmi: Any = None, exists: Callable[[str], bool] = os.path.exists) -> None:
+        if _driver_absent(exists):
+            raise ProbeFailed(f"no AMD ROCm driver ({AMD_DRIVER_NODE})", no_driver=True)
+        if amdsmi is None:
+            try:
+                import amdsmi  # type: ignore[import-not-found, no-redef]
+            except ImportError as exc:
+                raise ProbeFailed(f"amdsmi is not importable: {exc}") from exc
+        self._smi: Any = amdsmi
+        try:
+            amdsmi.amdsmi_init()
+        except Exception as exc:  # amdsmi raises its own AmdSmiException (and others on a broken install)
+            raise ProbeFailed(f"amdsmi could not start: {exc}") from exc
+        self._started = True
+
+    def __enter__(self) -> AmdSmiProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._started:
+            self._started = False
+            with contextlib.suppress(Exception):
+                self._smi.amdsmi_shut_down()
+
+    def driver_version(self) -> str | None:
+        return None
+
+    def _optional(self, fn: str, *args: Any) -> Any:
+        try:
+            return getattr(self._smi, fn)(*args)
+        except Exception:
+            return None
+
+    def devices(self) -> list[RawDevice]:
+        smi = self._smi
+        try:
+            found = []
+            for i, handle in enumerate(smi.amdsmi_get_processor_handles()):
+                asic = smi.amdsmi_get_gpu_asic_info(handle)
+                arch = gfx_target(str(asic.get("target_graphics_version", "")))
+                if arch is None:
+                    raise ProbeFailed(f"amdsmi gave GPU {i} no gfx target ({asic.get('target_graphics_version')!r})")
+                vram = smi.amdsmi_get_gpu_vram_usage(handle)  # MB
+                total = int(vram["vram_total"]) * 1024**2
+                uuid = self._optional("amdsmi_get_gpu_device_uuid", handle)
+                name = str(asic.get("market_name") or "").strip()
+                found.append(
+                    RawDevice(
+                        nvml_index=i,
+                        name=name if name and name != "N/A" else f"AMD {arch}",
+                        uuid=f"GPU-{uuid}" if uuid else f"amdsmi-{i}",
+                        capability=gfx_capability(arch),
+                        total_memory=total,
+                        free_memory=total - int(vram["vram_used"]) * 1024**2,
+                        multiprocessors=asic.get("num_compute_units"),
+                        pci_bus_id=self._optional("amdsmi_get_gpu_device_bdf", handle),
+                        vendor="amd",
+                        arch=arch,
+                    )
+                )
+            return found
+        except ProbeFailed:
+            raise
+        except Exception as exc:
+            raise ProbeFailed(f"amdsmi failed while listing GPUs: {type(exc).__name__}: {exc}") from exc
+
+
+class RocmTorchProbe:
+    """Fallback when amdsmi cannot answer: a ROCm torch's own device properties (name, gcnArchName,
+    total_memory). On ROCm `torch.cuda.get_device_properties` starts HIP in this process (a context, as CUDA's
+    torch fallback does), so it is asked only after amdsmi; it launches no kernel. torch applies
+    HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES itself."""
+
+    name = "rocm-torch"
+    visible_only = True
+    """torch has already applied the visibility variables: the list is not filtered again."""
+
+    def __init__(self, torch: Any = None, exists: Callable[[str], bool] = os.path.exists) -> None:
+        if _driver_absent(exists):
+            raise ProbeFailed(f"no AMD ROCm driver ({AMD_DRIVER_NODE})", no_driver=True)
+        if torch is None:
+            if torch_hip_version() is None:  # read from torch/version.py: a CUDA or CPU torch is not imported
+                raise ProbeFailed("torch is not a ROCm build (torch.version.hip is None)")
+            try:
+                import torch
+            except ImportError as exc:
+                raise ProbeFailed("torch is not importable") from exc
+        if not getattr(torch.version, "hip", None):
+            raise ProbeFailed("torch is not a ROCm build (torch.version.hip is None)")
+        if not torch.cuda.is_available():
+            raise ProbeFailed("torch (ROCm) sees no GPU")
+        self._torch: Any = torch
+
+    def __enter__(self) -> RocmTorchProbe:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def driver_version(self) -> str | None:
+        return None
+
+    def devices(self) -> list[RawDevice]:
+        cuda = self._torch.cuda
+        found = []
+        for i in range(cuda.device_count()):
+            props = cuda.get_device_properties(i)
+            arch = gfx_target(str(getattr(props, "gcnArchName", "")))
+            if arch is None:
+                raise ProbeFailed(f"torch gave cuda:{i} ({props.name}) no gcnArchName")
+            found.append(
+                RawDevice(
+                    nvml_index=i,
+                    name=props.name,
+                    uuid=f"GPU-{props.uuid}" if getattr(props, "uuid", None) else f"torch-{i}",
+                    capability=(props.major, props.minor),
+                    total_memory=int(props.total_memory),
+                    free_memory=None,  # torch.cuda.mem_get_info would be one more runtime call: unknown here
+                    multiprocessors=props.multi_processor_count,
+                    vendor="amd",
+                    arch=arch,
+                )
+            )
+        return found

@@ -1,0 +1,76 @@
+"""What a GPU vendor's stack can do, as one record per vendor: the seam between the policy and CUDA or ROCm.
+
+A `Gpu` names its vendor ("nvidia", "amd"); `Gpu.platform` is that vendor's `Platform`, and the policy asks it
+(bf16, tf32, which FlashAttention runs on this architecture, paged optimizers, which quantization packages have a
+backend) instead of testing compute-capability numbers. In the manner of vLLM's `Platform` classes
+(vllm/platforms/interface.py: `Platform`, with `CudaPlatform` in cuda.py and `RocmPlatform` in rocm.py) and
+huggingface/kernels' backend dataclasses (kernels 0.17 backends.py: `CUDA`, `ROCm`), but data: the records are in
+platform_cuda.py and platform_rocm.py, registered by vendor in platforms.py. A new vendor is a record, its probe
+(capability/) and its catalog entries (catalog.py); docs/platforms.md says what is known for each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .hardware import Gpu
+    from .machine import Software
+
+__all__ = ["Platform", "Tf32"]
+
+Tf32 = tuple[bool | None, str, str]
+"""(planned, why, why not the other value; "" for none) for TrainingArguments' tf32, or (None, "", "") when the
+plan sets nothing (a GPU without TF32, where transformers' default is already off)."""
+
+
+@dataclass(frozen=True)
+class Platform:
+    """One GPU vendor's rules, as the policy asks them.
+
+    Attributes:
+        vendor: The key a `Gpu.vendor` names ("nvidia", "amd").
+        label: The vendor as messages name it ("NVIDIA", "AMD").
+        runtime: The torch build that drives these GPUs ("CUDA", "ROCm"), as reasons name it.
+        torch_build: (Software) -> the version of that build in the installed torch, None when torch is not built
+            for it (a CPU build, or another vendor's).
+        simulate_build: (Software) -> the Software of a simulated machine with these GPUs (torch built for them).
+        bf16: (GPU) -> whether it runs bf16 natively.
+        bf16_since: The first architecture with native bf16, as reasons name it ("sm80").
+        bf16_missing: (GPU) -> why an asked-for bf16 cannot run there (the error's middle).
+        fp16_tensor_cores: (GPU) -> whether fp16 matmuls run on matrix units (else fp16 only halves the memory).
+        tf32: (weakest GPU, GPU current when TrainingArguments is built or None) -> TrainingArguments' tf32.
+        paged_optimizers: None when bitsandbytes' paged optimizers run here; else why they are not planned.
+        quant_backend: (distribution) -> None when that quantization package has a backend for these GPUs; else
+            why it is not planned.
+        flash_order: (GPU) -> FlashAttention versions (upstream.FLASH_OPTIONS names) in the order tried there.
+        flash_generation: (weakest GPU, FlashAttention name, installed version or None for the Hub kernel) ->
+            why that version has no kernels for this architecture; None when it has.
+        flash_note: (GPU, FlashAttention name) -> what an installed package runs as on these GPUs, appended to
+            the reason that plans it ("" when nothing is worth saying).
+        flash_arch_rules: The version records' own architecture rules (upstream.FlashOption head_dims / sinks,
+            written for CUDA architectures) apply to these GPUs.
+        min_driver: The oldest driver each major of the runtime runs on ({} when not checked).
+        sources: Where the rules come from, for docs/platforms.md and the reasons.
+    """
+
+    vendor: str
+    label: str
+    runtime: str
+    torch_build: Callable[[Software], str | None]
+    simulate_build: Callable[[Software], Software]
+    bf16: Callable[[Gpu], bool]
+    bf16_since: str
+    bf16_missing: Callable[[Gpu], str]
+    fp16_tensor_cores: Callable[[Gpu], bool]
+    tf32: Callable[[Gpu, Gpu | None], Tf32]
+    paged_optimizers: str | None
+    quant_backend: Callable[[str], str | None]
+    flash_order: Callable[[Gpu], tuple[str, ...]]
+    flash_generation: Callable[[Gpu, str, str | None], str | None]
+    flash_note: Callable[[Gpu, str], str] = lambda gpu, name: ""
+    flash_arch_rules: bool = True
+    min_driver: Mapping[int, str] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()
