@@ -3,18 +3,16 @@ or "auto"."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import MissingPackageError, QuantizationError, install_hint
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import QUANT_METHODS, QuantMethod, quantize_choices
 from ..plans import Decision, Rejected
+from ..plans.checkpoint import CheckpointPlan
 from .fit import TRAINING_SHARE, format_bytes, judge_fit, pinned_gpu
 from .memory import TrainingMemory
-
-if TYPE_CHECKING:
-    from .checkpoint_quantization import CheckpointPlan
 
 __all__ = [
     "bitsandbytes_status",
