@@ -23,14 +23,29 @@ __all__ = [
 
 
 def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
-    """(usable, why): is the package that runs `method` installed, with a backend for this machine?"""
-    package = method.package
+    """(usable, why): is the package that runs `method` installed, recent enough for transformers, with a
+    backend for this machine?"""
+    package = method.package.distribution
     version = machine.software.version(package)
     if version is None:
         return False, f"{package} is not installed ({install_hint(package)})"
     if not machine.gpus and not (method.cpu_since and machine.software.at_least(package, method.cpu_since)):
-        since = f" ({method.cpu_since.removesuffix('.0')}+ has one)" if method.cpu_since else ""
-        return False, f"{package} {version} has no CPU backend{since}; this machine has no CUDA GPU"
+        if method.cpu_since is None:
+            return (
+                False,
+                f"cudaload plans {package} only on a CUDA GPU (not verified on a CPU), and this machine has none",
+            )
+        return (
+            False,
+            f"{package} {version} has no CPU backend ({method.cpu_since.removesuffix('.0')}+ has one); "
+            "this machine has no CUDA GPU",
+        )
+    minimum = method.package.min_version
+    if minimum is not None and not machine.software.at_least(package, minimum):
+        return False, (
+            f"{package} {version} is older than {minimum}, the oldest transformers accepts "
+            f"({install_hint(package, minimum)})"
+        )
     return True, f"{package} {version} ({'CUDA' if machine.gpus else 'CPU'} backend)"
 
 
@@ -103,7 +118,7 @@ def decide_quantization(
             Decision(
                 "quantize",
                 own,
-                f"your quantization_config: {QUANT_METHODS[own].package} {own} base weights (passed to "
+                f"your quantization_config: {QUANT_METHODS[own].package.distribution} {own} base weights (passed to "
                 "from_pretrained as given); "
                 f"the memory estimate, placement and optimizer follow it",
                 source="user",
