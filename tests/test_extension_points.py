@@ -20,6 +20,7 @@ from cudaload.facts.machine import Machine, Software
 from cudaload.facts.model import ModelFacts
 from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod, QuantPackage
 from cudaload.installed import detected_packages, packages_here
+from cudaload.loaders.attribution import _is_attention_failure
 from cudaload.plans import Rejected
 from cudaload.policy.attention import decide_attention
 from cudaload.policy.attention_checks import BACKENDS, AttentionBackend, OptionCheck
@@ -206,3 +207,54 @@ def test_if_previous_rejected_means_the_backend_just_before(
     _, chain, _ = decide_attention(Machine.simulated("T4"), model, "float16", None)
     assert ("flex_attention" in chain) is flex
     assert ("fake_attention" in chain) is tried, chain
+
+
+def _flagged_backend() -> Iterator[AttentionBackend]:
+    """A made-up backend that owns a class flag and run-time modules, registered first."""
+
+    def check(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+        supported = model.supports("_supports_fake_attention")
+        return OptionCheck("fake_attention", "a made-up kernel", () if supported else ("the class has no flag",))
+
+    fake = AttentionBackend(
+        "fake_attention", check, "always", class_flag="_supports_fake_attention", runtime_modules=("fake_kernels",)
+    )
+    yield from _registered(fake, before="sdpa")
+
+
+def _raised_in(module: str, error: BaseException) -> BaseException:
+    """`error` as raised by a function of `module`, as its traceback then shows it."""
+    namespace: dict[str, object] = {"__name__": module, "error": error}
+    exec("def forward():\n    raise error\n", namespace)
+    try:
+        namespace["forward"]()  # type: ignore[operator]
+    except BaseException as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_a_registered_backend_owns_its_class_flag_and_run_time_modules(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered in BACKENDS alone: its class flag is read into the model facts (and decides its check), and
+    an error raised in its run-time modules is its own, so load() would try the next option."""
+    crash = _raised_in("fake_kernels.ops", RuntimeError("illegal memory access"))
+    assert not _is_attention_failure(crash, "fake_attention")  # not registered: not attention's
+    from transformers import Qwen3ForCausalLM
+
+    monkeypatch.setattr(Qwen3ForCausalLM, "_supports_fake_attention", True, raising=False)
+    registered = _flagged_backend()
+    next(registered)
+    try:
+        # Qwen3's class declares the flag (set above); Llama's does not.
+        for name, flag in (("qwen3", True), ("llama", False)):
+            facts = cudaload.read_model_facts(str(tiny_models[name]))
+            assert facts.class_flags == (("_supports_fake_attention", flag),)
+            assert facts.supports("_supports_fake_attention") is flag and facts.supports("_supports_sdpa")
+            plan = cudaload.plan(str(tiny_models[name]), machine=Machine.simulated("T4"))
+            assert (plan.attn_implementation == "fake_attention") is flag
+        assert _is_attention_failure(crash, "fake_attention")
+        assert not _is_attention_failure(crash, "sdpa")
+    finally:
+        registered.close()
+    assert cudaload.read_model_facts(str(tiny_models["qwen3"])).class_flags == ()  # unregistered: no flag read
