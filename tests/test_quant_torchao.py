@@ -96,3 +96,30 @@ def test_the_record_builds_the_torchao_config_object(monkeypatch: pytest.MonkeyP
     assert RECORD.objects is not None
     kwargs = RECORD.objects(RECORD.build("bfloat16", False))
     assert isinstance(kwargs["quant_type"], built)
+
+
+@pytest.mark.parametrize(
+    ("packages", "missing"),
+    [
+        ({"torchao": None}, "torchao is not installed (pip install torchao)"),
+        ({"torchao": "0.14.0"}, "torchao 0.14.0 is older than 0.15.0, the oldest transformers accepts"),
+        ({"torchao": "0.15.0"}, None),
+    ],
+)
+def test_a_torchao_checkpoint_needs_the_package_on_any_device(
+    packages: dict[str, str | None], missing: str | None
+) -> None:
+    """A pre-quantized torchao checkpoint is judged by the record's package (what TorchAoHfQuantizer's
+    validate_environment raises ImportError for), not by cudaload's GPU-only rule for quantizing a base."""
+    from dataclasses import replace
+
+    from cudaload.facts.model import any_model
+    from cudaload.facts.stored_weights import CheckpointQuantization
+    from cudaload.policy.checkpoint_quantization import decide_checkpoint_quantization
+
+    stored = CheckpointQuantization("torchao", "torchao int8", None, quantized_parameters=10)
+    model = replace(any_model(), parameters=100, quantized="torchao", quantization=stored)
+    for gpu in (None, "A100"):
+        found = decide_checkpoint_quantization(Machine.simulated(gpu, packages=packages), model, "bfloat16", False)
+        assert found is not None
+        assert (found.missing or "").startswith(missing or "") and (found.missing is None) is (missing is None)
