@@ -81,7 +81,9 @@ def test_applying_without_torchao_raises_missing_package(
         quantize="torchao-int8",
     )
     with pytest.raises(
-        MissingPackageError, match=r"quantize='torchao-int8', which needs torchao.*pip install 'torchao>=0.15.0'"
+        MissingPackageError,
+        match=r"quantize='torchao-int8', which needs torchao, and torchao is not installed here: "
+        r"pip install 'torchao>=0.15.0'",
     ):
         cudaload.from_pretrained_kwargs(plan)
 

@@ -54,11 +54,13 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
             try:
                 quant = method.objects(dict(quant))  # the objects a plan cannot hold (TorchAoConfig's torchao config)
             except ImportError as exc:
-                package = method.package.distribution
+                package, module = method.package.distribution, method.package.module
+                # Its own module missing: not installed here; another module missing: its install is broken.
+                ours = exc.name is not None and (exc.name == module or exc.name.startswith(f"{module}."))
+                found = "is not installed here" if ours else f"cannot be imported here ({describe_error(exc)})"
                 raise MissingPackageError(
                     f"{plan.model}: the plan quantizes with quantize={method.choice!r}, which needs {package}, and "
-                    f"{package} cannot be imported here ({describe_error(exc)}): "
-                    f"{install_hint(package, method.package.min_version)}, or plan without it."
+                    f"{package} {found}: {install_hint(package, method.package.min_version)}, or plan without it."
                 ) from exc
         kwargs["quantization_config"] = config_class(**quant)
     per_sub_model = next((d.value for d in plan.decisions if d.setting == SUB_MODEL_ATTENTION), None)
