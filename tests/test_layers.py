@@ -6,7 +6,8 @@ policy nor a probe: what applying needs to know of this process is in the plan (
 the planner. The facade (`load()`: plan, then apply) and finetune probe nothing of their own either; cli and
 bench at the edge. Read from the source, lazy imports included, so a
 function-level import cannot hide an upward arrow; `if TYPE_CHECKING:` blocks are annotations, not imports,
-and are skipped."""
+and are skipped by the layer rule. The cycle check counts them: a type imported back is still two modules that
+each need the other (mypy, a reader, the next refactor that turns the annotation into a call)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ import cudaload
 
 PACKAGE = Path(cudaload.__file__).parent
 ANYONE = {"errors", "upstream", "upstream_imports", "version", "installed", "announce"}
-"""Import nothing of cudaload but each other (exceptions, tables of upstream facts, transformers' first
-import under a lock, the version string, the installed distributions' names and versions, the announcement
-of a long step) and may be imported by every module."""
+"""Import nothing of cudaload but each other and REGISTRATIONS (exceptions, tables of upstream facts,
+transformers' first import under a lock, the version string, the installed distributions' names and versions,
+the announcement of a long step) and may be imported by every module."""
+REGISTRATIONS = {"facts.quant_methods"}
+"""Record tables whose records register what the bottom modules list: a quantization method's package is a
+detected package (installed.py) and may be named by an install hint (errors.py), as upstream.FLASH_OPTIONS
+registers FlashAttention's. They import nothing of cudaload, so reading them closes no cycle."""
 FACADE = {
     "facts",
     "capability",
@@ -68,15 +73,16 @@ def _unit(module: str) -> str:
     return module.split(".")[0]
 
 
-def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+def imports_in(source: str, module: str, is_package: bool = False, type_checking: bool = False) -> set[str]:
     """cudaload modules (relative to cudaload, e.g. "policy.fit") that `source`, the text of `module`,
-    imports anywhere: at the top, inside functions, `from cudaload import X` as "X"."""
+    imports anywhere: at the top, inside functions, `from cudaload import X` as "X"; inside
+    `if TYPE_CHECKING:` blocks too when `type_checking`."""
     package = module if is_package else module.rsplit(".", 1)[0]
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+            if not type_checking and isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
                 continue
             if isinstance(child, ast.ImportFrom):
                 if child.level:
@@ -104,9 +110,9 @@ def _module_name(path: Path) -> str:
     return ".".join(("cudaload", *parts))
 
 
-def _imports(path: Path) -> set[str]:
+def _imports(path: Path, type_checking: bool = False) -> set[str]:
     module = _module_name(path).removesuffix(".__init__")  # the package's relative imports start at cudaload
-    return imports_in(path.read_text(), module, path.name == "__init__.py")
+    return imports_in(path.read_text(), module, path.name == "__init__.py", type_checking)
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
@@ -126,7 +132,7 @@ def test_each_module_imports_only_the_layers_below(path: Path) -> None:
     relative = path.relative_to(PACKAGE)
     unit = relative.parts[0].removesuffix(".py")
     allowed = ALLOWED.get(unit, set()) | ANYONE | {unit}
-    upward = sorted(m for m in _imports(path) if _unit(_resolve(m)) not in allowed)
+    upward = sorted(m for m in _imports(path) if _unit(_resolve(m)) not in allowed and _resolve(m) not in REGISTRATIONS)
     assert not upward, f"{relative} ({unit}) imports {upward}; it may import only {sorted(allowed)}"
 
 
@@ -134,8 +140,11 @@ def test_every_module_is_under_a_rule() -> None:
     units = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in MODULES}
     assert units == set(ALLOWED) | ANYONE, "a new top-level module needs its line in ALLOWED"
     for name in ANYONE:
-        others = {_unit(_resolve(m)) for m in _imports(PACKAGE / f"{name}.py")} - (ANYONE - {name})
+        others = {_resolve(m) for m in _imports(PACKAGE / f"{name}.py")} - REGISTRATIONS
+        others = {_unit(m) for m in others} - (ANYONE - {name})
         assert not others, f"{name} must import nothing of cudaload but the modules anyone may import"
+    for name in REGISTRATIONS:
+        assert _imports(NAMES[name], type_checking=True) == set(), f"{name} must import nothing of cudaload"
 
 
 def test_the_checker_sees_every_form_of_import() -> None:
@@ -154,9 +163,9 @@ def test_the_checker_sees_every_form_of_import() -> None:
     assert _imports(PACKAGE / "__init__.py") == {"version.__version__"}  # the rest is TYPE_CHECKING only
 
 
-def test_no_module_imports_itself_back() -> None:
-    # The facade's own imports are TYPE_CHECKING only (its names resolve lazily): it has no edges.
-    graph = {name: {target for m in _imports(path) if (target := _resolve(m)) != name} for name, path in NAMES.items()}
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk of `graph` (module -> the modules it imports) closes, each as the
+    path from the module it returns to back to that module."""
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
@@ -172,10 +181,40 @@ def test_no_module_imports_itself_back() -> None:
     for start in sorted(graph):
         if start not in state:
             walk(start, [start])
-    assert cycles == []
+    return cycles
+
+
+def import_graph(type_checking: bool) -> dict[str, set[str]]:
+    """Each cudaload module (e.g. "policy.quantization", a package as "policy") -> the modules it imports."""
+    return {
+        name: {target for m in _imports(path, type_checking) if (target := _resolve(m)) != name}
+        for name, path in NAMES.items()
+    }
+
+
+def test_no_module_imports_itself_back() -> None:
+    # Module by module, so a cycle between two modules of one package counts; TYPE_CHECKING imports too (the
+    # facade's lazy name table, all TYPE_CHECKING, imports nothing that imports it back).
+    assert import_cycles(import_graph(type_checking=True)) == []
+    graph = import_graph(type_checking=False)
     loaders = {_unit(m) for name, targets in graph.items() if _unit(name) == "loaders" for m in targets}
     assert "plans" in loaders and not loaders & {"policy", "planner"}
     assert {"planner", "loaders"} <= graph["facade"]
+
+
+def test_the_cycle_check_sees_a_type_imported_back_inside_a_package() -> None:
+    # The cycle issue 41 item 5 removed: quantization took CheckpointPlan from checkpoint_quantization for a type
+    # only, while checkpoint_quantization took quant_method_status from quantization.
+    typed = "if TYPE_CHECKING:\n    from .checkpoint_quantization import CheckpointPlan\n"
+    called = "from .quantization import quant_method_status\n"
+    quantization, checkpoint = "policy.quantization", "policy.checkpoint_quantization"
+    graph = {
+        quantization: {_resolve(m) for m in imports_in(typed, f"cudaload.{quantization}", type_checking=True)},
+        checkpoint: {_resolve(m) for m in imports_in(called, f"cudaload.{checkpoint}")},
+    }
+    assert import_cycles(graph) == [[checkpoint, quantization, checkpoint]]
+    assert imports_in(typed, "cudaload.policy.quantization") == set()  # the layer rule alone would not see it
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
 
 
 def test_importing_the_policy_loads_no_probe_and_no_torch() -> None:

@@ -95,9 +95,21 @@ def test_auto_without_bitsandbytes_is_plain_lora_with_a_warning() -> None:
         finetune(Machine.simulated("T4"), quantize="4bit")
 
 
-def test_old_bitsandbytes_has_no_cpu_backend() -> None:
-    with pytest.raises(MissingPackageError, match="no CPU backend"):
-        finetune(Machine.simulated(None, packages={"bitsandbytes": "0.45.0"}), quantize="4bit")
+def test_old_bitsandbytes_is_refused_with_the_release_transformers_accepts() -> None:
+    # bitsandbytes' first CPU backend is also transformers' minimum (BITSANDBYTES_MIN_VERSION 0.46.1): the version
+    # is the reason on any machine.
+    for gpu in (None, "A100"):
+        with pytest.raises(MissingPackageError, match=r"0.45.0 is older than 0.46.1.*'bitsandbytes>=0.46.1'"):
+            finetune(Machine.simulated(gpu, packages={"bitsandbytes": "0.45.0"}), quantize="4bit")
+
+
+def test_a_release_without_a_cpu_backend_is_refused_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cudaload.facts.quant_methods import QUANT_METHODS
+
+    monkeypatch.setitem(QUANT_METHODS, "4bit", replace(QUANT_METHODS["4bit"], cpu_since="0.48.0"))
+    with pytest.raises(MissingPackageError, match=r"bitsandbytes 0.47.0 has no CPU backend \(0.48\+ has one\)"):
+        finetune(Machine.simulated(None, packages={"bitsandbytes": "0.47.0"}), quantize="4bit")
+    assert finetune(Machine.simulated("A100", packages={"bitsandbytes": "0.47.0"}), quantize="4bit")
 
 
 def test_quantized_model_under_ddp_never_gets_auto() -> None:

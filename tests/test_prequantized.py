@@ -332,7 +332,8 @@ def test_quantize_stacked_on_a_quantized_checkpoint_raises(folders, asked) -> No
         ({}, "bitsandbytes is not installed (pip install bitsandbytes)"),
         (
             {"bitsandbytes": "0.46.0"},
-            "bitsandbytes 0.46.0 has no CPU backend (0.46.1+ has one); this machine has no CUDA GPU",
+            "bitsandbytes 0.46.0 is older than 0.46.1, the oldest transformers accepts "
+            "(pip install 'bitsandbytes>=0.46.1')",
         ),
     ],
 )

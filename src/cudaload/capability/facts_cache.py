@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..facts.attention_backends import class_flags
 from ..facts.model import ModelFacts
 from .weights_header import weights_dtype
 
@@ -21,8 +22,8 @@ __all__ = ["FACTS_SCHEMA", "cached_facts", "facts_cache_file", "write_cached_fac
 # Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
 # the config): it is then re-read from the safetensors header, which costs no import.
 # 2: ModelFacts.quantization; 3: ModelFacts.generation; 4: ModelFacts.attention_sinks; 5: GenerationFacts.model_type;
-# 6: linear_names without the output embeddings under any name; 7: ModelFacts.sub_model_sdpa
-FACTS_SCHEMA = 7
+# 6: linear_names without the output embeddings under any name; 7: ModelFacts.sub_model_sdpa; 8: ModelFacts.class_flags
+FACTS_SCHEMA = 8
 
 
 def facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
@@ -51,6 +52,8 @@ def facts_cache_file(model: Any, auto_class: str | None) -> Path | None:
             "config": config_hash,
             "generation_config": hashlib.sha256(generation_config).hexdigest() if generation_config else None,
             "auto_class": auto_class,
+            # the class flags read depend on the attention backends registered (a backend added later reads its own)
+            "class_flags": class_flags(),
             "transformers": transformers_version,
             "cudaload": __version__,
         }

@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelConfigError
+from ..facts.attention_backends import class_flags
 from ..facts.dtypes import canonical_dtype
 from ..facts.kv_cache import GenerationFacts
-from ..facts.model import ModelFacts, generates
+from ..facts.model import NAMED_FLAGS, ModelFacts, generates
 from ..facts.stored_weights import CheckpointQuantization, count_quantized, read_quantization_config
 from ..upstream_imports import import_transformers
 from .config_file import check_sizes, load_config
@@ -179,14 +180,16 @@ def _read_model_facts(
     size = head_dim(text_config)
     head_dims, qk_v = _head_dims(text_config, size)
     compatible = getattr(cls, "_compatible_flash_implementations", None)
+    # The attention flags ModelFacts names, then each one an attention backend's record names (attention_backends.py).
+    flags = {flag: bool(getattr(cls, flag, False)) for flag in (*NAMED_FLAGS, *class_flags())}
     facts = ModelFacts(
         source=model if isinstance(model, str) else (getattr(config, "_name_or_path", "") or config.model_type),
         model_type=str(config.model_type),
         model_class=cls.__name__,
         auto_class=auto_class,
-        supports_flash=bool(getattr(cls, "_supports_flash_attn", False)),
-        supports_sdpa=bool(getattr(cls, "_supports_sdpa", False)),
-        supports_flex=bool(getattr(cls, "_supports_flex_attn", False)),
+        supports_flash=flags["_supports_flash_attn"],
+        supports_sdpa=flags["_supports_sdpa"],
+        supports_flex=flags["_supports_flex_attn"],
         parameters=sum(p.numel() for p in meta.parameters()),
         checkpoint_dtype=checkpoint_dtype,
         head_dim=size,
@@ -213,6 +216,7 @@ def _read_model_facts(
         # gpt-oss and its kin declare `self.sinks = nn.Parameter(torch.empty(num_attention_heads))` per attention.
         attention_sinks=any(name.rpartition(".")[2] == "sinks" for name, _ in meta.named_parameters()),
         sub_model_sdpa=_sub_model_sdpa(meta),
+        class_flags=tuple((flag, value) for flag, value in flags.items() if flag not in NAMED_FLAGS),
     )
     return facts, dtype_from_weights
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from packaging.version import InvalidVersion
 
 from ..facts.machine import Hub, HubKernel, Software
-from ..installed import PACKAGES, installed_versions
+from ..installed import detected_packages, installed_versions
 from ..installed import dist_version as _dist_version
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
 from .cache import unreadable
@@ -106,7 +106,7 @@ def probe_software(driver: str | None = None) -> Software:
     # distribution is installed and its module has to be attributed.
     providers: Mapping[str, list[str]] | None = None
     installed = installed_versions()
-    for dist in PACKAGES:
+    for dist in detected_packages():
         version = _dist_version(dist, installed)
         if version is None:
             continue

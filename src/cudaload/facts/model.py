@@ -13,7 +13,15 @@ from ..upstream import FP16_FRAGILE_FAMILIES
 from .kv_cache import GenerationFacts
 from .stored_weights import CheckpointQuantization
 
-__all__ = ["ModelFacts", "any_model", "generates", "reference_model"]
+__all__ = ["NAMED_FLAGS", "ModelFacts", "any_model", "generates", "reference_model"]
+
+NAMED_FLAGS = {
+    "_supports_flash_attn": "supports_flash",
+    "_supports_sdpa": "supports_sdpa",
+    "_supports_flex_attn": "supports_flex",
+}
+"""The model-class attention flags ModelFacts names as fields (FlashAttention, SDPA, flex); every other flag an
+attention backend's record names (facts/attention_backends.py) is kept in `ModelFacts.class_flags`."""
 
 
 def generates(class_name: str) -> bool:
@@ -74,6 +82,8 @@ class ModelFacts:
             a FlashAttention kernel must take them (`s_aux` / `learnable_sink`), in bf16 only.
         sub_model_sdpa: For a composite model (LLaVA, GOT-OCR2), each sub-config's name and whether the
             model class built from it supports SDPA; empty for a model of one part.
+        class_flags: (flag, value) of each model-class flag a registered attention backend names beyond the three
+            above (`AttentionBackend.class_flag`); read them with `supports(flag)`.
 
     Examples:
         >>> import tempfile, cudaload
@@ -146,6 +156,16 @@ class ModelFacts:
     """(sub-config name, its model class supports SDPA) per sub-model: transformers decides attention per
     sub-model (configuration_utils.py: `PreTrainedConfig._attn_implementation`'s setter takes a dict by
     sub-config name, 5.22 and 5.25), so a top class without SDPA can hold a language model with it."""
+
+    class_flags: tuple[tuple[str, bool], ...] = ()
+    """(flag, value) of each model-class flag an attention backend's record names beyond supports_flash,
+    supports_sdpa and supports_flex (facts/attention_backends.py: AttentionBackend.class_flag)."""
+
+    def supports(self, flag: str) -> bool:
+        """The model class's attention flag `flag` (e.g. "_supports_sdpa"): a named field for the three
+        ModelFacts names (NAMED_FLAGS), else `class_flags`; False for a flag that was not read."""
+        field = NAMED_FLAGS.get(flag)
+        return bool(getattr(self, field)) if field is not None else dict(self.class_flags).get(flag, False)
 
     @property
     def generates(self) -> bool:

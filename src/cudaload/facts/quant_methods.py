@@ -1,18 +1,24 @@
 """The quantization methods a fine-tuning plan can quantize the base with: one record each.
 
-A method is data: the `quantize=` choice it answers to, the package that runs it, how its transformers
-config is built (plain keyword arguments; the loader builds the real config object from them, so the
-policy never imports transformers), how many bytes a quantized weight takes, what its frozen matmul saves
+A method is data: the `quantize=` choice it answers to, the package that runs it (`QuantPackage`), how its
+transformers config is built (plain keyword arguments; the loader builds the real config object from them, so
+the policy never imports transformers), how many bytes a quantized weight takes, what its frozen matmul saves
 for the backward, and which optimizer trains LoRA on it. The policy (policy/quantization.py, memory.py,
-training.py), the loader and the CLI read this table and nothing else, so a new method (torchao int8, say)
-is a record here plus whatever its policy rules need, not an edit in every module that mentions 4-bit.
+training.py), the loader and the CLI read this table and nothing else, and a method's package is what
+detection lists (installed.detected_packages) and what install hints may name (errors.install_hint): a new
+method, as torchao int8 was, is a record here, not an edit in every module that mentions 4-bit.
 
-Sources: transformers 5.22.2 `BitsAndBytesConfig` (utils/quantization_config.py), bitsandbytes 0.50.2
-(nn/modules.py, autograd/_functions.py), peft docs (accelerate/deepspeed.md, fsdp.md).
+This module imports nothing of cudaload: the bottom modules (installed.py, errors.py) read the packages from it,
+as they read FlashAttention's from upstream.FLASH_OPTIONS.
+
+Sources: transformers 5.22.2 `BitsAndBytesConfig` and `TorchAoConfig` (utils/quantization_config.py), bitsandbytes
+0.50.2 (nn/modules.py, autograd/_functions.py), peft docs (accelerate/deepspeed.md, fsdp.md), peft 0.21.2
+tuners/lora/torchao.py.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -23,9 +29,30 @@ __all__ = [
     "DEFAULT_QUANT_METHOD",
     "QUANT_METHODS",
     "QuantMethod",
+    "QuantPackage",
     "config_method",
+    "quant_packages",
     "quantize_choices",
 ]
+
+
+@dataclass(frozen=True)
+class QuantPackage:
+    """The distribution that runs a quantization method, registered where cudaload names packages.
+
+    Attributes:
+        distribution: Its name on the package registry (e.g. "bitsandbytes"): what detection lists and an
+            install hint names.
+        module: Its import name (e.g. "bitsandbytes").
+        min_version: The oldest release transformers accepts for it (its `<NAME>_MIN_VERSION` in
+            utils/import_utils.py); an older one is refused at planning, with the install hint for this one.
+        extra: The extra of cudaload's pyproject.toml that installs it too (from a clone; e.g. "finetune").
+    """
+
+    distribution: str
+    module: str
+    min_version: str | None
+    extra: str
 
 
 @dataclass(frozen=True)
@@ -36,7 +63,7 @@ class QuantMethod:
         choice: The `quantize=` value it answers to (e.g. "4bit"), also the key of QUANT_METHODS.
         summary: How the list of choices names it in an error (e.g. "'4bit' (QLoRA)").
         detail: What it is, in the reason of an explicit choice; "{dtype}" is the plan's dtype.
-        package: The distribution that runs it (e.g. "bitsandbytes").
+        package: The distribution that runs it (`QuantPackage`).
         quant_method: transformers' `quant_method` of the config it builds.
         config_class: The transformers class the loader builds from `build`'s keyword arguments.
         cpu_since: The first `package` version with a CPU backend; None: it needs a CUDA GPU.
@@ -45,13 +72,17 @@ class QuantMethod:
         saves_input: Its frozen matmul saves its input for the backward (LLM.int8 does; nf4 does not).
         optimizer: The TrainingArguments `optim` on a GPU, and why.
         auto: quantize="auto" picks it when 16-bit LoRA does not fit (one method has it).
-        build: (the plan's dtype, parameters sharded by FSDP / ZeRO-3) -> the config's keyword arguments.
+        build: (the plan's dtype, parameters sharded by FSDP / ZeRO-3) -> the config's keyword arguments,
+            JSON-ready (what the plan shows).
+        objects: At load time only: the keyword arguments -> those `config_class` takes, where it takes an object
+            a plan cannot hold (TorchAoConfig's torchao config); imports what it needs, so ImportError when
+            `package` is missing. None: `config_class` takes the keyword arguments as they are.
     """
 
     choice: str
     summary: str
     detail: str
-    package: str
+    package: QuantPackage
     quant_method: str
     config_class: str
     cpu_since: str | None
@@ -61,6 +92,7 @@ class QuantMethod:
     optimizer: tuple[str, str]
     auto: bool
     build: Callable[[str, bool], dict[str, Any]]
+    objects: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 # bitsandbytes' 8-bit paged AdamW for every quantized base (a pre-quantized checkpoint's too).
@@ -91,6 +123,29 @@ def _int8(dtype: str, shards_parameters: bool) -> dict[str, Any]:
     return {"load_in_8bit": True}
 
 
+def _torchao_int8(dtype: str, shards_parameters: bool) -> dict[str, Any]:
+    # The torchao config by its class name: the plan holds JSON, `_torchao_objects` builds the object.
+    return {"quant_type": "Int8WeightOnlyConfig"}
+
+
+def _torchao_objects(kwargs: dict[str, Any]) -> dict[str, Any]:
+    # TorchAoConfig takes a torchao `AOBaseConfig` object and refuses a string ("String-based quantization type
+    # ... is no longer supported"): transformers 5.22 and 5.25 utils/quantization_config.py:
+    # TorchAoConfig.post_init. `Int8WeightOnlyConfig()` is what peft names for LoRA on torchao (peft 0.21.2
+    # tuners/lora/torchao.py: TorchaoLoraLinear.__init__). Raises ImportError without torchao.
+    quantization = importlib.import_module("torchao.quantization")
+    return {**kwargs, "quant_type": getattr(quantization, kwargs["quant_type"])()}
+
+
+BITSANDBYTES = QuantPackage(
+    "bitsandbytes",
+    "bitsandbytes",
+    # transformers 5.22 and 5.25 utils/import_utils.py: BITSANDBYTES_MIN_VERSION.
+    "0.46.1",
+    "finetune",
+)
+
+
 QUANT_METHODS: dict[str, QuantMethod] = {
     m.choice: m
     for m in (
@@ -98,7 +153,7 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             choice="4bit",
             summary="'4bit' (QLoRA)",
             detail="nf4 + double quant, compute dtype = the plan's dtype ({dtype}), not BitsAndBytesConfig's default",
-            package="bitsandbytes",
+            package=BITSANDBYTES,
             quant_method="bitsandbytes",
             config_class="BitsAndBytesConfig",
             # bitsandbytes runs 4-/8-bit on CPU in every release transformers accepts (BITSANDBYTES_MIN_VERSION
@@ -120,7 +175,7 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             choice="8bit",
             summary="'8bit'",
             detail="LLM.int8",
-            package="bitsandbytes",
+            package=BITSANDBYTES,
             quant_method="bitsandbytes",
             config_class="BitsAndBytesConfig",
             cpu_since="0.46.1",
@@ -133,6 +188,29 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             auto=False,
             build=_int8,
         ),
+        QuantMethod(
+            choice="torchao-int8",
+            summary="'torchao-int8' (torchao int8 weight-only)",
+            detail="torchao int8 weight-only (Int8WeightOnlyConfig), the rest in the plan's dtype ({dtype})",
+            # transformers 5.22 and 5.25 utils/import_utils.py: TORCHAO_MIN_VERSION (is_torchao_available, which
+            # TorchAoConfig.post_init and TorchAoHfQuantizer.validate_environment require).
+            package=QuantPackage("torchao", "torchao", "0.15.0", "torchao"),
+            quant_method="torchao",
+            config_class="TorchAoConfig",
+            cpu_since=None,  # not verified on a CPU (torchao is not installed where cudaload is tested)
+            # int8 weights; transformers trains only torchao's 8-bit configs (quantizer_torchao.py:
+            # TorchAoHfQuantizer.is_trainable). Per output row a scale and a zero point whose dtypes depend on the
+            # torchao release (not checked): taken as 4 bytes, LLM.int8's.
+            bits_per_weight=8,
+            row_scale_bytes=4,
+            # Not checked (torchao not installed): counted as saving its input, the larger estimate.
+            saves_input=True,
+            # No bitsandbytes needed: the fp32 LoRA weights train with the optimizer a 16-bit base gets on CUDA.
+            optimizer=("adamw_torch_fused", "torchao int8 base: fused AdamW on the fp32 LoRA weights, as for 16-bit"),
+            auto=False,
+            build=_torchao_int8,
+            objects=_torchao_objects,
+        ),
     )
 }
 """Every method, by its `quantize=` choice, in the order the CLI and errors list them."""
@@ -144,6 +222,12 @@ def config_method(decisions: Iterable[Any]) -> QuantMethod | None:
     which the loader builds into DEFAULT_CONFIG_CLASS)."""
     planned = next((d.value for d in decisions if d.setting == "quantize"), None)
     return QUANT_METHODS.get(planned) if isinstance(planned, str) else None
+
+
+def quant_packages() -> dict[str, QuantPackage]:
+    """Each method's package by distribution, read from QUANT_METHODS at each call (a method registered after
+    import counts): the packages detection lists and install hints may name."""
+    return {m.package.distribution: m.package for m in QUANT_METHODS.values()}
 
 
 def quantize_choices() -> tuple[str | None, ...]:

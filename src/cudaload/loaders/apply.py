@@ -180,7 +180,7 @@ def _quantizes_with_bitsandbytes(plan: Plan) -> bool:
     default BitsAndBytesConfig) or loads a bitsandbytes checkpoint kept quantized."""
     if "quantization_config" in plan.kwargs:
         method = config_method(plan.decisions)
-        if method is None or method.package == "bitsandbytes":
+        if method is None or method.package.distribution == "bitsandbytes":
             return True
     return any(d.setting == "checkpoint_quantization" and d.value == "bitsandbytes" for d in plan.decisions)
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import LoadFailedError, describe_error
+from ..facts.attention_backends import BACKENDS
 from ..plans import Plan
 from ..upstream import FLASH_OPTIONS, attention_kind
 from .applied import Fallback
@@ -53,9 +54,15 @@ _FLASH_WRAPPERS = (
 _RUNTIME_MODULES: Mapping[str, tuple[str, ...]] = {
     "flash": (*_FLASH_WRAPPERS, *sorted({option.module for option in FLASH_OPTIONS.values()})),
     "hub_kernel": (*_FLASH_WRAPPERS, "transformers.integrations.msa_attention"),
-    "sdpa": ("transformers.integrations.sdpa_attention", "transformers.integrations.sdpa_paged"),
-    "flex": ("transformers.integrations.flex_attention", "torch.nn.attention.flex_attention"),
 }
+"""The two families recognised by form (upstream.attention_kind); a named backend's are its record's
+(facts/attention_backends.py: AttentionBackend.runtime_modules)."""
+
+
+def _runtime_modules(option: str) -> tuple[str, ...]:
+    """The modules that do nothing but run `option`: its family's, or its backend record's."""
+    backend = BACKENDS.get(option)
+    return _RUNTIME_MODULES.get(attention_kind(option)) or (backend.runtime_modules if backend is not None else ())
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -89,7 +96,8 @@ def is_attention_failure(exc: BaseException, option: str) -> bool:
       modeling_flash_attention_utils.py `lazy_import_flash_attention`; integrations/hub_kernels.py
       `load_and_register_attn_kernel`), the types they refuse an option with; or
     - any error was raised inside code that only runs this kind of option (`_RUNTIME_MODULES`: the
-      FlashAttention packages and transformers' flash, SDPA or flex wrappers), except running out
+      FlashAttention packages and transformers' flash wrappers; a named backend's record: transformers' SDPA
+      or flex wrappers), except running out
       of memory: the fix for that is placement, and eager attention needs more memory, not less.
 
     Args:
@@ -99,7 +107,7 @@ def is_attention_failure(exc: BaseException, option: str) -> bool:
     Returns:
         True when another attention option may succeed where this one failed.
     """
-    runtime = _RUNTIME_MODULES.get(attention_kind(option), ())
+    runtime = _runtime_modules(option)
     for error in _chain(exc):
         if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":  # torch's is a RuntimeError
             continue

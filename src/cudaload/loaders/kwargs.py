@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import SettingError
+from ..errors import MissingPackageError, SettingError, describe_error, install_hint
 from ..facts.quant_methods import DEFAULT_CONFIG_CLASS, config_method
 from ..plans import SUB_MODEL_ATTENTION, Plan, mutable
 
@@ -26,6 +26,7 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
 
     Raises:
         SettingError: `plan` is not a Plan.
+        MissingPackageError: The plan's quantization method needs a package this process cannot import.
 
     Examples:
         >>> import tempfile, cudaload
@@ -49,6 +50,18 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
 
         method = config_method(plan.decisions)  # the record's data; the real config object is built here
         config_class = getattr(transformers, method.config_class if method else DEFAULT_CONFIG_CLASS)
+        if method is not None and method.objects is not None:
+            try:
+                quant = method.objects(dict(quant))  # the objects a plan cannot hold (TorchAoConfig's torchao config)
+            except ImportError as exc:
+                package, module = method.package.distribution, method.package.module
+                # Its own module missing: not installed here; another module missing: its install is broken.
+                ours = exc.name is not None and (exc.name == module or exc.name.startswith(f"{module}."))
+                found = "is not installed here" if ours else f"cannot be imported here ({describe_error(exc)})"
+                raise MissingPackageError(
+                    f"{plan.model}: the plan quantizes with quantize={method.choice!r}, which needs {package}, and "
+                    f"{package} {found}: {install_hint(package, method.package.min_version)}, or plan without it."
+                ) from exc
         kwargs["quantization_config"] = config_class(**quant)
     per_sub_model = next((d.value for d in plan.decisions if d.setting == SUB_MODEL_ATTENTION), None)
     if per_sub_model and kwargs.get("attn_implementation") == plan.decision("attn_implementation").value:

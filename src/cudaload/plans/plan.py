@@ -205,10 +205,12 @@ class Plan:
                 f"  training memory estimate (seq_len {assumes['seq_len']}, batch {assumes['batch_size']}, "
                 f"checkpointing {'on' if assumes['gradient_checkpointing'] else 'off'}):"
             )
+            pad = max(5, *(len(option) for option in estimate if option != "assumes"))  # "torchao-int8" is 12
             for option, parts in estimate.items():
                 if option != "assumes":
                     detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items() if k != "total")
-                    lines += wrap(f"{option:<5} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})", width, "    ", 22)
+                    row = f"{option:<{pad}} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})"
+                    lines += wrap(row, width, "    ", 17 + pad)
         if len(self.attention_chain) > 1:
             lines += wrap(f"attention fallback chain: {' -> '.join(self.attention_chain)}", width, "  ", hang=6)
         if self.generation is not None:

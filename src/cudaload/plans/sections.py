@@ -24,9 +24,9 @@ class FinetunePlan:
         lora: `peft.LoraConfig` keyword arguments (the "lora" decision's value).
         training_arguments: `TrainingArguments` keyword arguments (`training_arguments()` returns
             them, with yours on top).
-        memory_estimate: The training-memory estimate per quantization option ("16bit", "4bit",
-            "8bit"; each a dict of bytes with a "total"), and under "assumes" the sequence length,
-            batch size and checkpointing it assumes.
+        memory_estimate: The training-memory estimate per quantization option ("16bit" and each
+            method's choice: "4bit", "8bit", "torchao-int8"; each a dict of bytes with a "total"), and
+            under "assumes" the sequence length, batch size and checkpointing it assumes.
         gradient_checkpointing: Activation checkpointing is on.
         checkpointing_kwargs: The keyword arguments checkpointing is enabled with on the model
             (the planned `..._checkpointing_kwargs` training argument).

@@ -16,9 +16,10 @@ from ..facts.model import ModelFacts
 from ..facts.placer import Placer
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
+from ..plans.checkpoint import CheckpointPlan
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention, decide_sub_model_attention
-from .checkpoint_quantization import CheckpointPlan, decide_checkpoint_quantization
+from .checkpoint_quantization import decide_checkpoint_quantization
 from .current_device import current_gpu_when_training, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, format_bytes, percent

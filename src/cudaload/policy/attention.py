@@ -141,7 +141,7 @@ def _with_consent(trace: list[TraceEntry], machine: Machine, hub_code: bool) -> 
 
 
 def _portable_trace(machine: Machine, model: ModelFacts, dtype: str) -> list[TraceEntry]:
-    """The named backends in their table's order (attention_checks.BACKENDS): SDPA, flex_attention when SDPA
+    """The named backends in their table's order (facts/attention_backends.py: BACKENDS): SDPA, flex_attention when SDPA
     is out, and eager, which is always there."""
     trace: list[TraceEntry] = []
     for backend in BACKENDS.values():

@@ -6,15 +6,13 @@ choice and the automatic fallback chain from it (its docstring says how).
 
 Two families are recognised by form, as transformers does: FlashAttention (upstream.FLASH_OPTIONS, with
 each version's rules in flash_rules.py) and Hub kernels ("org/repo"). Every other backend is a record of
-BACKENDS, which owns its check and its place in the automatic chain after FlashAttention.
+BACKENDS (facts/attention_backends.py), which owns its check, its place in the automatic chain after
+FlashAttention, its model-class flag and its run-time modules.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal
-
+from ..facts.attention_backends import BACKENDS, AttentionBackend, OptionCheck
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..upstream import FLASH_OPTIONS, attention_kind
@@ -42,31 +40,6 @@ def is_flash_attention(implementation: str) -> bool:
 # --- the checks: every reason against one option --------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OptionCheck:
-    """What `check_attention` found for one attention option on this machine, model and dtype.
-
-    Attributes:
-        implementation: The string transformers is given for it: the option itself, or the Hub
-            repository that serves a FlashAttention option whose package is not installed.
-        detail: What serves it (e.g. "flash-attn 2.8.3 installed"); the reason when it is used.
-        blockers: Every reason it cannot run here. An explicit choice with one is refused.
-        costs: Every reason it runs but cudaload would not plan it (e.g. flex attention on a CPU). An explicit
-            choice with only these is honoured with a warning; the automatic chain passes it over.
-    """
-
-    implementation: str
-    detail: str
-    blockers: tuple[str, ...] = ()
-    costs: tuple[str, ...] = ()
-
-    @property
-    def reasons(self) -> tuple[str, ...]:
-        """Every reason against the option, blockers first."""
-        return self.blockers + self.costs
-
-
-_EAGER = "the reference implementation: works everywhere, slowest"
 AS_IS = "passed to transformers as is"
 
 
@@ -178,58 +151,3 @@ def _redirected(model: ModelFacts, option: str) -> str:
         f"{model.model_class} accepts only [{accepted}]: transformers would replace {option} with one of them "
         "(`_compatible_flash_implementations`)"
     )
-
-
-def _sdpa(model: ModelFacts) -> OptionCheck:
-    # The class's own flag is the whole check, softcapping included: transformers' sdpa_attention_forward
-    # raises on `softcap` (integrations/sdpa_attention.py, 5.22-5.25), and every class that passes it declares
-    # `_supports_sdpa = False` ("sdpa does not support softcapping": gemma2, t5gemma, vaultgemma). A class that
-    # supports SDPA with attn_logit_softcapping in its config (Gemma 3) never passes it: eager would not cap either.
-    blockers = () if model.supports_sdpa else (f"{model.model_class} does not support SDPA",)
-    return OptionCheck("sdpa", "torch SDPA: fused attention on every device", blockers)
-
-
-def _flex(machine: Machine, model: ModelFacts) -> OptionCheck:
-    # transformers raises for a class without `_supports_flex_attn` (`_flex_attn_can_dispatch`).
-    blockers = () if model.supports_flex else (f"{model.model_class} does not support flex_attention",)
-    # On a CPU flex_attention goes through torch.compile, which cudaload has not verified there: it may
-    # run, so your choice is kept, but the automatic chain does not plan it.
-    costs = (
-        () if machine.weakest_gpu is not None else ("not planned on a CPU: it needs torch.compile there (unverified)",)
-    )
-    return OptionCheck("flex_attention", "torch flex_attention: fused, applies what SDPA cannot", blockers, costs)
-
-
-def _eager(machine: Machine, model: ModelFacts, dtype: str) -> OptionCheck:
-    return OptionCheck("eager", _EAGER)  # runs everywhere
-
-
-@dataclass(frozen=True)
-class AttentionBackend:
-    """An attention backend transformers knows by name (not FlashAttention, not a Hub kernel).
-
-    Attributes:
-        name: Its `attn_implementation` string.
-        check: (machine, model, dtype) -> every reason against it here (`OptionCheck`).
-        tried: Its place in the automatic chain, after FlashAttention, in the table's order: "always", or
-            "if_previous_rejected" (only when the backend tried before it was rejected), or "never" (an
-            explicit choice only).
-        checked: False when nothing is checked (eager): an explicit choice of it is "passed as is".
-    """
-
-    name: str
-    check: Callable[[Machine, ModelFacts, str], OptionCheck]
-    tried: Literal["always", "if_previous_rejected", "never"]
-    checked: bool = True
-
-
-BACKENDS: dict[str, AttentionBackend] = {
-    b.name: b
-    for b in (
-        AttentionBackend("sdpa", lambda machine, model, dtype: _sdpa(model), "always"),
-        # transformers' own advice when a kernel cannot softcap: "Try using `eager` or `flex_attention`".
-        AttentionBackend("flex_attention", lambda machine, model, dtype: _flex(machine, model), "if_previous_rejected"),
-        AttentionBackend("eager", _eager, "always", checked=False),  # always there: the chain's last link
-    )
-}
-"""The named attention backends, in the order the automatic chain tries them after FlashAttention."""

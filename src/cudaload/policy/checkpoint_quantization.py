@@ -3,19 +3,18 @@ what it needs installed, and which checkpoints it refuses to load at all."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import MissingPackageError, QuantizationError
 from ..facts.dtypes import BYTES
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.stored_weights import CheckpointQuantization
 from ..plans import Decision, Rejected
+from ..plans.checkpoint import CheckpointPlan
 from .fit import format_bytes
 from .kernels import kernels_status
 from .quantization import quant_method_status
 
-__all__ = ["CheckpointPlan", "decide_checkpoint_quantization"]
+__all__ = ["decide_checkpoint_quantization"]
 
 
 # transformers 5.22.2 dequantizes MXFP4 when use_kernels=True on CUDA and requires it on the CPU
@@ -161,26 +160,6 @@ def _refuse_unloadable(machine: Machine, model: ModelFacts, checkpoint: Checkpoi
             f'on CUDA requires fbgemm-gpu library" ({_FBGEMM_CHECK}). Install fbgemm-gpu '
             "(https://pytorch.org/FBGEMM/fbgemm_gpu-development/InstallationInstructions.html)."
         )
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """What happens to an already-quantized checkpoint here.
-
-    Attributes:
-        decision: The "checkpoint_quantization" Decision.
-        dequantized_to: The dtype transformers dequantizes the quantized weights to; None when they stay
-            quantized.
-        missing: Why from_pretrained would raise ImportError (a package the method needs); None if nothing.
-        trainable: Its quantizer allows training (`HfQuantizer.is_trainable`).
-        warnings: What to tell the user.
-    """
-
-    decision: Decision
-    dequantized_to: str | None
-    missing: str | None
-    trainable: bool
-    warnings: tuple[str, ...] = ()
 
 
 def decide_checkpoint_quantization(

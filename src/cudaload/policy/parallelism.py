@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import PlacementError, SettingError
 from ..facts.dtypes import BYTES
@@ -24,14 +24,12 @@ from ..facts.interconnect import ParallelLayout, gpu_link, gpu_tflops, interconn
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
+from ..plans.checkpoint import CheckpointPlan
 from ..request import TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
 from .lora_targets import lora_leaves
 from .memory import CUDA_OVERHEAD, TrainingMemory, logits_bytes_per_element, lora_parameters
 from .rank_sizing import STRATEGIES, RankSize, TrainingShape, size_rank
-
-if TYPE_CHECKING:
-    from .checkpoint_quantization import CheckpointPlan
 
 __all__ = [
     "PARALLELISM_CHOICES",

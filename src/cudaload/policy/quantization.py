@@ -3,55 +3,73 @@ or "auto"."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import MissingPackageError, QuantizationError, install_hint
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import QUANT_METHODS, QuantMethod, quantize_choices
 from ..plans import Decision, Rejected
+from ..plans.checkpoint import CheckpointPlan
 from .fit import TRAINING_SHARE, format_bytes, judge_fit, pinned_gpu
 from .memory import TrainingMemory
-
-if TYPE_CHECKING:
-    from .checkpoint_quantization import CheckpointPlan
 
 __all__ = [
     "bitsandbytes_status",
     "decide_quantization",
     "method_status",
+    "package_status",
     "quant_method_status",
 ]
 
 
-def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
-    """(usable, why): is the package that runs `method` installed, with a backend for this machine?"""
-    package = method.package
+def package_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
+    """(usable, why): is `method`'s package installed, in a release transformers accepts (its
+    `<NAME>_MIN_VERSION`)? What from_pretrained's quantizer raises ImportError for, on any device."""
+    package, minimum = method.package.distribution, method.package.min_version
     version = machine.software.version(package)
     if version is None:
         return False, f"{package} is not installed ({install_hint(package)})"
-    if not machine.gpus and not (method.cpu_since and machine.software.at_least(package, method.cpu_since)):
-        since = f" ({method.cpu_since.removesuffix('.0')}+ has one)" if method.cpu_since else ""
-        return False, f"{package} {version} has no CPU backend{since}; this machine has no CUDA GPU"
+    if minimum is not None and not machine.software.at_least(package, minimum):
+        return False, (
+            f"{package} {version} is older than {minimum}, the oldest transformers accepts "
+            f"({install_hint(package, minimum)})"
+        )
+    return True, f"{package} {version}"
+
+
+def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
+    """(usable, why): can cudaload quantize a base with `method` here: its package (`package_status`), with a
+    backend for this machine (on a GPU, its vendor's record says)?"""
+    usable, why = package_status(machine, method)
+    if not usable:
+        return usable, why
+    package, version = method.package.distribution, machine.software.version(method.package.distribution)
+    if not machine.gpus and method.cpu_since is None:
+        return False, f"cudaload plans {package} only on a CUDA GPU (not verified on a CPU), and this machine has none"
+    if not machine.gpus and not machine.software.at_least(package, method.cpu_since or ""):
+        return False, (
+            f"{package} {version} has no CPU backend ({(method.cpu_since or '').removesuffix('.0')}+ has one); "
+            "this machine has no CUDA GPU"
+        )
     gpu = machine.weakest_gpu
     no_backend = gpu.platform.quant_backend(package) if gpu is not None else None  # the vendor's record says
     if no_backend is not None:
         return False, no_backend
-    return True, f"{package} {version} ({gpu.platform.runtime if gpu is not None else 'CPU'} backend)"
+    return True, f"{why} ({gpu.platform.runtime if gpu is not None else 'CPU'} backend)"
 
 
 def bitsandbytes_status(machine: Machine) -> tuple[bool, str]:
     """`method_status` of the bitsandbytes methods (they share package and backends)."""
-    status = quant_method_status(machine, "bitsandbytes")
-    assert status is not None  # QUANT_METHODS has the bitsandbytes methods
-    return status
+    method = next(m for m in QUANT_METHODS.values() if m.quant_method == "bitsandbytes")
+    return method_status(machine, method)
 
 
 def quant_method_status(machine: Machine, quant_method: str) -> tuple[bool, str] | None:
-    """`method_status` of the methods whose config is transformers' `quant_method` (they share a package);
-    None when no method of QUANT_METHODS is."""
+    """`package_status` of the methods whose config is transformers' `quant_method` (they share a package): what
+    loading a checkpoint quantized with it needs, on any device; None when no method of QUANT_METHODS is."""
     method = next((m for m in QUANT_METHODS.values() if m.quant_method == quant_method), None)
-    return method_status(machine, method) if method is not None else None
+    return package_status(machine, method) if method is not None else None
 
 
 def _config(method: QuantMethod, dtype: str, machine: Machine) -> dict[str, Any]:
@@ -109,7 +127,7 @@ def decide_quantization(
             Decision(
                 "quantize",
                 own,
-                f"your quantization_config: {QUANT_METHODS[own].package} {own} base weights (passed to "
+                f"your quantization_config: {QUANT_METHODS[own].package.distribution} {own} base weights (passed to "
                 "from_pretrained as given); "
                 f"the memory estimate, placement and optimizer follow it",
                 source="user",

@@ -286,7 +286,8 @@ def decide_training_arguments(
                     ),
                 )
             else:
-                add("optim", optim, why, Rejected("adamw_torch", "4x the optimizer memory"))
+                eight_bit = optim.endswith("8bit")  # an 8-bit optimizer's state is a quarter of AdamW's
+                add("optim", optim, why, *([Rejected("adamw_torch", "4x the optimizer memory")] if eight_bit else []))
         else:
             add("optim", "adamw_torch_fused", "fused AdamW: one kernel per step on CUDA")
     else:
