@@ -5,6 +5,12 @@ Sources: transformers `modeling_flash_attention_utils` (FLASH_ATTENTION_COMPATIB
 FLASH_ATTN_KERNEL_FALLBACK, FLASH_ATTN_KERNEL_VERSIONS), `utils/import_utils`
 (KERNELS_MIN/MAX_VERSION); flash-attention's README for architectures; vLLM's
 backend preference (FA3 on sm90, FA4 on sm100, FA2 elsewhere).
+
+This module imports nothing of cudaload, not even for an annotation: every layer reads these tables, facts/model.py
+and the GPU vendor records (facts/platform_*.py) among them, so naming their types here would close a cycle. The
+FlashAttention rules below take a `FlashGpu` and a `FlashModel` instead, the few attributes of a GPU and of a model
+they read, which `Gpu` (facts/hardware.py) and `ModelFacts` (facts/model.py) have as they stand (mypy checks it
+where policy/flash_rules.py calls the rules with them).
 """
 
 from __future__ import annotations
@@ -12,13 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from packaging.version import InvalidVersion, Version
-
-if TYPE_CHECKING:  # annotations only: this module imports nothing of cudaload
-    from .facts.hardware import Gpu
-    from .facts.model import ModelFacts
 
 __all__ = [
     "CHECKPOINTING_RENAMED_SINCE",
@@ -35,7 +37,10 @@ __all__ = [
     "KERNELS_RANGES",
     "TESTED_KERNELS_RANGE",
     "AttentionKind",
+    "FlashGpu",
+    "FlashModel",
     "FlashOption",
+    "FlashVendor",
     "attention_kind",
     "cuda_major",
     "fa4_head_dims_ok",
@@ -43,6 +48,58 @@ __all__ = [
     "hub_kernel_version",
     "version_at_least",
 ]
+
+
+class FlashVendor(Protocol):
+    """A GPU vendor's record (facts/platform.py `Platform`) as the FlashAttention rules read it."""
+
+    @property
+    def flash_arch_rules(self) -> bool:
+        """The records' CUDA architecture rules apply to this vendor's GPUs."""
+        ...
+
+
+class FlashGpu(Protocol):
+    """A GPU as the FlashAttention rules read it; facts/hardware.py `Gpu` is one."""
+
+    @property
+    def name(self) -> str:
+        """The device name ("NVIDIA H100 80GB HBM3")."""
+        ...
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        """CUDA compute capability (major, minor)."""
+        ...
+
+    @property
+    def sm(self) -> str:
+        """The architecture as messages show it ("sm_90")."""
+        ...
+
+    @property
+    def platform(self) -> FlashVendor:
+        """Its vendor's record."""
+        ...
+
+
+class FlashModel(Protocol):
+    """A model as the FlashAttention rules read it; facts/model.py `ModelFacts` is one."""
+
+    @property
+    def softcap(self) -> float | None:
+        """`attn_logit_softcapping`, None when the model has none."""
+        ...
+
+    @property
+    def head_dims(self) -> tuple[int, ...]:
+        """Every attention head dimension the config declares."""
+        ...
+
+    @property
+    def qk_v_head_dims(self) -> tuple[int, int] | None:
+        """(query-key, value) head dims when they differ (MLA); else None."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -71,11 +128,11 @@ class FlashOption:
     hub_repo: str
     majors: frozenset[int]
     hub_majors: frozenset[int]
-    versions: Callable[[ModelFacts, str | None], tuple[str, ...]] = field(default=lambda model, installed: ())
-    head_dims: Callable[[Gpu | None, ModelFacts, str | None], str | None] = field(
+    versions: Callable[[FlashModel, str | None], tuple[str, ...]] = field(default=lambda model, installed: ())
+    head_dims: Callable[[FlashGpu | None, FlashModel, str | None], str | None] = field(
         default=lambda gpu, model, installed: None
     )
-    sinks: Callable[[Gpu, str, str | None], tuple[str, ...]] = field(default=lambda gpu, dtype, installed: ())
+    sinks: Callable[[FlashGpu, str, str | None], tuple[str, ...]] = field(default=lambda gpu, dtype, installed: ())
 
 
 # transformers' `is_flash_attn_2_available()` (utils/import_utils.py) accepts flash-attn >= 2.3.3 only;
@@ -133,12 +190,12 @@ def version_at_least(version: str, minimum: str) -> bool:
 # `flash_arch_rules=False` (FA3 and FA4 are not planned there at all).
 
 
-def cuda_major(gpu: Gpu) -> int | None:
+def cuda_major(gpu: FlashGpu) -> int | None:
     """The GPU's compute-capability major where the FlashAttention records' CUDA architecture rules apply."""
     return gpu.capability[0] if gpu.platform.flash_arch_rules else None
 
 
-def _fa2_versions(model: ModelFacts, installed: str | None) -> tuple[str, ...]:
+def _fa2_versions(model: FlashModel, installed: str | None) -> tuple[str, ...]:
     """An installed flash-attn (FA2) too old for transformers, or for this model's softcapping."""
     if installed is None:
         return ()
@@ -155,7 +212,7 @@ def _fa2_versions(model: ModelFacts, installed: str | None) -> tuple[str, ...]:
     return tuple(found)
 
 
-def _fa2_sinks(gpu: Gpu, dtype: str, installed: str | None) -> tuple[str, ...]:
+def _fa2_sinks(gpu: FlashGpu, dtype: str, installed: str | None) -> tuple[str, ...]:
     return (
         "the model has attention sinks and FlashAttention-2 takes neither `s_aux` nor `learnable_sink`: transformers "
         "would drop them silently (5.22-5.25 modeling_flash_attention_utils.py: _process_flash_attention_kwargs)",
@@ -174,7 +231,7 @@ def _bf16_sinks(dtype: str) -> tuple[str, ...]:
     )
 
 
-def _fa3_sinks(gpu: Gpu, dtype: str, installed: str | None) -> tuple[str, ...]:
+def _fa3_sinks(gpu: FlashGpu, dtype: str, installed: str | None) -> tuple[str, ...]:
     found: tuple[str, ...] = ()
     if installed is None and cuda_major(gpu) not in (9, None):
         found = (
@@ -191,7 +248,7 @@ def _fa3_sinks(gpu: Gpu, dtype: str, installed: str | None) -> tuple[str, ...]:
 FA4_SINK_MAJORS = frozenset({9, 10, 11})
 
 
-def _fa4_head_dims(gpu: Gpu | None, model: ModelFacts, installed: str | None) -> str | None:
+def _fa4_head_dims(gpu: FlashGpu | None, model: FlashModel, installed: str | None) -> str | None:
     """FA4's narrower head dims on sm100/sm110."""
     if gpu is None or cuda_major(gpu) not in (10, 11):
         return None
@@ -208,7 +265,7 @@ def _fa4_head_dims(gpu: Gpu | None, model: ModelFacts, installed: str | None) ->
     )
 
 
-def _fa4_sinks(gpu: Gpu, dtype: str, installed: str | None) -> tuple[str, ...]:
+def _fa4_sinks(gpu: FlashGpu, dtype: str, installed: str | None) -> tuple[str, ...]:
     found: tuple[str, ...] = ()
     if cuda_major(gpu) not in (*FA4_SINK_MAJORS, None):
         found = (

@@ -7,19 +7,53 @@ backend) instead of testing compute-capability numbers. In the manner of vLLM's 
 huggingface/kernels' backend dataclasses (kernels 0.17 backends.py: `CUDA`, `ROCm`), but data: the records are in
 platform_cuda.py and platform_rocm.py, registered by vendor in platforms.py. A new vendor is a record, its probe
 (capability/) and its catalog entries (catalog.py); docs/platforms.md says what is known for each.
+
+The rules take a `PlatformGpu`, the few attributes of a GPU they read, not `Gpu` itself: `Gpu.platform` returns
+these records, so a rule annotated with `Gpu` would make hardware.py and this module (and each record's module)
+import each other, for a type. `Gpu` is a `PlatformGpu` as it stands (mypy checks it wherever a rule is called
+with one); `Software` lives in software.py, below both.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .hardware import Gpu
-    from .machine import Software
+    from .software import Software
 
-__all__ = ["Platform", "Tf32"]
+__all__ = ["Platform", "PlatformGpu", "Tf32"]
+
+
+class PlatformGpu(Protocol):
+    """A GPU as a vendor's rules read it: what `Gpu` (hardware.py) has that the rules need, and nothing more."""
+
+    @property
+    def index(self) -> int:
+        """The ordinal torch uses: `cuda:{index}`."""
+        ...
+
+    @property
+    def name(self) -> str:
+        """The device name ("NVIDIA A100-SXM4-80GB")."""
+        ...
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        """CUDA compute capability (major, minor)."""
+        ...
+
+    @property
+    def arch(self) -> str:
+        """The architecture: "sm_90" for NVIDIA, the gfx target ("gfx942") for AMD."""
+        ...
+
+    @property
+    def sm(self) -> str:
+        """The architecture as messages show it."""
+        ...
+
 
 Tf32 = tuple[bool | None, str, str]
 """(planned, why, why not the other value; "" for none) for TrainingArguments' tf32, or (None, "", "") when the
@@ -61,16 +95,16 @@ class Platform:
     runtime: str
     torch_build: Callable[[Software], str | None]
     simulate_build: Callable[[Software], Software]
-    bf16: Callable[[Gpu], bool]
+    bf16: Callable[[PlatformGpu], bool]
     bf16_since: str
-    bf16_missing: Callable[[Gpu], str]
-    fp16_tensor_cores: Callable[[Gpu], bool]
-    tf32: Callable[[Gpu, Gpu | None], Tf32]
+    bf16_missing: Callable[[PlatformGpu], str]
+    fp16_tensor_cores: Callable[[PlatformGpu], bool]
+    tf32: Callable[[PlatformGpu, PlatformGpu | None], Tf32]
     paged_optimizers: str | None
     quant_backend: Callable[[str], str | None]
-    flash_order: Callable[[Gpu], tuple[str, ...]]
-    flash_generation: Callable[[Gpu, str, str | None], str | None]
-    flash_note: Callable[[Gpu, str], str] = lambda gpu, name: ""
+    flash_order: Callable[[PlatformGpu], tuple[str, ...]]
+    flash_generation: Callable[[PlatformGpu, str, str | None], str | None]
+    flash_note: Callable[[PlatformGpu, str], str] = lambda gpu, name: ""
     flash_arch_rules: bool = True
     min_driver: Mapping[int, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()

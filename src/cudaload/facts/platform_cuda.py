@@ -13,11 +13,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..upstream import FA4_MAJORS_WIDE, FA4_WIDE_VERSION, FLASH_OPTIONS, version_at_least
-from .platform import Platform, Tf32
+from .platform import Platform, PlatformGpu, Tf32
 
 if TYPE_CHECKING:
-    from .hardware import Gpu
-    from .machine import Software
+    from .software import Software
 
 __all__ = ["FLASH_ORDER", "MIN_DRIVER", "NVIDIA", "flash_preference"]
 
@@ -39,7 +38,7 @@ def flash_preference(major: int) -> tuple[str, ...]:
     return FLASH_ORDER.get(major, FLASH_ORDER[None])
 
 
-def _built_for(gpu: Gpu, name: str, installed: str | None) -> str | None:
+def _built_for(gpu: PlatformGpu, name: str, installed: str | None) -> str | None:
     """The generation rule of a version with fixed builds: the package's or the Hub build's majors."""
     option = FLASH_OPTIONS[name]
     major = gpu.capability[0]
@@ -50,7 +49,7 @@ def _built_for(gpu: Gpu, name: str, installed: str | None) -> str | None:
     return f"no {name} kernels for {gpu.sm} ({gpu.name}){note}"
 
 
-def _fa4_generation(gpu: Gpu, name: str, installed: str | None) -> str | None:
+def _fa4_generation(gpu: PlatformGpu, name: str, installed: str | None) -> str | None:
     """FA4's builds grew by version (FA4_WIDE_VERSION); the Hub build and a wide package run only the forward
     on sm80."""
     option = FLASH_OPTIONS[name]
@@ -74,24 +73,24 @@ def _fa4_generation(gpu: Gpu, name: str, installed: str | None) -> str | None:
     return _built_for(gpu, name, installed)
 
 
-def _flash_generation(gpu: Gpu, name: str, installed: str | None) -> str | None:
+def _flash_generation(gpu: PlatformGpu, name: str, installed: str | None) -> str | None:
     return (_fa4_generation if name == "flash_attention_4" else _built_for)(gpu, name, installed)
 
 
-def _bf16(gpu: Gpu) -> bool:
+def _bf16(gpu: PlatformGpu) -> bool:
     # Native bf16 arrived with Ampere (sm80). torch.cuda.is_bf16_supported() says True
     # on a T4 because it emulates it, so it must not be used to decide.
     return gpu.capability >= (8, 0)
 
 
-def _bf16_missing(gpu: Gpu) -> str:
+def _bf16_missing(gpu: PlatformGpu) -> str:
     return (
         f"bfloat16 needs compute capability 8.0 or newer and {gpu.name} (cuda:{gpu.index}) has "
         f"{gpu.capability[0]}.{gpu.capability[1]}"
     )
 
 
-def _tf32(gpu: Gpu, current: Gpu | None) -> Tf32:
+def _tf32(gpu: PlatformGpu, current: PlatformGpu | None) -> Tf32:
     """TF32 tensor cores came with Ampere (sm80), as bf16 did; TrainingArguments(tf32=True) raises unless
     `is_torch_tf32_available()`, which reads `torch.cuda.current_device()` (transformers 5.22-5.25
     utils/import_utils.py), not the model's GPU."""

@@ -25,11 +25,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..upstream import FLASH_OPTIONS
-from .platform import Platform, Tf32
+from .platform import Platform, PlatformGpu, Tf32
 
 if TYPE_CHECKING:
-    from .hardware import Gpu
-    from .machine import Software
+    from .software import Software
 
 __all__ = ["AMD", "BF16_ARCHS", "CK_FLASH_ARCHS", "MATRIX_ARCHS"]
 
@@ -47,7 +46,7 @@ _HUB_FALLBACK = "kernels-community/aiter-flash-attn"
 _FALLBACK_SOURCE = "transformers 5.22-5.25 modeling_flash_attention_utils.py: FLASH_ATTN_KERNEL_FALLBACK"
 
 
-def _flash_generation(gpu: Gpu, name: str, installed: str | None) -> str | None:
+def _flash_generation(gpu: PlatformGpu, name: str, installed: str | None) -> str | None:
     """flash-attn's ROCm build (FA2) on the CK architectures; everything else is not documented for ROCm."""
     arch = gpu.arch
     if installed is None and name in ("flash_attention_2", "flash_attention_3"):
@@ -73,14 +72,14 @@ def _flash_generation(gpu: Gpu, name: str, installed: str | None) -> str | None:
     )
 
 
-def _bf16_missing(gpu: Gpu) -> str:
+def _bf16_missing(gpu: PlatformGpu) -> str:
     return (
         f"bfloat16 matrix cores are documented here for {', '.join(sorted(BF16_ARCHS))} only and {gpu.name} "
         f"(cuda:{gpu.index}) is {gpu.arch}"
     )
 
 
-def _tf32(gpu: Gpu, current: Gpu | None) -> Tf32:
+def _tf32(gpu: PlatformGpu, current: PlatformGpu | None) -> Tf32:
     return (
         False,
         "TF32 is not available to TrainingArguments on ROCm: transformers' is_torch_tf32_available() is False when "
