@@ -17,6 +17,7 @@ from ..plans import Plan
 from ..policy import decide_plan
 from ..request import Workload, check_flag, workload_from
 from .arguments import _check_model, _generation_request, _training_request, parallel_request, split_overrides
+from .check_proof import check_proof
 from .gather import _judged_upstream, _measured, _read_facts
 
 if TYPE_CHECKING:
@@ -199,6 +200,9 @@ def plan(
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
     if not isinstance(model, ModelFacts):
         result = _judged_upstream(model, result, overrides)
+    if detected and result.finetune is None and isinstance(model, (str, os.PathLike)):
+        # Whether load()'s test forward already passed for this checkpoint, kwargs, versions and machine.
+        result = replace(result, check_proof=check_proof(str(model), result, machine, overrides))
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})

@@ -5,11 +5,12 @@ quantization as the BitsAndBytesConfig keyword arguments), the attention fallbac
 and one Decision per setting: its value, why, and what was rejected and why.
 
 One module per part: decision.py (Decision, Rejected and the read-only, JSON-ready values), sections.py
-(FinetunePlan, GenerationPlan), plan.py (Plan).
+(FinetunePlan, GenerationPlan), check_proof.py (CheckProof: a passed test forward's record), plan.py (Plan).
 """
 
 from __future__ import annotations
 
+from .check_proof import CheckProof
 from .decision import (
     SUB_MODEL_ATTENTION,
     VALUE_WIDTH,
@@ -28,6 +29,7 @@ from .sections import FinetunePlan, GenerationPlan, TokenizerPlan
 __all__ = [
     "SUB_MODEL_ATTENTION",
     "VALUE_WIDTH",
+    "CheckProof",
     "Decision",
     "DecisionSource",
     "FinetunePlan",
