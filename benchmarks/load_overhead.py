@@ -39,8 +39,12 @@ def _families(work: Path) -> dict[str, Path]:
         "qwen3": transformers.Qwen3Config(head_dim=16, num_key_value_heads=2, max_position_embeddings=128, **TINY),
         "llama": transformers.LlamaConfig(num_key_value_heads=2, max_position_embeddings=128, **TINY),
         "mistral": transformers.MistralConfig(num_key_value_heads=2, max_position_embeddings=128, **TINY),
-        "phi3": transformers.Phi3Config(num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, **TINY),
-        "gpt2": transformers.GPT2Config(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128),
+        "phi3": transformers.Phi3Config(
+            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=1, **TINY
+        ),
+        "gpt2": transformers.GPT2Config(
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0
+        ),
     }
     paths = {}
     for name, config in configs.items():
