@@ -77,6 +77,16 @@ def _quiet_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
+@pytest.fixture(autouse=True)
+def _every_load_runs_its_test_forward(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A load whose test forward passed before (same checkpoint, kwargs, versions, machine) does not run it
+    again (loaders/check_record.py), and this run shares one cache: a test's outcome must not hang on which
+    test loaded the same model first, so here every load runs it (CUDALOAD_VERIFY=full).
+    tests/test_check_record.py removes it to test the skip."""
+    monkeypatch.setenv("CUDALOAD_VERIFY", "full")
+    yield
+
+
 def _save(tmp: Path, name: str, config: Any, dtype: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM

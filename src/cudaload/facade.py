@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from .errors import ModelConfigError, SettingError
 from .loaders import AppliedPlan, apply_plan
@@ -25,7 +25,7 @@ def load(
     model: str | os.PathLike[str] | Plan,
     *,
     strict: bool = False,
-    verify: bool = True,
+    verify: bool | Literal["full"] = True,
     machine: Machine | None = None,
     model_class: str | type | None = None,
     allow_missing_weights: bool = False,
@@ -43,7 +43,9 @@ def load(
             `machine` is not used and no overrides are accepted).
         strict: Raise instead of falling back along the attention chain (default False).
         verify: Run a short test forward (8 token ids) and check its logits are finite (default True); False
-            skips it (`AppliedPlan.verified` is then None).
+            skips it (`AppliedPlan.verified` is then None). Once it has passed for this checkpoint (config.json and
+            weight files), kwargs, package versions and machine, a later load does not run it again
+            (`AppliedPlan.check_proven` says so and when); "full" (or CUDALOAD_VERIFY=full) runs it every time.
         machine: The `Machine` to plan for (default None: this one, detected). A simulated machine is planned
             as given.
         model_class: The transformers Auto class or model class to load with, or its name (default None: the
@@ -85,8 +87,13 @@ def load(
             f"load() takes a local path, a Hub id or a Plan, not {type(model).__name__}. To plan from a "
             "config object use cudaload.plan(config); to load, save the model and pass its folder."
         )
-    for name, value in (("strict", strict), ("verify", verify), ("allow_missing_weights", allow_missing_weights)):
+    for name, value in (("strict", strict), ("allow_missing_weights", allow_missing_weights)):
         check_flag(name, value, allow_none=False)
+    if not isinstance(verify, bool) and verify != "full":
+        raise SettingError(
+            f'verify={verify!r} ({type(verify).__name__}): pass True, False, or "full" to run the test forward '
+            "even when an earlier load proved it."
+        )
     if "output_loading_info" in overrides:
         raise SettingError(
             "output_loading_info= is not passed through: load() reads transformers' loading report itself, raises "

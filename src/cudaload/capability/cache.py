@@ -15,6 +15,7 @@ measures again next time, and is warned once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -168,8 +169,11 @@ def conforms(value: Any, spec: Any) -> bool:
     raise TypeError(f"conforms() has no rule for the spec {spec!r}")
 
 
+@functools.cache
 def _fields(cls: type) -> dict[str, Any]:
-    """A dataclass as a layout: every field, with its type hint."""
+    """A dataclass as a layout: every field, with its type hint. Cached per class (never changed by its
+    callers): `typing.get_type_hints` evaluates every annotation string, and each cached plan reads ~10
+    records' worth of dataclasses (a third of a warm plan()'s CPU time before)."""
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..plans import Plan
+from .check_record import FORCE_HINT
 
 if TYPE_CHECKING:
     from ..plans import GenerationPlan
@@ -55,10 +56,14 @@ class AppliedPlan:
         device_map: accelerate's `hf_device_map` when the model was dispatched; None otherwise.
         fallbacks: The attention options that failed before this one, in order.
         offloaded: Modules `device_map="auto"` put on CPU or disk, as "module -> place".
-        verified: True: a test forward gave finite logits; None: not run (verify=False, or the
-            test forward was skipped: `verify_note` says why).
+        verified: True: a test forward gave finite logits (now, or under the same key before:
+            `check_proven`); None: not run (verify=False, or the test forward was skipped: `verify_note`
+            says why).
         verify_note: Why the test forward was skipped (no input cudaload can build for the model, or
             no logits to check); empty when it ran or verify=False.
+        check_proven: When the test forward was not run again: "proven on this machine at <time> for
+            <versions>" (a record of it passing under the same config, weights, kwargs, versions and
+            machine; `verified` is then True). Empty when it ran, was skipped or verify=False.
         missing_weights: Weights the checkpoint lacked (or held in another shape), initialized at
             random; only ever non-empty with `allow_missing_weights=True` (else loading raises).
         unexpected_weights: Checkpoint weights the loaded class has no place for (e.g. a head when
@@ -91,6 +96,8 @@ class AppliedPlan:
     """True: a test forward gave finite logits; None: not run (verify=False, or skipped: `verify_note`)."""
     verify_note: str = ""
     """Why the test forward was skipped; empty when it ran or verify=False."""
+    check_proven: str = ""
+    """When the test forward was not run again: the record that proved it ("proven on this machine at ...")."""
     missing_weights: tuple[str, ...] = ()
     """Weights the checkpoint lacked, initialized at random (only with allow_missing_weights=True)."""
     unexpected_weights: tuple[str, ...] = ()
@@ -118,7 +125,10 @@ class AppliedPlan:
         if self.unexpected_weights:
             lines.append(f"  checkpoint weights not used: {listed_keys(self.unexpected_weights)}")
         verdict = {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
-        lines.append(f"  verified: {verdict}" + (f" ({self.verify_note})" if self.verify_note else ""))
+        if self.check_proven:
+            lines.append(f"  verified: test forward not run again, {self.check_proven} ({FORCE_HINT})")
+        else:
+            lines.append(f"  verified: {verdict}" + (f" ({self.verify_note})" if self.verify_note else ""))
         lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
 
@@ -133,6 +143,7 @@ class AppliedPlan:
             "offloaded": list(self.offloaded),
             "verified": self.verified,
             "verify_note": self.verify_note,
+            "check_proven": self.check_proven,
             "missing_weights": list(self.missing_weights),
             "unexpected_weights": list(self.unexpected_weights),
             "timings": dict(self.timings),

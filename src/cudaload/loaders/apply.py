@@ -13,6 +13,7 @@ from ..facts.quant_methods import config_method
 from ..plans import Decision, Plan, Rejected
 from .applied import AppliedPlan, Fallback
 from .attribution import is_attention_failure, no_fallback_error, unrelated_error
+from .check_record import proven_check, record_passed
 from .hub_code import unasked_hub_code
 from .kwargs import from_pretrained_kwargs, set_rank_device
 from .readback import read_back
@@ -81,7 +82,7 @@ def _switch_to(model: Any, option: str) -> Failure | None:
 
 
 def apply_plan(
-    plan: Plan, *, strict: bool, verify: bool, training: bool = False, allow_missing_weights: bool = False
+    plan: Plan, *, strict: bool, verify: bool | str, training: bool = False, allow_missing_weights: bool = False
 ) -> Any:
     """Load `plan.model` through `plan.auto_class`, falling back along `plan.attention_chain`.
 
@@ -89,6 +90,8 @@ def apply_plan(
     forward, switch it in place to the next), then run the test forward. A failure that is the
     option's (`is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
     any other failure raises at once, as does the last option's or one cudaload may not leave.
+    A test forward the plan says is proven (`Plan.check_proven`) is not run again unless `verify="full"`;
+    one that passes is recorded where the plan says (loaders/check_record.py).
     Weights the checkpoint does not fill raise before any test forward (`check_weights`).
     """
     from ..upstream_imports import import_bitsandbytes, import_transformers, resolve_auto_class
@@ -122,12 +125,17 @@ def apply_plan(
         elif failure is None:  # the loaded model failed its test forward: switch it in place, no weights read again
             failure = _switch_to(model, option)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
-        if failure is None and verify:
+        proven = proven_check(plan, option, verify=verify, training=training) if failure is None and verify else None
+        if proven is not None:  # passed before under the same key (loaders/check_record.py): not run again
+            verified = True
+        elif failure is None and verify:
             start = time.perf_counter()
             outcome = verify_forward(model, training)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
             verified, failure = outcome.verified, outcome.failure
             skipped = outcome.problem if outcome.status == "skipped" else ""
+            if outcome.status == "passed":
+                record_passed(plan, option)
         if failure is None:
             break
         if failure.error is not None and not is_attention_failure(failure.error, option):
@@ -165,6 +173,7 @@ def apply_plan(
         offloaded=offloaded,
         verified=verified,
         verify_note=skipped,
+        check_proven=proven or "",
         missing_weights=report.missing,
         unexpected_weights=report.unexpected,
         timings=timings,
@@ -205,6 +214,7 @@ def _summary(applied: AppliedPlan, cls: str) -> str:
         places = sorted({f"cuda:{p}" if isinstance(p, int) else str(p) for p in applied.device_map.values()})
         where = f"device_map {places[0]}" if len(places) == 1 else f"device_map over {', '.join(places)}"
     fell = f", fell back from {', '.join(f.option for f in applied.fallbacks)}" if applied.fallbacks else ""
+    fell += ", test forward not run again: proven earlier" if applied.check_proven else ""
     took = ", ".join(f"{step} {seconds:.2f}s" for step, seconds in applied.timings.items())
     return (
         f"loaded {applied.plan.model} as {cls} on {where}: dtype={applied.dtype} attn_implementation="

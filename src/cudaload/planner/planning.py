@@ -17,6 +17,7 @@ from ..policy import decide_plan
 from ..request import Workload, check_flag, model_class_name, workload_from
 from .apply_facts import apply_facts
 from .arguments import check_model, generation_request, parallel_request, split_overrides, training_request
+from .check_proof import check_proof
 from .gather import read_facts, upstream_placer, with_measurements
 
 if TYPE_CHECKING:
@@ -154,6 +155,9 @@ def plan(
         from ..capability.transformers_api import check_lora_settings
 
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read
+    if detected and result.finetune is None and isinstance(model, (str, os.PathLike)):
+        # Whether load()'s test forward already passed for this checkpoint, kwargs, versions and machine.
+        result = replace(result, check_proof=check_proof(str(model), result, machine, overrides))
     result = replace(result, apply_facts=apply_facts(result, machine if detected else None))
     measured = machine.dtype_probe
     if measured is not None and not measured.from_cache:

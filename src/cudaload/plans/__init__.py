@@ -5,11 +5,13 @@ quantization as the BitsAndBytesConfig keyword arguments), the attention fallbac
 and one Decision per setting: its value, why, and what was rejected and why.
 
 One module per part: decision.py (Decision, Rejected and the read-only, JSON-ready values), sections.py
-(FinetunePlan, GenerationPlan, TokenizerPlan, ApplyFacts), plan.py (Plan).
+(FinetunePlan, GenerationPlan, TokenizerPlan, ApplyFacts), check_proof.py (CheckProof: a passed test forward's record),
+plan.py (Plan).
 """
 
 from __future__ import annotations
 
+from .check_proof import CheckProof
 from .decision import (
     SUB_MODEL_ATTENTION,
     VALUE_WIDTH,
@@ -29,6 +31,7 @@ __all__ = [
     "SUB_MODEL_ATTENTION",
     "VALUE_WIDTH",
     "ApplyFacts",
+    "CheckProof",
     "Decision",
     "DecisionSource",
     "FinetunePlan",

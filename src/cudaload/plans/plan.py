@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .check_proof import CheckProof
 from .decision import Decision, ReadOnlyDict, decision_lines, jsonable, read_only
 from .sections import ApplyFacts, FinetunePlan, GenerationPlan, TokenizerPlan
 
@@ -49,6 +50,9 @@ class Plan:
         tokenizer: How the model's tokenizer is set up (`TokenizerPlan`); not part of the plan's value.
         hub_code: The caller consented to Hub code when planning (hub_kernels=True or
             use_kernels=True); not part of the plan's value.
+        check_proof: Where the record of a passed test forward for this plan lives and whether one is
+            there (`CheckProof`; `check_proven` says it in words); None for a plan the record does not
+            apply to (a simulated machine, a Hub id, fine-tuning). Not part of the plan's value.
         assumed_packages: For a simulated machine, the packages planned with and where they come
             from (`Software.assumed`: "as installed here", or the defaults, and what you changed);
             None for this machine.
@@ -104,6 +108,9 @@ class Plan:
     tokenizer: TokenizerPlan | None = field(default=None, compare=False, repr=False)
     """How the model's tokenizer is set up (padding sides, pad token), applied by `tokenizer_for()`; not part
     of the plan's value, not in `to_dict()`. None for a plan rebuilt without it (e.g. from its JSON)."""
+    check_proof: CheckProof | None = field(default=None, compare=False, repr=False)
+    """Where the record of a passed test forward lives and whether one is there (`load()` then skips the
+    forward); None when no record applies (a simulated machine, a Hub id, fine-tuning). Not in `to_dict()`."""
     hub_code: bool = field(default=False, compare=False, repr=False)
     """The caller consented to Hub code (hub_kernels=True or use_kernels=True) when planning; a plan
     rebuilt without it (e.g. from its JSON) carries no consent beyond its kwargs."""
@@ -125,6 +132,12 @@ class Plan:
             if d.setting == setting:
                 return d
         raise KeyError(setting)
+
+    @property
+    def check_proven(self) -> str | None:
+        """ "proven on this machine at <time> for <versions>" when `load()` will skip the test forward (a
+        record of it passing under the same config, weights, kwargs, versions and machine); else None."""
+        return self.check_proof.proven if self.check_proof is not None else None
 
     @property
     def attn_implementation(self) -> str:

@@ -1,0 +1,124 @@
+"""What load() costs over bare from_pretrained on tiny models, on a cached plan (issue 37, item 6).
+
+For each tiny causal-LM family (saved with `from_config(...).save_pretrained`, random weights) and each
+source tree given (`--tree NAME=SRC`: the cudaload sources the child processes import, e.g. this branch
+against a checkout of main), `cudaload.bench.overhead.load_costs` runs fresh processes with torch and
+transformers imported beforehand: bare `from_pretrained(**plan kwargs)`, `load()` on a cached plan (one
+plan and one load() ran first, so the test forward's record is there when the tree writes one) and
+`load(verify=False)`, interleaved, `--repeats` each; wall and CPU seconds (CPU: every thread of the child,
+so waiting for a core on a busy machine costs nothing). The load average is recorded before and after.
+
+Goal (issue 37): load() on a cached plan <= 1.2x bare from_pretrained + 50 ms (`load_over_limit` <= 1),
+median over the families. Never asserted in a test.
+
+    python benchmarks/load_overhead.py [--tree after=src --tree before=/tmp/main-src] [--repeats 3] [--json results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+
+
+def _families(work: Path) -> dict[str, Path]:
+    """A handful of tiny causal LMs, each saved in bfloat16 (as most checkpoints are) with random weights."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    configs = {
+        "qwen3": transformers.Qwen3Config(head_dim=16, num_key_value_heads=2, max_position_embeddings=128, **TINY),
+        "llama": transformers.LlamaConfig(num_key_value_heads=2, max_position_embeddings=128, **TINY),
+        "mistral": transformers.MistralConfig(num_key_value_heads=2, max_position_embeddings=128, **TINY),
+        "phi3": transformers.Phi3Config(
+            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=1, **TINY
+        ),
+        "gpt2": transformers.GPT2Config(
+            vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0
+        ),
+    }
+    paths = {}
+    for name, config in configs.items():
+        torch.manual_seed(0)
+        path = work / name
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(path)
+        paths[name] = path
+    return paths
+
+
+def _summary(families: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the families of each one's medians, and the goal."""
+    out: dict[str, Any] = {}
+    for unit in ("wall_s", "cpu_s"):
+        kinds = next(iter(families.values()))[unit]
+        med = {kind: statistics.median(f[unit][kind]["median"] for f in families.values()) for kind in kinds}
+        limit, again = 1.2 * med["bare"] + 0.050, 1.2 * med["bare_again"] + 0.050
+        out[unit] = {
+            **{k: round(v, 4) for k, v in med.items()},
+            "limit": round(limit, 4),
+            "load_over_limit": round(med["load"] / limit, 4),
+            "goal_met": med["load"] <= limit,
+            "again_limit": round(again, 4),
+            "again_load_over_limit": round(med["load_again"] / again, 4),
+            "again_goal_met": med["load_again"] <= again,
+        }
+    out["check_proven"] = all(all(f["check_proven"]) for f in families.values())
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tree", action="append", help="NAME=SRC: cudaload sources the children import")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--families", default="qwen3,llama,mistral,phi3,gpt2")
+    parser.add_argument("--json", default=None, help='"results" (benchmarks/results/<machine>/) or a path')
+    args = parser.parse_args()
+    trees = dict(t.split("=", 1) for t in (args.tree or [f"this={ROOT / 'src'}"]))
+    from cudaload.bench.overhead import load_costs
+
+    load_before = os.getloadavg()
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="cudaload-load-overhead-") as tmp:
+        paths = _families(Path(tmp))
+        wanted = args.families.split(",")
+        for name in wanted:
+            for tree, src in trees.items():  # interleaved per family: the trees see the same load
+                os.environ["PYTHONPATH"] = str(Path(src).resolve())
+                costs = load_costs(paths[name], repeats=args.repeats, say=lambda line: print(line, file=sys.stderr))
+                costs["model"] = name
+                results.setdefault(tree, {})[name] = costs
+                wall, cpu = costs["wall_s"], costs["cpu_s"]
+                ms = {k: (wall[k]["median"] * 1e3, cpu[k]["median"] * 1e3) for k in cpu}
+                print(
+                    f"{tree:>8} {name:<8} "
+                    + " | ".join(f"{k} {w:5.0f} ms wall {c:5.0f} ms CPU" for k, (w, c) in ms.items())
+                    + f" | load/limit {costs['load_over_limit']}",
+                    flush=True,
+                )
+    summary = {tree: _summary(families) for tree, families in results.items()}
+    fields = {
+        "goal": "load() on a cached plan <= 1.2x bare from_pretrained (same kwargs) + 50 ms, median over families",
+        "trees": trees,
+        "repeats": args.repeats,
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "summary": summary,
+        "families": results,
+    }
+    print(json.dumps({"summary": summary, "load_average": fields["load_average"]}, indent=2))
+    if args.json:
+        from cudaload.bench.environment import write_benchmark_record
+
+        print("wrote", write_benchmark_record(args.json, ROOT / "benchmarks" / "results", "load-overhead", fields))
+
+
+if __name__ == "__main__":
+    main()
