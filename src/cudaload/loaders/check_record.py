@@ -2,7 +2,7 @@
 planner), write the record where the plan says after a full one passed (plans/check_proof.py says why).
 
 A skipped forward is not a load without checks: `apply_plan` still raises on weights the checkpoint does
-not fill (`_check_weights`) and reads the dtype, attention and device back from the loaded model
+not fill (`check_weights`) and reads the dtype, attention and device back from the loaded model
 (`read_back`). The record is written here as cudaload's cache writes its files (a temporary file renamed
 into place, mode 0600, in folders created 0700) without importing it: applying a plan reads no probe.
 """
