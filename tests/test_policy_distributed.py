@@ -161,10 +161,18 @@ def test_a_tp_plan_you_pass_drops_the_device_map() -> None:
 def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
     from transformers.distributed import DistributedConfig
 
-    plan = decide_plan(Machine.simulated("A100", count=4, launch=_ranks(4)), _model(70), Request())
+    from dataclasses import replace
+
+    from cudaload.planner.apply_facts import apply_facts
+
+    decided = decide_plan(Machine.simulated("A100", count=4, launch=_ranks(4)), _model(70), Request())
+    # plan() attaches what the installed transformers takes (planner/apply_facts.py); decide_plan alone does not.
+    plan = replace(decided, apply_facts=apply_facts(decided, None))
     kwargs = from_pretrained_kwargs(plan)
     assert "tp_plan" not in kwargs and isinstance(kwargs["distributed_config"], DistributedConfig)
     assert kwargs["distributed_config"].tp_plan == "auto"
+    # Without those facts (a plan rebuilt by hand), the loaders probe nothing: tp_plan= goes as planned.
+    assert from_pretrained_kwargs(decided)["tp_plan"] == "auto"
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
