@@ -140,7 +140,7 @@ def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
         heads = max(1, k // HEAD_DIM)
         query = torch.randn(1, heads, 1, HEAD_DIM, generator=generator)
         cached = torch.randn(1, heads, DECODE_CONTEXT, HEAD_DIM, generator=generator)
-        attention = {name: (query.to(dtype), cached.to(dtype), (cached * 0.5).to(dtype)) for name, dtype in dtypes.items()}
+        attention = {name: (query.to(d), cached.to(d), (cached * 0.5).to(d)) for name, d in dtypes.items()}
         share = attention_share(k, n)
         clock: Callable[[], float] = time.thread_time
 
