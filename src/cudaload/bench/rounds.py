@@ -33,7 +33,7 @@ TICK_S = 5.0
 """The longest a benchmark stays silent (issue 37: at least every 5 s)."""
 TICK_MARGIN = 0.8
 """`ticking` speaks after TICK_MARGIN x `every` of silence: on a busy machine its thread wakes up
-late (lines 5.4-6.4 s apart at load 10 on 2 cores with no margin), and the goal is a bound."""
+late (its output came 5.4 to 6.4 s apart at load 10 on 2 cores with no margin), and the goal is a bound."""
 
 
 class _Work(Protocol):
