@@ -119,8 +119,8 @@ def _waiters(model: str, kind: dict[str, str], cache: Path, count: int) -> list[
 
 
 def _bench(kind: dict[str, str], cache: Path) -> dict[str, object]:
-    """`cudaload bench` with no arguments (fresh probe cache, the converted SmolLM2 copied in is not
-    needed: the bench converts into CUDALOAD_CACHE once): wall seconds and the longest silence."""
+    """`cudaload bench` with no arguments on `cache` (the user's, where SmolLM2 is converted already:
+    the conversion is not what is timed): wall seconds and the longest silence on its stderr."""
     env = {**_env(kind, cache)}
     env.pop("CUDALOAD_QUIET", None)
     start = time.perf_counter()
