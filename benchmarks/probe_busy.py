@@ -11,10 +11,17 @@ makes an avx512_bf16 CPU compute bf16 as an AVX2-only CPU does):
    `--busy-runs` fresh-cache plans run one after another; each one's dtype is compared with the
    quiet verdict, and its whole process is timed (import, probe, plan: wall and CPU seconds);
 3. waiters: still busy, 1 + `--waiters` processes plan at once on one empty cache: one measures,
-   the others wait on its lock and read its record; each one's plan() wall seconds.
+   the others wait on its lock and read its record; each one's plan() wall seconds, and the
+   seconds from the record being written (its mtime) to the waiter's answer (`after_record_s`:
+   the part a waiter adds; the rest is the measurer's own time);
+4. bench (`--bench`): still busy, `cudaload bench` with no arguments, its wall seconds and the
+   longest silence between two lines of its progress on stderr.
 
-Every run's reason is kept. Goals (issue 37): busy verdict = quiet verdict in >= 9 of 10 on both
-kinds; first plan <= 5 s CPU and <= 20 s wall busy; each waiter <= 3 s; a lone quiet plan <= 3 s.
+Every run's reason is kept. `process_cpu_s` is the whole process (wait4), interpreter teardown
+included (torch + transformers take ~1 s of CPU to tear down here, upstream's); `cpu_s_at_answer`
+is the process's CPU when plan() returned. Goals (issue 37): busy verdict = quiet verdict in >= 9 of 10 on both
+kinds; first plan <= 5 s CPU and <= 20 s wall busy; each waiter <= 3 s; a lone quiet plan <= 3 s;
+`cudaload bench` <= 3 minutes on 2 busy cores, progress at least every 5 s.
 
     python benchmarks/probe_busy.py [--busy-runs 10] [--quiet-runs 3] [--waiters 8] [--json results]
 """
@@ -42,13 +49,15 @@ plan = cudaload.plan(sys.argv[1])
 took = time.perf_counter() - started
 probe_s = plan.timings.get("probe") or 0.0
 usage = resource.getrusage(resource.RUSAGE_SELF)
-ratios = {}
+ratios, after_record_s = {}, None
 for path in glob.glob(os.path.join(os.environ["CUDALOAD_CACHE"], "probes", "*.json")):
+    after_record_s = round(time.time() - os.stat(path).st_mtime, 3)  # since the measurer wrote it
     record = json.load(open(path))
     ratios = {p: round(record[p]["float32"] / record[p]["bfloat16"], 3) for p in ("prefill_s", "decode_s")}
     ratios["confidence"] = record["confidence"]
 print(json.dumps({"dtype": plan.dtype, "plan_s": round(took, 3), "read_the_record": probe_s == 0,
-                  "process_cpu_s": round(usage.ru_utime + usage.ru_stime, 3), "bf16_speed_vs_fp32": ratios,
+                  "after_record_s": after_record_s,
+                  "cpu_s_at_answer": round(usage.ru_utime + usage.ru_stime, 3), "bf16_speed_vs_fp32": ratios,
                   "reason": plan.decision("dtype").reason}))
 """
 AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
@@ -109,6 +118,31 @@ def _waiters(model: str, kind: dict[str, str], cache: Path, count: int) -> list[
     return runs
 
 
+def _bench(kind: dict[str, str], cache: Path) -> dict[str, object]:
+    """`cudaload bench` with no arguments on `cache` (the user's, where SmolLM2 is converted already:
+    the conversion is not what is timed): wall seconds and the longest silence on its stderr."""
+    env = {**_env(kind, cache)}
+    env.pop("CUDALOAD_QUIET", None)
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cudaload", "bench"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stderr is not None and proc.stdout is not None
+    last, gaps = start, []
+    for _ in proc.stderr:
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+    table = proc.stdout.read()
+    status = proc.wait()
+    return {
+        "wall_s": round(time.perf_counter() - start, 1),
+        "longest_silence_s": round(max(gaps), 1) if gaps else None,
+        "status": status,
+        "table": table.splitlines()[:40],
+    }
+
+
 def _neighbours(count: int) -> list[subprocess.Popen[bytes]]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
@@ -119,6 +153,7 @@ def _summary(runs: list[dict[str, object]], quiet: str) -> dict[str, object]:
         "runs": len(runs),
         "process_wall_s_max": max(float(str(r["process_wall_s"])) for r in runs),
         "process_cpu_s_max": max(float(str(r["process_cpu_s"])) for r in runs),
+        "cpu_s_at_answer_max": max((float(str(r.get("cpu_s_at_answer", "nan"))) for r in runs), default=None),
         "plan_s_median": sorted(float(str(r["plan_s"])) for r in runs)[len(runs) // 2],
     }
 
@@ -128,6 +163,7 @@ def main() -> int:
     parser.add_argument("--busy-runs", type=int, default=10)
     parser.add_argument("--quiet-runs", type=int, default=3)
     parser.add_argument("--waiters", type=int, default=8)
+    parser.add_argument("--bench", action="store_true", help="also time `cudaload bench` under the same load")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
     parser.add_argument("--json", type=Path, help="'results' files it under benchmarks/results/<machine>/")
     args = parser.parse_args()
@@ -154,6 +190,7 @@ def main() -> int:
                     flush=True,
                 )
             waiters = _waiters(model, kind, work / f"{name}-waiters", 1 + args.waiters) if args.waiters else []
+            bench = _bench(kind, Path.home() / ".cache" / "cudaload") if args.bench else None
             load_after = os.getloadavg()[0]
         finally:
             for n in neighbours:
@@ -170,8 +207,10 @@ def main() -> int:
                 "measured": len(waiters) - len(readers),
                 "agree_with_quiet": sum(w["dtype"] == verdict for w in waiters),
                 "reader_plan_s_max": max((float(str(w["plan_s"])) for w in readers), default=None),
+                "reader_after_record_s_max": max((float(str(w["after_record_s"])) for w in readers), default=None),
                 "measurer_plan_s": [w["plan_s"] for w in waiters if not w["read_the_record"]],
             },
+            "bench": bench,
             "neighbours": 2 * cores,
             "load_average_1min": [round(load_before, 2), round(load_after, 2)],
             "quiet_runs": quiet_runs,

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 
 from cudaload.bench.harness import BUDGET_S, BenchRun, workload_for
+from cudaload.bench.inference import OVERHEAD_MIN_S, RUN_BUDGET_S, overhead_fits
 from cudaload.bench.rounds import RoundBudget, ratios_settled, ticking
 
 
@@ -25,17 +26,57 @@ def test_ratios_are_settled_when_each_variants_ratio_to_the_first_holds_across_r
     assert ratios_settled([[1.0, 1.0], [2.0, 2.1], []])  # a failed variant (no values) is left out
 
 
+class _Clock:
+    """A fake clock the test moves by hand: the budget logic, never the machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_rounds_stop_at_the_least_once_settled_or_out_of_time_and_run_all_when_fixed() -> None:
     work = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, warmup=1, min_repeats=2, budget_s=1e9)
     budget = RoundBudget(work, 0.5)
     assert [budget.another(done, lambda: False) for done in range(7)] == [True] * 6 + [False]  # 1 + 5 at most
     assert [budget.another(done, lambda: True) for done in range(4)] == [True, True, True, False]  # 1 + 2
-    spent = RoundBudget(replace(work, budget_s=0.0), 0.5)
-    time.sleep(0.01)
-    assert [spent.another(done, lambda: False) for done in range(4)] == [True, True, True, False]
     fixed = RoundBudget(replace(work, budget_s=None), 0.5)
     assert [fixed.another(done, lambda: True) for done in range(7)] == [True] * 6 + [False]
     assert "until the ratios settle" in budget.label(3) and fixed.label(2) == "round 3/6"
+
+
+def test_a_slow_machine_gets_the_warm_up_and_one_round_and_no_round_past_the_phase_share() -> None:
+    clock = _Clock()
+    work = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, warmup=1, min_repeats=2, budget_s=100.0)
+    budget = RoundBudget(work, 0.5, clock=clock)  # a 50 s share
+    assert budget.another(0, lambda: False)  # the warm-up
+    clock.now += 40.0  # a warm-up of 40 s: the next round (at the 40 s mean) would end at 80 s
+    assert budget.another(1, lambda: False)  # yet one measured round always runs
+    clock.now += 40.0
+    assert not budget.another(2, lambda: False)  # the second (min_repeats) would end past the share
+    quick = RoundBudget(work, 0.5, clock=clock)
+    for done in range(3):  # 10 s rounds: the minimum fits
+        assert quick.another(done, lambda: True)
+        clock.now += 10.0
+    assert not quick.another(3, lambda: True)  # settled after the minimum: stop
+    unsettled = RoundBudget(work, 0.5, clock=clock)
+    steps = []
+    for done in range(7):
+        steps.append(unsettled.another(done, lambda: False))
+        clock.now += 10.0
+    assert steps == [True] * 5 + [False] * 2  # 5 x 10 s fill the 50 s share; a 6th would pass it
+
+
+def test_the_overhead_phase_runs_by_default_only_when_the_run_has_time_left() -> None:
+    said: list[str] = []
+    full = workload_for(quick=False)
+    assert overhead_fits(None, False, full, 10.0, said.append) and not said
+    assert not overhead_fits(None, False, full, RUN_BUDGET_S - OVERHEAD_MIN_S + 1, said.append)
+    assert len(said) == 1 and "--overhead" in said[0] and "skipped" in said[0]
+    assert overhead_fits(True, False, full, 1e6, said.append)  # asked for: runs, whatever the time
+    assert not overhead_fits(None, True, workload_for(quick=True), 0.0, said.append)  # quick: off
+    assert overhead_fits(None, False, workload_for(quick=False, repeats=3), 1e6, said.append)  # fixed: all of it
 
 
 def test_a_silent_phase_still_says_what_it_is_doing() -> None:

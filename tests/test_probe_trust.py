@@ -130,6 +130,19 @@ def test_a_re_run_that_reaches_another_verdict_makes_a_probe_disturbed() -> None
     assert confidence == "disturbed" and "a re-run disagreed" in words
 
 
+def test_a_re_run_that_only_crosses_the_tie_margins_edge_by_noise_agrees() -> None:
+    # Issue 37, a busy native run: decode bf16 1.12x then 1.20x fp32's speed (a tie, then faster)
+    # made the probe disturbed; a move that small is noise, a move past the margin is not.
+    confidence, words = judge([one_round(1.12)] * 5, [one_round(1.20)] * 2, QUIET)
+    assert confidence == "quiet" and "a re-run agreed" in words
+    confidence, words = judge([one_round(1.12)] * 5, [one_round(1.40)] * 2, QUIET)
+    assert confidence == "disturbed" and "decode bf16 1.12x then 1.40x" in words
+    confidence, _ = judge([one_round(1.05)] * 5, [one_round(0.95)] * 2, QUIET)
+    assert confidence == "quiet"  # a tie either way, 10% apart
+    confidence, _ = judge([one_round(1.20)] * 5, [one_round(0.85)] * 2, QUIET)
+    assert confidence == "disturbed"  # faster, then slower
+
+
 def test_the_time_slice_plateau_of_the_issue_is_recognised() -> None:
     # The record of issue 27: bf16 decode 11.99 ms against fp32 0.42 ms, every cast 11.96-12.03 ms.
     casts = [11.96e-3, 11.98e-3, 12.0e-3, 12.01e-3, 12.02e-3, 12.03e-3]

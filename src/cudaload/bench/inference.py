@@ -38,6 +38,13 @@ SCHEMA = 3
 OVERHEAD_BUDGET_S = 30.0
 """Seconds the overhead phase of a full `cudaload bench` (no --repeats) may take: one round of
 fresh processes at least, more while they fit (each imports torch: ~5 s of CPU)."""
+RUN_BUDGET_S = 170.0
+"""Wall seconds a full `cudaload bench` with no --repeats aims to finish in (issue 37: 3 minutes
+on 2 busy cores): the overhead phase, when not asked for with --overhead, runs only if
+OVERHEAD_MIN_S of it are left."""
+OVERHEAD_MIN_S = 60.0
+"""Wall seconds one overhead round needs at the least: 8 fresh processes, each importing torch and
+transformers (~4-5 s of CPU each)."""
 """3: adds `generation` (the generation comparison) and `workload.generation_batch`."""
 
 
@@ -134,7 +141,7 @@ def run_bench(
         phases = _measure_model(
             model, workdir, machine, work, quick=quick, random_weights=random_weights, progress=progress, say=say
         )
-        with_overhead = not quick if overhead is None else overhead
+        with_overhead = overhead_fits(overhead, quick, work, time.perf_counter() - started, say)
         _run_extras(phases, work, generation=generation, save=save, overhead=with_overhead, say=say)
     threads_used = work.threads or default_threads
     result, rows = _result_of(phases, work, machine, date=date, quick=quick, threads_used=threads_used)
@@ -145,6 +152,26 @@ def run_bench(
     if out is not None:
         result["written_to"] = str(write_result(result, out))
     return result
+
+
+def overhead_fits(
+    asked: bool | None, quick: bool, work: BenchRun, elapsed_s: float, say: Callable[[str], None]
+) -> bool:
+    """Whether the overhead phase runs: as asked (`--overhead`/`--no-overhead`); by default never
+    in quick mode, and in a full adaptive run only while OVERHEAD_MIN_S of RUN_BUDGET_S are left
+    after `elapsed_s` (said when skipped, with how to ask for it)."""
+    if asked is not None:
+        return asked
+    if quick:
+        return False
+    left = RUN_BUDGET_S - elapsed_s
+    if work.budget_s is not None and left < OVERHEAD_MIN_S:
+        say(
+            f"overhead: skipped, {max(0.0, left):.0f} s of the run's {RUN_BUDGET_S:.0f} s are left and one round needs "
+            f"~{OVERHEAD_MIN_S:.0f} s here (`cudaload bench --overhead` measures it)"
+        )
+        return False
+    return True
 
 
 def _phase_logger(log: Callable[[str], None] | None, started: float) -> Callable[[str], None]:

@@ -1,11 +1,12 @@
 """How many rounds a benchmark measures, and a progress line at least every few seconds.
 
 `cudaload bench` with no `--repeats` measures an adaptive number of rounds within a time budget
-(`RoundBudget`): at least `BenchRun.min_repeats` after the warm-up, then more only while the
-variants' ratios to each other are not settled and another round fits in the phase's share of
-`BenchRun.budget_s`. A fixed 1 + 3 rounds of SmolLM2 with every variant took over 15 minutes on 2
-busy cores (issue 37); a settled ratio needs no more rounds, an unsettled one gets what the budget
-allows and its spread says how sure it is. `--repeats N` measures exactly N.
+(`RoundBudget`): the warm-up and one measured round, then up to `BenchRun.min_repeats` while
+another round fits in the phase's share of `BenchRun.budget_s`, then more only while the
+variants' ratios to each other are not settled and another round fits. A fixed 1 + 3 rounds of
+SmolLM2 with every variant took over 15 minutes on 2 busy cores (issue 37); a settled ratio needs
+no more rounds, an unsettled one gets what the budget allows and its spread says how sure it is.
+`--repeats N` measures exactly N.
 
 `ticking` wraps a phase logger so that a line is said at least every TICK_S seconds, even inside
 a long round (a blank terminal for minutes looks hung); `terminal_bar` is the tqdm bar a terminal
@@ -30,6 +31,9 @@ their median: interleaved rounds share the machine's slow moments, so the ratio 
 the raw times do."""
 TICK_S = 5.0
 """The longest a benchmark stays silent (issue 37: at least every 5 s)."""
+TICK_MARGIN = 0.8
+"""`ticking` speaks after TICK_MARGIN x `every` of silence: on a busy machine its thread wakes up
+late (its output came 5.4 to 6.4 s apart at load 10 on 2 cores with no margin), and the goal is a bound."""
 
 
 class _Work(Protocol):
@@ -60,13 +64,20 @@ def ratios_settled(series: Sequence[Sequence[float]]) -> bool:
 
 class RoundBudget:
     """When a phase stops measuring rounds (see the module docstring). `share`: this phase's part
-    of `work.budget_s`, counted from when the phase starts."""
+    of `work.budget_s`, counted from when the phase starts; `clock`: seconds (tests pass a fake).
 
-    def __init__(self, work: _Work, share: float) -> None:
+    The warm-up and one measured round always run (fewer measure nothing); the rounds up to
+    `min_repeats` run while the next one fits the phase's share, so a slow or busy machine gets
+    fewer rounds (and a spread that says so) rather than an unbounded run; past them, a round
+    starts only while the ratios are unsettled and it fits."""
+
+    def __init__(self, work: _Work, share: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
         self.fixed = work.budget_s is None
         self.most = work.warmup + work.repeats
+        self.first = work.warmup + min(1, work.repeats)
         self.least = work.warmup + min(work.min_repeats, work.repeats)
-        self.started = time.perf_counter()
+        self.started = clock()
         self.deadline = self.started + (work.budget_s or 0.0) * share
 
     def another(self, done: int, settled: Callable[[], bool]) -> bool:
@@ -74,24 +85,24 @@ class RoundBudget:
         far are (`ratios_settled` of each measured quantity)."""
         if done >= self.most:
             return False
-        if self.fixed or done < self.least:
+        if self.fixed or done < self.first:
             return True
-        if settled():
+        if done >= self.least and settled():
             return False
-        now = time.perf_counter()
+        now = self.clock()
         return now + (now - self.started) / done <= self.deadline  # the next round, at the mean so far
 
     def label(self, done: int) -> str:
         """ "round 3/4" (fixed) or "round 3 (2-6, until the ratios settle)" (adaptive)."""
         if self.fixed:
             return f"round {done + 1}/{self.most}"
-        return f"round {done + 1} ({self.least}-{self.most}, until the ratios settle or the time budget is spent)"
+        return f"round {done + 1} ({self.first}-{self.most}, until the ratios settle or the time budget is spent)"
 
 
 @contextmanager
 def ticking(say: Callable[[str], None], every: float = TICK_S) -> Iterator[Callable[[str], None]]:
     """A `say` that also repeats the last line ("still: ...", with its age) whenever nothing was
-    said for `every` seconds, from a daemon thread, until the block ends."""
+    said for TICK_MARGIN x `every` seconds, from a daemon thread, until the block ends."""
     started = time.perf_counter()
     last: list[tuple[str, float]] = [("starting", started)]  # (line, when it was said)
     out = [started]  # when anything was last written
@@ -105,10 +116,10 @@ def ticking(say: Callable[[str], None], every: float = TICK_S) -> Iterator[Calla
         say(line)
 
     def tick() -> None:
-        while not done.wait(every / 5):
+        while not done.wait(every / 10):
             with lock:
                 (line, when), now = last[0], time.perf_counter()
-                due = now - out[0] >= every
+                due = now - out[0] >= every * TICK_MARGIN
                 if due:
                     out[0] = now
             if due:

@@ -13,7 +13,16 @@ Zen 4 box 2 threads sped fp32 prefill up 1.9x, bf16 1.55x: bf16's lead shrank fr
 same verdict). On a machine quiet enough that wall time can be trusted, one more round on the
 model's N threads in wall time cross-checks that, and the conditions record whether it agreed.
 
-Decode (a GEMV that reads weights from memory) is memory-bound: a thread stalled on memory is
+Decode is a GEMV over weights read from memory plus the attention of one token over the cache,
+which the decode timing adds in the share a decoder layer of that width has (`attention_share`):
+the GEMV alone misjudged bf16. Measured on the 2-core Zen 4 box (2026-12-06, one thread, CPU
+time, SmolLM2-135M, `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`): the model's 211 decode
+GEMVs ran 2.5x faster in bf16 (the probe's GEMV said 2.6x), but a whole decode step only 1.28x
+(fp32 45.8 ms, bf16 35.9 ms), because SDPA of one token over a 576-token cache took 0.41 ms in
+bf16 against 0.05 ms in fp32 (natively as well); with prefill 3.4x slower in bf16, fp32 wins
+the 512+128-token workload by 1.27x, which the GEMV-only probe called a tie and kept bf16.
+
+The GEMV part is memory-bound: a thread stalled on memory is
 still running, so its CPU time holds the stall, and neighbours that share the memory bandwidth
 slow both dtypes alike to first order (bf16 reads half the bytes of fp32 in either case); the
 re-run rounds, which must reach the same verdict, catch a neighbour whose bandwidth use changed.
@@ -62,6 +71,11 @@ of CPU takes ~3 s of wall; past this cap the machine is too crowded to wait for.
 MIN_TIMED_S = 1e-3
 """A prefill GEMM is repeated within a round (at least twice, at most 16 times) until the repeats
 span about this long, and the fastest counts: on a busy CPU, noise only ever adds time."""
+DECODE_CONTEXT = 576
+"""Cached tokens one decode step attends over: midway through the planner's default workload (a
+512-token prompt and 128 new tokens)."""
+HEAD_DIM = 64
+"""Attention head width of the timed attention (most small and mid-sized models; heads = in / 64)."""
 DECODE_SWEEPS = 2
 """Passes over the decode weights per round; each weight's fastest pass counts."""
 CAST_REPEATS = 3
@@ -83,6 +97,14 @@ def expected_cost_s(in_features: int, out_features: int) -> float:
     warm-ups, the rounds' budget and the re-run, from the 2-core Zen 4 box (2026-12-06: 1024x2048
     took 1.6-2.4 s of CPU, smaller buckets less)."""
     return 0.6 + BUDGET_S * (1 + RERUN_ROUNDS / MIN_ROUNDS) * min(1.0, in_features * out_features / (1024 * 2048))
+
+
+def attention_share(in_features: int, out_features: int) -> float:
+    """The timed weight's share of a decoder layer of that width (q, k, v, o projections of
+    in x in, an MLP of three in x out): how much of a layer's per-token attention the decode timing
+    carries, so that the policy's scaling by weights read scales the attention with it."""
+    k, n = in_features, out_features
+    return k * n / (4 * k * k + 3 * k * n)
 
 
 def measure_dtypes(in_features: int, out_features: int, threads: int | None = None) -> DtypeProbe:
@@ -115,6 +137,11 @@ def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
         weights = {name: [(base + 1e-3 * i).to(dtype) for i in range(copies)] for name, dtype in dtypes.items()}
         prompt = torch.randn(PREFILL_TOKENS, k, generator=generator)
         inputs = {name: (prompt.to(dtype), prompt[:1].to(dtype)) for name, dtype in dtypes.items()}
+        heads = max(1, k // HEAD_DIM)
+        query = torch.randn(1, heads, 1, HEAD_DIM, generator=generator)
+        cached = torch.randn(1, heads, DECODE_CONTEXT, HEAD_DIM, generator=generator)
+        attention = {name: (query.to(d), cached.to(d), (cached * 0.5).to(d)) for name, d in dtypes.items()}
+        share = attention_share(k, n)
         clock: Callable[[], float] = time.thread_time
 
         def fastest(call: Callable[[], object], repeats: int) -> float:
@@ -140,7 +167,8 @@ def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
                         F.linear(token, weight)
                         per_weight[i] = min(per_weight[i], clock() - start)
                 # The median weight, not the fastest: the last weights read may still sit in cache.
-                decode[name] = max(statistics.median(per_weight), 1e-9)
+                attend = fastest(functools.partial(F.scaled_dot_product_attention, *attention[name]), repeats)
+                decode[name] = max(statistics.median(per_weight) + share * attend, 1e-9)
             casts: dict[tuple[str, str], float] = {}
             for source, target in pairs if index % 2 == 0 else reversed(pairs):
                 weight = weights[source][index % copies]

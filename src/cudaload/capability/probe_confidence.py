@@ -140,11 +140,21 @@ def _side(ratio: float) -> int:
     return 0 if abs(math.log(ratio)) < math.log1p(TIE_MARGIN) else (1 if ratio > 1 else -1)
 
 
+def _moved(main: float, again: float) -> bool:
+    """Whether a re-run's ratio reaches another verdict than the main rounds': the opposite side
+    (bf16 faster, then slower), or a move of more than the tie margin. A ratio near the margin's
+    edge may cross it in a re-run by noise alone (a busy native run: decode bf16 1.12x then 1.20x
+    fp32's speed), and the policy judges the whole workload, not each phase's side."""
+    sides = {_side(main), _side(again)}
+    return sides == {-1, 1} or abs(math.log(again / main)) > math.log1p(TIE_MARGIN)
+
+
 def confidence_of(rounds: Sequence[ProbeRound], rerun: Sequence[ProbeRound], conditions: Conditions) -> tuple[str, str]:
     """("quiet" or "disturbed", what the probe saw, in one sentence with its figures).
 
     Disturbed: the hypervisor stole more than STEAL_SHARE_LIMIT, the main rounds still disagree,
-    the quick re-run reaches another verdict (bf16 faster / tie / slower, at prefill or decode), or
+    the quick re-run reaches another verdict (`_moved`: bf16 faster then slower, or a ratio that moved
+    by more than the tie margin, at prefill or decode), or
     the timings sit on a time-slice plateau while the thread did wait. Waiting for a core is said
     but not judged: the timings are CPU time, which waiting does not add to.
     """
@@ -163,7 +173,7 @@ def confidence_of(rounds: Sequence[ProbeRound], rerun: Sequence[ProbeRound], con
     if main is None or rounds_disagree(list(rounds)):
         problems.append("its rounds disagree on bf16 against fp32")
     elif again is not None:
-        moved = [p for p in main if _side(main[p]) != _side(again[p])]
+        moved = [p for p in main if _moved(main[p], again[p])]
         if moved:
             problems.append(
                 "a re-run disagreed ("

@@ -26,8 +26,9 @@ next plan measures again."""
 MAX_SANE_S = 10.0
 """No single probed call takes this long (the largest bucket's GEMM is ~0.5 GFLOP): a record that
 says so is not believed."""
-SCHEMA = 5  # 2: decode capped; 3: every round kept; 4: fastest repetitions, confidence, timestamp, expiry;
-# 5: CPU time of one thread, not wall time (a record of wall times is measured again)
+SCHEMA = 6  # 2: decode capped; 3: every round kept; 4: fastest repetitions, confidence, timestamp, expiry;
+# 5: CPU time of one thread, not wall time (a record of wall times is measured again);
+# 6: decode includes a layer's share of one token's attention over the cache
 
 
 def _now() -> datetime:

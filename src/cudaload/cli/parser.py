@@ -228,10 +228,14 @@ def _add_bench_workload(bench: argparse.ArgumentParser) -> None:
     """`cudaload bench`'s options for what is run and measured, inference and fine-tuning."""
     bench.add_argument("--quick", action="store_true", help="a tiny model, short prompt, one round: seconds")
     bench.add_argument("--random-weights", action="store_true", help="build random weights from MODEL's config")
-    bench.add_argument("--prompt-tokens", type=_positive, help="prompt length (default 256; quick 64)")
-    bench.add_argument("--new-tokens", type=_positive, help="tokens generated (default 64; quick 16)")
+    bench.add_argument("--prompt-tokens", type=_positive, help="prompt length (default 128; quick 64)")
+    bench.add_argument("--new-tokens", type=_positive, help="tokens generated (default 32; quick 16)")
     bench.add_argument("--batch", type=_positive, help="prompts per batch (default 1)")
-    bench.add_argument("--repeats", type=_positive, help="measured rounds after one warm-up (default 3; quick 1)")
+    bench.add_argument(
+        "--repeats",
+        type=_positive,
+        help="measured rounds after one warm-up (default: 1-5 within a time budget, until the ratios settle; quick 1)",
+    )
     bench.add_argument("--threads", type=_positive, help="torch CPU threads (default: torch's; quick 1)")
     bench.add_argument("--model-dir", help="save and reuse built models here (default: a temporary folder)")
     bench.add_argument(

@@ -32,7 +32,9 @@ class DtypeProbe:
         out_features: Output width of the timed weight.
         prefill_tokens: Rows of the prefill GEMM (tokens in one forward).
         prefill_s: (dtype, seconds) pairs for one [prefill_tokens x in] @ [in x out].
-        decode_s: (dtype, seconds) pairs for one [1 x in] @ [in x out], weights not in cache.
+        decode_s: (dtype, seconds) pairs for one [1 x in] @ [in x out], weights not in cache, plus
+            that weight's share of a decoder layer's attention of one token over a cache of a
+            few hundred tokens (attention in bf16 can be several times slower than in fp32).
         cast_s: (from dtype, to dtype, seconds) to cast one [out x in] weight.
         threads: torch CPU threads the measurement ran with.
         measured_at: ISO date of the measurement.
