@@ -3,9 +3,11 @@
 Two sources, both facts on the Machine (the policy measures nothing itself):
 - a tuning record (`cudaload bench --save`): the real model shape measured on this machine, per
   dtype x attention; preferred, and used only when its fingerprint matches this machine;
-- the CPU dtype probe: `F.linear` timed per dtype at a prefill GEMM, a decode GEMV and a weight
-  cast, scaled here to the model's linear layers. It leaves out attention and per-token Python
-  overhead (the same in every dtype), so its totals undercount but rank the dtypes. The probe
+- the CPU dtype probe: `F.linear` timed per dtype at a prefill GEMM, a decode GEMV (with its weight's
+  share of one token's attention over a cached context: SDPA decode is far slower in bf16 than in fp32
+  on some CPUs, capability/dtype_timing.py) and a weight cast, scaled here to the model's linear
+  layers. It leaves out per-token Python overhead (the same in every dtype), so its totals undercount
+  but rank the dtypes. The probe
   keeps every round it measured: `compare_rounds` scales each round to the workload on its own,
   so the comparison comes with its spread (`facts.spread`), and noise can be called a tie.
 """
