@@ -347,32 +347,40 @@ def test_an_attention_you_chose_never_falls_back(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("device_map", "offloaded"),
+    ("device_map", "offloaded", "where"),
     [
-        ({"model": 0, "lm_head": "cpu"}, ("lm_head -> cpu",)),  # beside a GPU: the CPU is the slow place
-        ({"model": "cpu", "lm_head": "disk"}, ("lm_head -> disk",)),  # no GPU: only the disk is
-        ({"": "cpu"}, ()),
+        ({"model": 0, "lm_head": "cpu"}, ("lm_head -> cpu",), "over cpu, cuda:0"),  # beside a GPU: the CPU is slow
+        ({"model": "cpu", "lm_head": "disk"}, ("lm_head -> disk",), "over cpu, disk"),  # no GPU: only the disk is
+        ({"": "cpu"}, (), "cpu"),
     ],
 )
 def test_modules_on_the_cpu_beside_a_gpu_are_reported_as_offloaded(
-    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, device_map: dict[str, Any], offloaded: tuple
+    tiny_models: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    device_map: dict[str, Any],
+    offloaded: tuple,
+    where: str,
 ) -> None:
     """Offload reporting (load(): `AppliedPlan.offloaded` and its warning, from the model's
     `hf_device_map`, known only after loading): modules accelerate put on "disk" are always offloaded,
     on "cpu" only when a GPU holds the rest (every forward then copies them over PCIe); a CPU-only
-    model is not offloaded. The device map is the one transformers sets (modeling_utils: hf_device_map)."""
+    model is not offloaded. The device map is the one transformers sets (modeling_utils: hf_device_map).
+    The load's log line names the one place, or every place the map spreads over."""
+    import logging
 
     def mapped(model: Any) -> None:
         model.hf_device_map = dict(device_map)
 
     _after_from_pretrained(monkeypatch, mapped)
     plan = cudaload.plan(str(tiny_models["llama"]), machine=Machine.simulated(), dtype="float32")
-    with warnings.catch_warnings(record=True):
+    with warnings.catch_warnings(record=True), caplog.at_level(logging.INFO, logger="cudaload"):
         warnings.simplefilter("always")
         model = cudaload.load(plan, verify=False)
     applied = model.cudaload_plan
     assert applied.offloaded == offloaded
     assert any("device_map offloaded" in w for w in applied.warnings) is bool(offloaded)
+    assert any(f" on device_map {where}: dtype=" in r.getMessage() for r in caplog.records), caplog.text
 
 
 class _Stop(Exception):
@@ -799,3 +807,168 @@ def test_attention_activations_scale_with_the_attention_width_not_the_hidden_siz
     wide = replace(narrow, linear_shapes=wide_shapes)
     per_token = {m: layer_bytes_per_token(m, "bfloat16", None, (), on_gpu=True) for m in (narrow, wide)}
     assert per_token[wide] - per_token[narrow] == 4 * 2 * 4096
+
+
+# ---- issue 41 item 7: survivors of seeds 2 and 3 -------------------------------------------------
+
+
+def _launch_files(tmp_path: Path, nodes: int, **kwargs: Any) -> tuple[cudaload.LaunchFiles, Any]:
+    """The launch of a Llama-70B-shaped fine-tune on `nodes` x 8 H100, and its accelerate config as accelerate
+    1.16 reads it (commands/config/config_args.py `load_config_from_file`)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    h100 = Machine.simulated("H100", count=8)
+    files = cudaload.launch_files(
+        LLAMA_SHAPES["70B"], machine=h100, nodes=nodes, main_address="10.0.0.1", emit=("accelerate",), **kwargs
+    )
+    files.write(tmp_path)
+    return files, load_config_from_file(str(tmp_path / "accelerate-config.yaml"))
+
+
+def test_a_one_node_launch_names_no_main_process_address(tmp_path: Path) -> None:
+    """launch_writer.py `_accelerate_yaml`: accelerate's single-machine config has no main_process_ip (the
+    rendezvous is local); the address you gave is written only for a job of several nodes."""
+    _, one = _launch_files(tmp_path / "one", nodes=1, parallelism="fsdp")
+    assert one.num_machines == 1 and one.main_process_ip is None
+    _, two = _launch_files(tmp_path / "two", nodes=2, parallelism="fsdp")
+    assert two.num_machines == 2 and two.main_process_ip == "10.0.0.1"
+
+
+def test_tensor_parallel_with_fsdp_shards_data_across_nodes_and_tensors_inside(tmp_path: Path) -> None:
+    """launch_writer.py: "tp+fsdp" is tensor parallel inside a node and FSDP2 across nodes, which accelerate
+    1.16 takes as `parallelism_config` (parallelism_config.py `ParallelismConfig`: dp_shard_size x tp_size);
+    plain FSDP shards over every rank and writes none."""
+    files, tp = _launch_files(tmp_path / "tp", nodes=2, parallelism="tp+fsdp")
+    assert files.plan.decision("parallelism").value == "tp+fsdp"
+    assert tp.parallelism_config == {"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 8}
+    _, fsdp = _launch_files(tmp_path / "fsdp", nodes=2, parallelism="fsdp")
+    assert fsdp.distributed_type.value == "FSDP" and not fsdp.parallelism_config
+
+
+@pytest.mark.parametrize("parallelism", [None, "fsdp"])
+def test_each_launched_rank_replans_with_the_parallelism_you_asked(tmp_path: Path, parallelism: str | None) -> None:
+    """launch_check.py `manifest_plan_arguments`: each launched rank plans with the manifest's arguments, so
+    the manifest keeps what you asked ("auto" when you named nothing; auto picks fsdp-hybrid here), and the
+    rank's plan then agrees with the launch's (`check_launched_plan` raises nothing)."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+    from cudaload.launch_check import check_launched_plan, manifest_plan_arguments
+
+    files, _ = _launch_files(tmp_path, nodes=2, **({"parallelism": parallelism} if parallelism else {}))
+    assert files.plan.decision("parallelism").value == (parallelism or "fsdp-hybrid")
+    arguments = manifest_plan_arguments(files.manifest)
+    assert arguments["parallelism"] == (parallelism or "auto")
+    launch = Launch(launcher="torchrun", rank=9, local_rank=1, world_size=16, local_world_size=8)
+    rank_machine = Machine.simulated("H100", count=8, launch=launch)
+    rank = cudaload.plan(LLAMA_SHAPES["70B"], machine=rank_machine, finetune=True, **arguments)
+    check_launched_plan(rank, files.manifest)
+
+
+def test_a_deepspeed_config_clips_gradients_as_the_trainer_does(tmp_path: Path) -> None:
+    """launch_writer.py `_deepspeed_json`: transformers' Trainer checks a DeepSpeed config against its
+    TrainingArguments and refuses a gradient_clipping other than max_grad_norm (transformers 5.22
+    integrations/deepspeed.py: `HfTrainerDeepSpeedConfig.trainer_config_process`, fill_match
+    "gradient_clipping"): the config written clips as TrainingArguments' default does."""
+    import dataclasses
+    import json
+
+    from transformers import TrainingArguments
+
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    h100 = Machine.simulated("H100", count=8)
+    files = cudaload.launch_files(
+        LLAMA_SHAPES["70B"], machine=h100, nodes=2, main_address="10.0.0.1",
+        parallelism="deepspeed-zero3-offload", emit=("deepspeed",),
+    )  # fmt: skip
+    files.write(tmp_path)
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "max_grad_norm")
+    assert config["gradient_clipping"] == default
+
+
+@pytest.fixture(scope="module")
+def got_ocr2_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GOT-OCR2's default config: its top class has no SDPA, its Qwen2 language model has."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = tmp_path_factory.mktemp("got-ocr2")
+    CONFIG_MAPPING["got_ocr2"]().save_pretrained(path)
+    return path
+
+
+def test_attention_per_sub_model_is_passed_only_for_the_option_it_was_decided_with(got_ocr2_config: Path) -> None:
+    """loaders/kwargs.py `from_pretrained_kwargs`: the plan's per-sub-model attention reaches from_pretrained
+    as transformers' dict ("" for the top; modeling_utils `_check_and_adjust_attn_implementation` per
+    sub-model) for the decided option; a fallback option is passed as it is, for every part."""
+    plan = cudaload.plan(str(got_ocr2_config), machine=Machine.simulated())
+    assert plan.decision("attn_implementation").value == "eager"
+    assert plan.decision("attn_implementation_per_sub_model").value == "text_config=sdpa, vision_config=eager"
+    decided = cudaload.from_pretrained_kwargs(plan)["attn_implementation"]
+    assert decided == {"": "eager", "text_config": "sdpa", "vision_config": "eager"}
+    assert cudaload.from_pretrained_kwargs(plan.with_attention("sdpa"))["attn_implementation"] == "sdpa"
+
+
+def test_an_attention_you_chose_is_kept_for_every_sub_model(got_ocr2_config: Path) -> None:
+    """policy/attention.py `decide_sub_model_attention`: attention you pass is applied to every part (never
+    silently changed), so no per-sub-model decision is added, even where a part has SDPA."""
+    plan = cudaload.plan(str(got_ocr2_config), machine=Machine.simulated(), attn_implementation="eager")
+    assert plan.decision("attn_implementation").source == "user"
+    with pytest.raises(KeyError):
+        plan.decision("attn_implementation_per_sub_model")
+    assert cudaload.from_pretrained_kwargs(plan)["attn_implementation"] == "eager"
+
+
+@pytest.mark.parametrize("name", ["banana", "xformers"])
+def test_an_attention_name_close_to_none_gets_no_guess(config_only: Path, name: str) -> None:
+    """planner/arguments.py: "did you mean" only for a near miss (difflib ratio >= 0.6, as for the GPU names);
+    a name like no known one lists the known names instead of a misleading guess."""
+    with pytest.raises(cudaload.AttentionUnavailableError) as raised:
+        cudaload.plan(str(config_only), attn_implementation=name)
+    assert "did you mean" not in str(raised.value) and "Known here: " in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "quantize"),
+    [({"load_in_4bit": True}, "4bit"), ({"load_in_8bit": True}, "8bit"), ({"quant_method": "gptq", "bits": 4}, None)],
+)
+def test_a_quantization_dict_without_a_method_is_read_as_bitsandbytes(
+    config_only: Path, quantization_config: dict[str, Any], quantize: str | None
+) -> None:
+    """planner/arguments.py `_bitsandbytes_bits`: a dict with load_in_4bit/8bit and no quant_method is a
+    BitsAndBytesConfig to transformers (quantizers/auto.py `AutoQuantizationConfig.from_dict` adds the
+    bitsandbytes method), so the fine-tuning estimate follows its bits; another method's is not read as one."""
+    plan = cudaload.plan(
+        str(config_only), machine=Machine.simulated("A10G"), finetune=True, quantize=None,
+        quantization_config=quantization_config,
+    )  # fmt: skip
+    assert plan.decision("quantize").value == quantize
+
+
+def test_a_subfolder_that_exists_is_planned_from_its_own_config(tmp_path: Path) -> None:
+    """planner/gather.py: subfolder= reads <folder>/<subfolder>/config.json, as transformers' cached_file
+    does; one that is not there is refused, naming the folders there are."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path / "llm")  # fmt: skip
+    plan = cudaload.plan(str(tmp_path), subfolder="llm", machine=Machine.simulated())
+    assert plan.kwargs["subfolder"] == "llm"
+    with pytest.raises(cudaload.ModelConfigError, match=r"subfolder='vision'.*has no such folder.*\['llm'\]"):
+        cudaload.plan(str(tmp_path), subfolder="vision", machine=Machine.simulated())
+
+
+def test_cudaloads_own_spread_is_judged_as_transformers_will_place_it() -> None:
+    """planner/gather.py and policy/placement.py `judge_upstream_placement`: ~33.7 GiB under 2 x 17.6 GiB of
+    budget fits by the sums, but transformers' device_map="auto" keeps the largest layer's room on GPU 0
+    and puts the rest on disk: the plan says so (tests/test_upstream_round4.py has the numbers)."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=50,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, dtype="bfloat16",
+    )  # fmt: skip
+    plan = cudaload.plan(config, machine=Machine.simulated("A10G", count=2))
+    assert plan.kwargs["device_map"] == "auto"
+    assert any("transformers will put" in w and "on disk" in w for w in plan.warnings)
