@@ -972,3 +972,80 @@ def test_cudaloads_own_spread_is_judged_as_transformers_will_place_it() -> None:
     plan = cudaload.plan(config, machine=Machine.simulated("A10G", count=2))
     assert plan.kwargs["device_map"] == "auto"
     assert any("transformers will put" in w and "on disk" in w for w in plan.warnings)
+
+
+def test_a_probe_estimate_decodes_from_the_second_new_token() -> None:
+    """policy/measured.py `probe_estimate`: as `record_estimate` above, the first new token comes out of the
+    prefill, so decoding costs nothing for 0 or 1 new tokens and grows by one token's time after that."""
+    from cudaload.policy.measured import probe_estimate
+
+    probe, model = _probe(1.3), shrunk(QWEN_06B, checkpoint_dtype="float32")
+    decode = {n: probe_estimate(probe, model, "float32", Workload(8, n)).decode for n in (0, 1, 2, 11)}  # type: ignore[union-attr]
+    assert decode[0] == decode[1] == 0.0 and decode[2] > 0
+    assert math.isclose(decode[11], 10 * decode[2])
+
+
+class SafetensorError(Exception):
+    """Named as safetensors' own error (its Rust binding raises `safetensors_rust.SafetensorError`)."""
+
+
+@pytest.mark.parametrize(
+    ("raised", "cause"),
+    [
+        (SafetensorError("Error while deserializing"), "the weights file is truncated or corrupt"),
+        (ImportError("needs the foo package"), "the checkpoint needs a package that is not installed"),
+        (OSError("no file named model.safetensors"), "a file the model needs is missing or unreadable"),
+    ],
+)
+def test_a_load_failure_is_named_by_its_likely_cause(
+    config_only: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception, cause: str
+) -> None:
+    """loaders/attribution.py: what from_pretrained raised, when no other attention can help, is explained
+    by its kind: a corrupt safetensors file, a missing package, a missing file."""
+
+    def failing(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(failing))
+    with pytest.raises(LoadFailedError, match=f"Likely cause: {cause}"):
+        cudaload.load(str(config_only), machine=Machine.simulated())
+
+
+@pytest.mark.parametrize(("length", "shown"), [(58, "'" + "a" * 58 + "'"), (59, "'" + "a" * 58 + "…")])
+def test_an_unknown_load_failure_shows_each_argument_up_to_60_characters(
+    config_only: Path, monkeypatch: pytest.MonkeyPatch, length: int, shown: str
+) -> None:
+    """loaders/attribution.py: for a cause cudaload does not know, the message lists what from_pretrained
+    was called with, each value's repr whole up to 60 characters, else its first 59 and an ellipsis."""
+
+    def failing(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("something else")
+
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(failing))
+    with pytest.raises(LoadFailedError, match="not one cudaload recognises") as raised:
+        cudaload.load(str(config_only), machine=Machine.simulated(), revision="a" * length)
+    assert f"revision={shown}:" in str(raised.value) or f"revision={shown}," in str(raised.value)
+
+
+@pytest.mark.slow
+def test_a_plan_that_fell_back_passes_the_attention_it_fell_back_to(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """loaders/apply.py: after flash_attention_2 fails at load (transformers' `_flash_attn_import_error`:
+    no flash-attn here), the applied plan's from_pretrained arguments name the attention it fell back to,
+    the same one its decision names."""
+    import transformers.modeling_flash_attention_utils as flash_utils
+
+    monkeypatch.setattr(flash_utils, "_loaded_implementation", None)
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        model = cudaload.load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16")
+    applied = model.cudaload_plan
+    assert [f.option for f in applied.fallbacks] == ["flash_attention_2"]
+    fell_to = applied.plan.decision("attn_implementation").value
+    assert applied.plan.kwargs["attn_implementation"] == fell_to == applied.attn_implementation == "sdpa"
