@@ -1049,3 +1049,32 @@ def test_a_plan_that_fell_back_passes_the_attention_it_fell_back_to(
     assert [f.option for f in applied.fallbacks] == ["flash_attention_2"]
     fell_to = applied.plan.decision("attn_implementation").value
     assert applied.plan.kwargs["attn_implementation"] == fell_to == applied.attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "splits"), [(64, 8, True), (64, 4, False), (60, 8, False)])
+def test_tensor_parallel_needs_every_head_count_to_split_over_a_nodes_ranks(
+    heads: int, kv_heads: int, splits: bool
+) -> None:
+    """policy/parallelism.py: "tp+fsdp" shards attention heads over a node's ranks, which needs both the
+    query heads and the key-value heads to divide by them (transformers' tensor-parallel plan splits each
+    projection by heads); one that does not divide rules it out, whichever it is."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    model = replace(LLAMA_SHAPES["70B"], attention_heads=heads, kv_heads=kv_heads)
+    h100 = Machine.simulated("H100", count=8)
+    plan = cudaload.plan(model, machine=h100, finetune=True, nodes=2, interconnect="infiniband-ndr")
+    reason = {r.value: r.reason for r in plan.decision("parallelism").rejected}["tp+fsdp"]
+    assert ("do not split over 8 ranks of a node" in reason) is not splits, reason
+    if not splits:
+        assert reason.startswith(f"{heads} heads / {kv_heads} key-value heads")
+
+
+def test_a_launch_of_one_rank_a_node_plans_as_many_nodes_of_one_rank() -> None:
+    """policy/parallelism.py `planned_layout`: a rank plans the job it is in, nodes = world size / ranks on
+    a node; torchrun's LOCAL_WORLD_SIZE 1 (one GPU a node) is 2 nodes of 1 rank, not 1 node of 2."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    launch = Launch(launcher="torchrun", rank=1, local_rank=0, world_size=2, local_world_size=1)
+    plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated("H100", launch=launch), finetune=True)
+    assert plan.finetune is not None and plan.finetune.parallelism is not None
+    assert (plan.finetune.parallelism["nodes"], plan.finetune.parallelism["ranks_per_node"]) == (2, 1)
