@@ -1,5 +1,8 @@
 """Upstream, round 4 (issue 29, and issue 28 item 2): each case is built from upstream's rule (the line
-each cites), not by calling the implementation's helpers."""
+each cites), not by calling the implementation's helpers.
+
+The current-device cases check cudaload.policy.current_device through plan(): naming the module here makes
+tools/mutate.py run this file for that module's mutants."""
 
 from __future__ import annotations
 

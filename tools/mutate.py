@@ -27,8 +27,9 @@ Which tests run for a mutant of `src/cudaload/X/Y.py`, in turn until one fails (
    only runs at import (a constant, a default argument) has no test of its own: the tests that ran any
    line of its file stand in;
 3. the test files whose import lines name the module (`cudaload.X.Y`, `from cudaload.X import Y`, or
-   `import cudaload.X.Y`) plus tests/test_policy.py (it reaches every rule through `decide_plan`): this
-   finds a test that reaches the line in a subprocess, which coverage does not follow.
+   `import cudaload.X.Y`), or any line of which names `cudaload.X.Y` (a file that checks a module's rules
+   through plan() says so in its docstring), plus tests/test_policy.py (it reaches every rule through
+   `decide_plan`): this finds a test that reaches the line in a subprocess, which coverage does not follow.
 
 Stages 2 and 3 run with `-m "not slow and not distributed and not gpu"` (`--markers`: a -m replaces
 pyproject's "not gpu"). `--select imports` skips stage 2 (the tool's first selection); `--fast-suite`
