@@ -1078,3 +1078,25 @@ def test_a_launch_of_one_rank_a_node_plans_as_many_nodes_of_one_rank() -> None:
     plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated("H100", launch=launch), finetune=True)
     assert plan.finetune is not None and plan.finetune.parallelism is not None
     assert (plan.finetune.parallelism["nodes"], plan.finetune.parallelism["ranks_per_node"]) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [(("avx2", "avx512f", "avx512_fp16"), True), (("avx2", "amx_fp16"), True), (("avx2", "avx512f"), False)],
+)
+def test_either_native_fp16_flag_makes_float16_a_trade_on_an_unmeasured_cpu(flags: tuple, native: bool) -> None:
+    """policy/precision.py, the static CPU table: AVX512-FP16 or AMX-FP16 (either one) runs fp16 natively,
+    so float16 is rejected as a trade you may take; without both it is converted op by op."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated(None, cpu_flags=flags))
+    reason = {r.value: r.reason for r in plan.decision("dtype").rejected}["float16"]
+    assert ("runs it natively" in reason) is native and ("no native fp16" in reason) is not native
+
+
+def test_sizes_are_written_in_kib_below_one_mib_and_in_mib_from_it() -> None:
+    """policy/fit.py `format_bytes` (every size in a reason or warning): the unit changes at 1 MiB exactly."""
+    from cudaload.policy.fit import format_bytes
+
+    assert format_bytes(2**20 - 1024) == "1023.0 KiB" and format_bytes(2**19) == "512.0 KiB"
+    assert format_bytes(2**20) == "1.0 MiB" and format_bytes(-(2**20)) == "-1.0 MiB"
