@@ -1100,3 +1100,22 @@ def test_sizes_are_written_in_kib_below_one_mib_and_in_mib_from_it() -> None:
 
     assert format_bytes(2**20 - 1024) == "1023.0 KiB" and format_bytes(2**19) == "512.0 KiB"
     assert format_bytes(2**20) == "1.0 MiB" and format_bytes(-(2**20)) == "-1.0 MiB"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "bitsandbytes", "usable"),
+    [("A10G", "0.45.0", True), (None, "0.45.0", False), (None, "0.48.0", True)],
+)
+def test_an_old_bitsandbytes_lacks_only_the_cpu_backend(gpu: str | None, bitsandbytes: str, usable: bool) -> None:
+    """policy/quantization.py `method_status`: bitsandbytes has had a CPU backend since 0.46.1
+    (facts/quant_methods.py); an older one still quantizes on a CUDA GPU, and only a machine without one
+    is refused, saying which version has it."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    machine = Machine.simulated(gpu, packages={"bitsandbytes": bitsandbytes})
+    if usable:
+        plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
+        assert plan.decision("quantize").value == "4bit"
+    else:
+        with pytest.raises(cudaload.MissingPackageError, match=r"has no CPU backend \(0\.46\.1\+ has one\)"):
+            cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
