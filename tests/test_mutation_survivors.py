@@ -1119,3 +1119,24 @@ def test_an_old_bitsandbytes_lacks_only_the_cpu_backend(gpu: str | None, bitsand
     else:
         with pytest.raises(cudaload.MissingPackageError, match=r"has no CPU backend \(0\.46\.1\+ has one\)"):
             cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
+
+
+def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_root_too() -> None:
+    """policy/rank_sizing.py (its docstring): FSDP2 full shard and ZeRO-3 hold two layers unsharded on each
+    rank, the one running and the one prefetched; FSDP2 also its root module's own parameters (embeddings,
+    lm_head), hybrid shard the same; ZeRO-3 partitions those too."""
+    from cudaload.facts.interconnect import ParallelLayout, interconnect
+    from cudaload.facts.shapes import LLAMA_SHAPES
+    from cudaload.policy.parallelism import full_training_shape
+    from cudaload.policy.rank_sizing import size_rank
+
+    shape = full_training_shape(LLAMA_SHAPES["7B"], dtype="bfloat16", seq_len=2048, checkpointing=True)
+    layout = ParallelLayout(2, 8, interconnect(None))
+    assert shape.layer_bytes > 0 and shape.root_bytes > 0
+    buffers = {
+        strategy: size_rank(strategy, shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0).buffers
+        for strategy in ("fsdp", "fsdp-hybrid", "deepspeed-zero3", "deepspeed-zero3-offload")
+    }
+    two_layers = 2 * shape.layer_bytes
+    assert buffers["fsdp"] == buffers["fsdp-hybrid"] == two_layers + shape.root_bytes
+    assert buffers["deepspeed-zero3"] == buffers["deepspeed-zero3-offload"] == two_layers
