@@ -1140,3 +1140,18 @@ def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_root_too() -> None:
     two_layers = 2 * shape.layer_bytes
     assert buffers["fsdp"] == buffers["fsdp-hybrid"] == two_layers + shape.root_bytes
     assert buffers["deepspeed-zero3"] == buffers["deepspeed-zero3-offload"] == two_layers
+
+
+@pytest.mark.parametrize(
+    ("model_class", "task_type"),
+    [("LlamaForTokenClassification", "TOKEN_CLS"), ("LlamaModel", "FEATURE_EXTRACTION")],
+)
+def test_a_model_class_you_name_gets_the_lora_task_of_its_head(model_class: str, task_type: str) -> None:
+    """policy/training.py: a model loaded through its own class (model_class=..., no Auto class) gets peft's
+    task type of the Auto class its name ends with ("...ForTokenClassification": TOKEN_CLS); a bare base
+    model ("LlamaModel") matches no head and is a feature extractor, not a causal LM."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    model = replace(LLAMA_SHAPES["7B"], model_class=model_class, auto_class=model_class)
+    plan = cudaload.plan(model, machine=Machine.simulated("A100"), finetune=True)
+    assert plan.finetune is not None and plan.finetune.lora["task_type"] == task_type
