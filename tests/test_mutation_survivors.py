@@ -1155,3 +1155,26 @@ def test_a_model_class_you_name_gets_the_lora_task_of_its_head(model_class: str,
     model = replace(LLAMA_SHAPES["7B"], model_class=model_class, auto_class=model_class)
     plan = cudaload.plan(model, machine=Machine.simulated("A100"), finetune=True)
     assert plan.finetune is not None and plan.finetune.lora["task_type"] == task_type
+
+
+def test_flash_attention_4_says_transformers_pads_a_narrower_value_head() -> None:
+    """policy/flash_rules.py: for MLA (DeepSeek-V3: query-key 192, value 128) transformers pads V up to the
+    query-key dim (integrations/flash_attention.py), so FA4 on sm100 is refused for 192/192, and says why."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    mla = replace(LLAMA_SHAPES["7B"], head_dims=(128, 192), qk_v_head_dims=(192, 128))
+    b200 = Machine.simulated("B200", packages={"flash-attn": "2.8.3", "flash-attn-4": "4.0.1"})
+    plan = cudaload.plan(mla, machine=b200)
+    reason = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}["flash_attention_4"]
+    assert "transformers pads V 128 up to the query-key dim 192, so the kernel gets 192/192" in reason
+
+
+def test_caps_without_a_cpu_key_send_the_rest_to_disk_and_none_to_the_cpu() -> None:
+    """policy/placement.py `_capped_placement`: accelerate fills the GPUs you cap, then the "cpu" cap, then
+    disk; with no "cpu" key transformers adds "disk" (integrations/accelerate.py
+    `_init_infer_auto_device_map`), so nothing lands on the CPU."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated("A10G"), max_memory={0: "4GiB"})
+    reason = plan.decision("device_map").reason
+    assert "(~4.0 GiB on the GPUs, ~8.6 GiB on disk)" in reason and "on the CPU" not in reason
