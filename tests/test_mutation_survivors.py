@@ -1140,6 +1140,8 @@ def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_root_too() -> None:
     two_layers = 2 * shape.layer_bytes
     assert buffers["fsdp"] == buffers["fsdp-hybrid"] == two_layers + shape.root_bytes
     assert buffers["deepspeed-zero3"] == buffers["deepspeed-zero3-offload"] == two_layers
+    zero2 = size_rank("deepspeed-zero2", shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0)
+    assert zero2.buffers == 0 and zero2.cpu_offloaded == 0  # ZeRO-2 keeps whole weights: nothing gathered
 
 
 @pytest.mark.parametrize(
@@ -1178,3 +1180,35 @@ def test_caps_without_a_cpu_key_send_the_rest_to_disk_and_none_to_the_cpu() -> N
     plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated("A10G"), max_memory={0: "4GiB"})
     reason = plan.decision("device_map").reason
     assert "(~4.0 GiB on the GPUs, ~8.6 GiB on disk)" in reason and "on the CPU" not in reason
+
+
+def test_without_an_lm_head_prefill_time_is_proportional_to_the_prompt() -> None:
+    """policy/measured.py `probe_estimate`: the lm_head term (vocab x hidden, once per prefill) is zero for a
+    model whose config gives no vocabulary size, so the prefill estimate is the body's alone: twice the
+    prompt, twice the time (with a vocabulary, the head's constant term breaks the proportion)."""
+    from cudaload.policy.measured import probe_estimate
+
+    probe = _probe(1.3)
+
+    def prefill(model: Any, prompt: int) -> float:
+        estimate = probe_estimate(probe, model, "float32", Workload(prompt, 1))
+        assert estimate is not None
+        return estimate.prefill
+
+    headless = replace(shrunk(QWEN_06B, checkpoint_dtype="float32"), vocab_size=None)
+    assert math.isclose(prefill(headless, 16), 2 * prefill(headless, 8), rel_tol=1e-12)
+    headed = shrunk(QWEN_06B, checkpoint_dtype="float32")
+    assert not math.isclose(prefill(headed, 16), 2 * prefill(headed, 8), rel_tol=1e-6)
+
+
+def test_a_rank_that_sees_one_gpu_is_not_asked_about_tensor_parallel() -> None:
+    """policy/tensor_parallel.py: tensor parallel splits layers over the GPUs a rank's process can drive; a
+    launch that gives each rank one GPU (CUDA_VISIBLE_DEVICES per rank) leaves no tp_plan question."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    launch = Launch(launcher="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2)
+    one = cudaload.plan(LLAMA_SHAPES["70B"], machine=Machine.simulated("H100", count=1, launch=launch))
+    with pytest.raises(KeyError):
+        one.decision("tp_plan")
+    two = cudaload.plan(LLAMA_SHAPES["70B"], machine=Machine.simulated("H100", count=2, launch=launch))
+    assert two.decision("tp_plan") is not None
