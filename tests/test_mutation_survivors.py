@@ -1182,10 +1182,11 @@ def test_caps_without_a_cpu_key_send_the_rest_to_disk_and_none_to_the_cpu() -> N
     assert "(~4.0 GiB on the GPUs, ~8.6 GiB on disk)" in reason and "on the CPU" not in reason
 
 
-def test_without_an_lm_head_prefill_time_is_proportional_to_the_prompt() -> None:
+@pytest.mark.parametrize("unknown", ["vocab_size", "hidden_size"])
+def test_without_an_lm_head_prefill_time_is_proportional_to_the_prompt(unknown: str) -> None:
     """policy/measured.py `probe_estimate`: the lm_head term (vocab x hidden, once per prefill) is zero for a
-    model whose config gives no vocabulary size, so the prefill estimate is the body's alone: twice the
-    prompt, twice the time (with a vocabulary, the head's constant term breaks the proportion)."""
+    model whose config gives no vocabulary or hidden size, so the prefill estimate is the body's alone: twice
+    the prompt, twice the time (with both known, the head's constant term breaks the proportion)."""
     from cudaload.policy.measured import probe_estimate
 
     probe = _probe(1.3)
@@ -1195,7 +1196,7 @@ def test_without_an_lm_head_prefill_time_is_proportional_to_the_prompt() -> None
         assert estimate is not None
         return estimate.prefill
 
-    headless = replace(shrunk(QWEN_06B, checkpoint_dtype="float32"), vocab_size=None)
+    headless = replace(shrunk(QWEN_06B, checkpoint_dtype="float32"), **{unknown: None})
     assert math.isclose(prefill(headless, 16), 2 * prefill(headless, 8), rel_tol=1e-12)
     headed = shrunk(QWEN_06B, checkpoint_dtype="float32")
     assert not math.isclose(prefill(headed, 16), 2 * prefill(headed, 8), rel_tol=1e-6)
