@@ -1104,12 +1104,14 @@ def test_sizes_are_written_in_kib_below_one_mib_and_in_mib_from_it() -> None:
 
 @pytest.mark.parametrize(
     ("gpu", "bitsandbytes", "usable"),
-    [("A10G", "0.45.0", True), (None, "0.45.0", False), (None, "0.48.0", True)],
+    [("A10G", "0.45.0", False), (None, "0.45.0", False), ("A10G", "0.46.1", True), (None, "0.46.1", True)],
 )
-def test_an_old_bitsandbytes_lacks_only_the_cpu_backend(gpu: str | None, bitsandbytes: str, usable: bool) -> None:
-    """policy/quantization.py `method_status`: bitsandbytes has had a CPU backend since 0.46.1
-    (facts/quant_methods.py); an older one still quantizes on a CUDA GPU, and only a machine without one
-    is refused, saying which version has it."""
+def test_bitsandbytes_older_than_transformers_accepts_is_refused_on_any_device(
+    gpu: str | None, bitsandbytes: str, usable: bool
+) -> None:
+    """policy/quantization.py `method_status`: the package's record (facts/quant_methods.py) holds the oldest
+    bitsandbytes transformers accepts (import_utils BITSANDBYTES_MIN_VERSION, 0.46.1 in 5.22-5.25), which is
+    also the first with a CPU backend: older is refused on a GPU and on a CPU alike, naming the bound."""
     from cudaload.facts.shapes import LLAMA_SHAPES
 
     machine = Machine.simulated(gpu, packages={"bitsandbytes": bitsandbytes})
@@ -1117,7 +1119,7 @@ def test_an_old_bitsandbytes_lacks_only_the_cpu_backend(gpu: str | None, bitsand
         plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
         assert plan.decision("quantize").value == "4bit"
     else:
-        with pytest.raises(cudaload.MissingPackageError, match=r"has no CPU backend \(0\.46\.1\+ has one\)"):
+        with pytest.raises(cudaload.MissingPackageError, match=r"older than 0\.46\.1.*bitsandbytes>=0\.46\.1"):
             cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
 
 

@@ -29,14 +29,8 @@ from transformers.utils.loading_report import LoadStateDictInfo
 
 import cudaload
 from cudaload import LoadFailedError, Machine
-from cudaload.loaders.verify import NON_FINITE, check_inputs, checked_output
-
-# Private names of loaders/ (issue 41 item 2 makes them public): rename them here, in this one place.
-from cudaload.loaders.verify import _verify as verify_forward
-from cudaload.loaders.weights import _check_weights as check_weights
-from cudaload.loaders.weights import _offload_warning as offload_warning
-from cudaload.loaders.weights import _offloaded as offloaded_modules
-from cudaload.loaders.weights import _WeightsReport as WeightsReport
+from cudaload.loaders.verify import NON_FINITE, check_inputs, checked_output, verify_forward
+from cudaload.loaders.weights import WeightsReport, check_weights, offload_warning, offloaded_modules
 
 TINY_LLAMA = dict(
     vocab_size=32,
