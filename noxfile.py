@@ -82,7 +82,7 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def mutation(session: nox.Session) -> None:
-    """Mutation testing of policy/, planner* and loaders* (tools/mutate.py): a seeded sample of small edits
+    """Mutation testing of policy/, planner*, loaders* and launch_* (tools/mutate.py): a seeded sample of edits
     to the rules, each run against the tests that ran its line and those that import its module; prints
     killed/survived and the score.
     Not in CI (tens of minutes). Pass tools/mutate.py's options after `--`, e.g. `-- --sample 80 --seed 3`."""

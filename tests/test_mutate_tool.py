@@ -106,3 +106,35 @@ def test_the_coverage_selection_without_pytest_cov_says_what_to_install(mutate, 
     monkeypatch.setitem(sys.modules, "pytest_cov", None)  # `import pytest_cov` raises ImportError
     with pytest.raises(SystemExit, match=r"pip install pytest-cov \(or --select imports\)"):
         mutate.coverage_map(tmp_path, "not slow", timeout=1)
+
+
+@pytest.mark.parametrize(("unmutated_again", "verdict"), [(50.0, "killed"), (10.0, "timeout")])
+def test_a_timeout_is_retried_only_when_the_unmutated_tests_got_slower(
+    mutate, monkeypatch, tmp_path, capsys, unmutated_again: float, verdict: str
+):
+    """On a loaded machine a mutant may run past a limit set when it was idle: the unmutated tests are timed
+    again, and only when they now need a longer limit is the mutant run once more under it."""
+    target = "src/cudaload/policy/precision.py"
+    [mutant] = [m for m in mutate.mutants_of(ROOT / target) if m.kind == "compare"][:1]
+
+    def copy_src(into: Path) -> Path:
+        (into / target).parent.mkdir(parents=True)
+        (into / target).write_bytes((ROOT / target).read_bytes())
+        return into
+
+    # unmutated, mutated, unmutated again, mutated again
+    runs = [("survived", 10.0, ""), ("timeout", 60.0, ""), ("survived", unmutated_again, "")]
+    answers = iter([*runs, ("killed", 70.0, "FAILED tests/x.py::test_x")])
+    calls: list[tuple[bool, float]] = []
+
+    def fake_pytest(copy: Path, tests: list[str], markers: str, timeout: float):
+        calls.append(((copy / target).read_bytes() != (ROOT / target).read_bytes(), timeout))
+        return next(answers)
+
+    monkeypatch.setattr(mutate, "_copy_src", copy_src)
+    monkeypatch.setattr(mutate, "_pytest", fake_pytest)
+    pattern = mutate.re.escape(mutant.describe())
+    assert mutate.main(["--files", target, "--match", pattern, "--sample", "1", "--tests", "tests/x.py"]) == 0
+    retried = [(False, 1800), (True, 60.0), (False, 1800), (True, 150.0)]  # (mutated?, limit)
+    assert calls == (retried if verdict == "killed" else retried[:3])
+    assert f"] {verdict:8}" in capsys.readouterr().out

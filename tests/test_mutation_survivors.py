@@ -347,32 +347,40 @@ def test_an_attention_you_chose_never_falls_back(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("device_map", "offloaded"),
+    ("device_map", "offloaded", "where"),
     [
-        ({"model": 0, "lm_head": "cpu"}, ("lm_head -> cpu",)),  # beside a GPU: the CPU is the slow place
-        ({"model": "cpu", "lm_head": "disk"}, ("lm_head -> disk",)),  # no GPU: only the disk is
-        ({"": "cpu"}, ()),
+        ({"model": 0, "lm_head": "cpu"}, ("lm_head -> cpu",), "over cpu, cuda:0"),  # beside a GPU: the CPU is slow
+        ({"model": "cpu", "lm_head": "disk"}, ("lm_head -> disk",), "over cpu, disk"),  # no GPU: only the disk is
+        ({"": "cpu"}, (), "cpu"),
     ],
 )
 def test_modules_on_the_cpu_beside_a_gpu_are_reported_as_offloaded(
-    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, device_map: dict[str, Any], offloaded: tuple
+    tiny_models: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    device_map: dict[str, Any],
+    offloaded: tuple,
+    where: str,
 ) -> None:
     """Offload reporting (load(): `AppliedPlan.offloaded` and its warning, from the model's
     `hf_device_map`, known only after loading): modules accelerate put on "disk" are always offloaded,
     on "cpu" only when a GPU holds the rest (every forward then copies them over PCIe); a CPU-only
-    model is not offloaded. The device map is the one transformers sets (modeling_utils: hf_device_map)."""
+    model is not offloaded. The device map is the one transformers sets (modeling_utils: hf_device_map).
+    The load's log line names the one place, or every place the map spreads over."""
+    import logging
 
     def mapped(model: Any) -> None:
         model.hf_device_map = dict(device_map)
 
     _after_from_pretrained(monkeypatch, mapped)
     plan = cudaload.plan(str(tiny_models["llama"]), machine=Machine.simulated(), dtype="float32")
-    with warnings.catch_warnings(record=True):
+    with warnings.catch_warnings(record=True), caplog.at_level(logging.INFO, logger="cudaload"):
         warnings.simplefilter("always")
         model = cudaload.load(plan, verify=False)
     applied = model.cudaload_plan
     assert applied.offloaded == offloaded
     assert any("device_map offloaded" in w for w in applied.warnings) is bool(offloaded)
+    assert any(f" on device_map {where}: dtype=" in r.getMessage() for r in caplog.records), caplog.text
 
 
 class _Stop(Exception):
@@ -799,3 +807,411 @@ def test_attention_activations_scale_with_the_attention_width_not_the_hidden_siz
     wide = replace(narrow, linear_shapes=wide_shapes)
     per_token = {m: layer_bytes_per_token(m, "bfloat16", None, (), on_gpu=True) for m in (narrow, wide)}
     assert per_token[wide] - per_token[narrow] == 4 * 2 * 4096
+
+
+# ---- issue 41 item 7: survivors of seeds 2 and 3 -------------------------------------------------
+
+
+def _launch_files(tmp_path: Path, nodes: int, **kwargs: Any) -> tuple[cudaload.LaunchFiles, Any]:
+    """The launch of a Llama-70B-shaped fine-tune on `nodes` x 8 H100, and its accelerate config as accelerate
+    1.16 reads it (commands/config/config_args.py `load_config_from_file`)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    h100 = Machine.simulated("H100", count=8)
+    files = cudaload.launch_files(
+        LLAMA_SHAPES["70B"], machine=h100, nodes=nodes, main_address="10.0.0.1", emit=("accelerate",), **kwargs
+    )
+    files.write(tmp_path)
+    return files, load_config_from_file(str(tmp_path / "accelerate-config.yaml"))
+
+
+def test_a_one_node_launch_names_no_main_process_address(tmp_path: Path) -> None:
+    """launch_writer.py `_accelerate_yaml`: accelerate's single-machine config has no main_process_ip (the
+    rendezvous is local); the address you gave is written only for a job of several nodes."""
+    _, one = _launch_files(tmp_path / "one", nodes=1, parallelism="fsdp")
+    assert one.num_machines == 1 and one.main_process_ip is None
+    _, two = _launch_files(tmp_path / "two", nodes=2, parallelism="fsdp")
+    assert two.num_machines == 2 and two.main_process_ip == "10.0.0.1"
+
+
+def test_tensor_parallel_with_fsdp_shards_data_across_nodes_and_tensors_inside(tmp_path: Path) -> None:
+    """launch_writer.py: "tp+fsdp" is tensor parallel inside a node and FSDP2 across nodes, which accelerate
+    1.16 takes as `parallelism_config` (parallelism_config.py `ParallelismConfig`: dp_shard_size x tp_size);
+    plain FSDP shards over every rank and writes none."""
+    files, tp = _launch_files(tmp_path / "tp", nodes=2, parallelism="tp+fsdp")
+    assert files.plan.decision("parallelism").value == "tp+fsdp"
+    assert tp.parallelism_config == {"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 8}
+    _, fsdp = _launch_files(tmp_path / "fsdp", nodes=2, parallelism="fsdp")
+    assert fsdp.distributed_type.value == "FSDP" and not fsdp.parallelism_config
+
+
+@pytest.mark.parametrize("parallelism", [None, "fsdp"])
+def test_each_launched_rank_replans_with_the_parallelism_you_asked(tmp_path: Path, parallelism: str | None) -> None:
+    """launch_check.py `manifest_plan_arguments`: each launched rank plans with the manifest's arguments, so
+    the manifest keeps what you asked ("auto" when you named nothing; auto picks fsdp-hybrid here), and the
+    rank's plan then agrees with the launch's (`check_launched_plan` raises nothing)."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+    from cudaload.launch_check import check_launched_plan, manifest_plan_arguments
+
+    files, _ = _launch_files(tmp_path, nodes=2, **({"parallelism": parallelism} if parallelism else {}))
+    assert files.plan.decision("parallelism").value == (parallelism or "fsdp-hybrid")
+    arguments = manifest_plan_arguments(files.manifest)
+    assert arguments["parallelism"] == (parallelism or "auto")
+    launch = Launch(launcher="torchrun", rank=9, local_rank=1, world_size=16, local_world_size=8)
+    rank_machine = Machine.simulated("H100", count=8, launch=launch)
+    rank = cudaload.plan(LLAMA_SHAPES["70B"], machine=rank_machine, finetune=True, **arguments)
+    check_launched_plan(rank, files.manifest)
+
+
+def test_a_deepspeed_config_clips_gradients_as_the_trainer_does(tmp_path: Path) -> None:
+    """launch_writer.py `_deepspeed_json`: transformers' Trainer checks a DeepSpeed config against its
+    TrainingArguments and refuses a gradient_clipping other than max_grad_norm (transformers 5.22
+    integrations/deepspeed.py: `HfTrainerDeepSpeedConfig.trainer_config_process`, fill_match
+    "gradient_clipping"): the config written clips as TrainingArguments' default does."""
+    import dataclasses
+    import json
+
+    from transformers import TrainingArguments
+
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    h100 = Machine.simulated("H100", count=8)
+    files = cudaload.launch_files(
+        LLAMA_SHAPES["70B"], machine=h100, nodes=2, main_address="10.0.0.1",
+        parallelism="deepspeed-zero3-offload", emit=("deepspeed",),
+    )  # fmt: skip
+    files.write(tmp_path)
+    config = json.loads((tmp_path / "ds_config.json").read_text())
+    default = next(f.default for f in dataclasses.fields(TrainingArguments) if f.name == "max_grad_norm")
+    assert config["gradient_clipping"] == default
+
+
+@pytest.fixture(scope="module")
+def got_ocr2_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """GOT-OCR2's default config: its top class has no SDPA, its Qwen2 language model has."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = tmp_path_factory.mktemp("got-ocr2")
+    CONFIG_MAPPING["got_ocr2"]().save_pretrained(path)
+    return path
+
+
+def test_attention_per_sub_model_is_passed_only_for_the_option_it_was_decided_with(got_ocr2_config: Path) -> None:
+    """loaders/kwargs.py `from_pretrained_kwargs`: the plan's per-sub-model attention reaches from_pretrained
+    as transformers' dict ("" for the top; modeling_utils `_check_and_adjust_attn_implementation` per
+    sub-model) for the decided option; a fallback option is passed as it is, for every part."""
+    plan = cudaload.plan(str(got_ocr2_config), machine=Machine.simulated())
+    assert plan.decision("attn_implementation").value == "eager"
+    assert plan.decision("attn_implementation_per_sub_model").value == "text_config=sdpa, vision_config=eager"
+    decided = cudaload.from_pretrained_kwargs(plan)["attn_implementation"]
+    assert decided == {"": "eager", "text_config": "sdpa", "vision_config": "eager"}
+    assert cudaload.from_pretrained_kwargs(plan.with_attention("sdpa"))["attn_implementation"] == "sdpa"
+
+
+def test_an_attention_you_chose_is_kept_for_every_sub_model(got_ocr2_config: Path) -> None:
+    """policy/attention.py `decide_sub_model_attention`: attention you pass is applied to every part (never
+    silently changed), so no per-sub-model decision is added, even where a part has SDPA."""
+    plan = cudaload.plan(str(got_ocr2_config), machine=Machine.simulated(), attn_implementation="eager")
+    assert plan.decision("attn_implementation").source == "user"
+    with pytest.raises(KeyError):
+        plan.decision("attn_implementation_per_sub_model")
+    assert cudaload.from_pretrained_kwargs(plan)["attn_implementation"] == "eager"
+
+
+@pytest.mark.parametrize("name", ["banana", "xformers"])
+def test_an_attention_name_close_to_none_gets_no_guess(config_only: Path, name: str) -> None:
+    """planner/arguments.py: "did you mean" only for a near miss (difflib ratio >= 0.6, as for the GPU names);
+    a name like no known one lists the known names instead of a misleading guess."""
+    with pytest.raises(cudaload.AttentionUnavailableError) as raised:
+        cudaload.plan(str(config_only), attn_implementation=name)
+    assert "did you mean" not in str(raised.value) and "Known here: " in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "quantize"),
+    [({"load_in_4bit": True}, "4bit"), ({"load_in_8bit": True}, "8bit"), ({"quant_method": "gptq", "bits": 4}, None)],
+)
+def test_a_quantization_dict_without_a_method_is_read_as_bitsandbytes(
+    config_only: Path, quantization_config: dict[str, Any], quantize: str | None
+) -> None:
+    """planner/arguments.py `_bitsandbytes_bits`: a dict with load_in_4bit/8bit and no quant_method is a
+    BitsAndBytesConfig to transformers (quantizers/auto.py `AutoQuantizationConfig.from_dict` adds the
+    bitsandbytes method), so the fine-tuning estimate follows its bits; another method's is not read as one."""
+    plan = cudaload.plan(
+        str(config_only), machine=Machine.simulated("A10G"), finetune=True, quantize=None,
+        quantization_config=quantization_config,
+    )  # fmt: skip
+    assert plan.decision("quantize").value == quantize
+
+
+def test_a_subfolder_that_exists_is_planned_from_its_own_config(tmp_path: Path) -> None:
+    """planner/gather.py: subfolder= reads <folder>/<subfolder>/config.json, as transformers' cached_file
+    does; one that is not there is refused, naming the folders there are."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path / "llm")  # fmt: skip
+    plan = cudaload.plan(str(tmp_path), subfolder="llm", machine=Machine.simulated())
+    assert plan.kwargs["subfolder"] == "llm"
+    with pytest.raises(cudaload.ModelConfigError, match=r"subfolder='vision'.*has no such folder.*\['llm'\]"):
+        cudaload.plan(str(tmp_path), subfolder="vision", machine=Machine.simulated())
+
+
+def test_cudaloads_own_spread_is_judged_as_transformers_will_place_it() -> None:
+    """planner/gather.py and policy/placement.py `judge_upstream_placement`: ~33.7 GiB under 2 x 17.6 GiB of
+    budget fits by the sums, but transformers' device_map="auto" keeps the largest layer's room on GPU 0
+    and puts the rest on disk: the plan says so (tests/test_upstream_round4.py has the numbers)."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=151936, hidden_size=5120, intermediate_size=17408, num_hidden_layers=50,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, dtype="bfloat16",
+    )  # fmt: skip
+    plan = cudaload.plan(config, machine=Machine.simulated("A10G", count=2))
+    assert plan.kwargs["device_map"] == "auto"
+    assert any("transformers will put" in w and "on disk" in w for w in plan.warnings)
+
+
+def test_a_probe_estimate_decodes_from_the_second_new_token() -> None:
+    """policy/measured.py `probe_estimate`: as `record_estimate` above, the first new token comes out of the
+    prefill, so decoding costs nothing for 0 or 1 new tokens and grows by one token's time after that."""
+    from cudaload.policy.measured import probe_estimate
+
+    probe, model = _probe(1.3), shrunk(QWEN_06B, checkpoint_dtype="float32")
+    decode = {n: probe_estimate(probe, model, "float32", Workload(8, n)).decode for n in (0, 1, 2, 11)}  # type: ignore[union-attr]
+    assert decode[0] == decode[1] == 0.0 and decode[2] > 0
+    assert math.isclose(decode[11], 10 * decode[2])
+
+
+class SafetensorError(Exception):
+    """Named as safetensors' own error (its Rust binding raises `safetensors_rust.SafetensorError`)."""
+
+
+@pytest.mark.parametrize(
+    ("raised", "cause"),
+    [
+        (SafetensorError("Error while deserializing"), "the weights file is truncated or corrupt"),
+        (ImportError("needs the foo package"), "the checkpoint needs a package that is not installed"),
+        (OSError("no file named model.safetensors"), "a file the model needs is missing or unreadable"),
+    ],
+)
+def test_a_load_failure_is_named_by_its_likely_cause(
+    config_only: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception, cause: str
+) -> None:
+    """loaders/attribution.py: what from_pretrained raised, when no other attention can help, is explained
+    by its kind: a corrupt safetensors file, a missing package, a missing file."""
+
+    def failing(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(failing))
+    with pytest.raises(LoadFailedError, match=f"Likely cause: {cause}"):
+        cudaload.load(str(config_only), machine=Machine.simulated())
+
+
+@pytest.mark.parametrize(("length", "shown"), [(58, "'" + "a" * 58 + "'"), (59, "'" + "a" * 58 + "…")])
+def test_an_unknown_load_failure_shows_each_argument_up_to_60_characters(
+    config_only: Path, monkeypatch: pytest.MonkeyPatch, length: int, shown: str
+) -> None:
+    """loaders/attribution.py: for a cause cudaload does not know, the message lists what from_pretrained
+    was called with, each value's repr whole up to 60 characters, else its first 59 and an ellipsis."""
+
+    def failing(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("something else")
+
+    import transformers
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", classmethod(failing))
+    with pytest.raises(LoadFailedError, match="not one cudaload recognises") as raised:
+        cudaload.load(str(config_only), machine=Machine.simulated(), revision="a" * length)
+    assert f"revision={shown}:" in str(raised.value) or f"revision={shown}," in str(raised.value)
+
+
+@pytest.mark.slow
+def test_a_plan_that_fell_back_passes_the_attention_it_fell_back_to(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """loaders/apply.py: after flash_attention_2 fails at load (transformers' `_flash_attn_import_error`:
+    no flash-attn here), the applied plan's from_pretrained arguments name the attention it fell back to,
+    the same one its decision names."""
+    import transformers.modeling_flash_attention_utils as flash_utils
+
+    monkeypatch.setattr(flash_utils, "_loaded_implementation", None)
+    a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        model = cudaload.load(str(tiny_models["llama"]), machine=a100, device_map="cpu", dtype="bfloat16")
+    applied = model.cudaload_plan
+    assert [f.option for f in applied.fallbacks] == ["flash_attention_2"]
+    fell_to = applied.plan.decision("attn_implementation").value
+    assert applied.plan.kwargs["attn_implementation"] == fell_to == applied.attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "splits"), [(64, 8, True), (64, 4, False), (60, 8, False)])
+def test_tensor_parallel_needs_every_head_count_to_split_over_a_nodes_ranks(
+    heads: int, kv_heads: int, splits: bool
+) -> None:
+    """policy/parallelism.py: "tp+fsdp" shards attention heads over a node's ranks, which needs both the
+    query heads and the key-value heads to divide by them (transformers' tensor-parallel plan splits each
+    projection by heads); one that does not divide rules it out, whichever it is."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    model = replace(LLAMA_SHAPES["70B"], attention_heads=heads, kv_heads=kv_heads)
+    h100 = Machine.simulated("H100", count=8)
+    plan = cudaload.plan(model, machine=h100, finetune=True, nodes=2, interconnect="infiniband-ndr")
+    reason = {r.value: r.reason for r in plan.decision("parallelism").rejected}["tp+fsdp"]
+    assert ("do not split over 8 ranks of a node" in reason) is not splits, reason
+    if not splits:
+        assert reason.startswith(f"{heads} heads / {kv_heads} key-value heads")
+
+
+def test_a_launch_of_one_rank_a_node_plans_as_many_nodes_of_one_rank() -> None:
+    """policy/parallelism.py `planned_layout`: a rank plans the job it is in, nodes = world size / ranks on
+    a node; torchrun's LOCAL_WORLD_SIZE 1 (one GPU a node) is 2 nodes of 1 rank, not 1 node of 2."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    launch = Launch(launcher="torchrun", rank=1, local_rank=0, world_size=2, local_world_size=1)
+    plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated("H100", launch=launch), finetune=True)
+    assert plan.finetune is not None and plan.finetune.parallelism is not None
+    assert (plan.finetune.parallelism["nodes"], plan.finetune.parallelism["ranks_per_node"]) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "native"),
+    [(("avx2", "avx512f", "avx512_fp16"), True), (("avx2", "amx_fp16"), True), (("avx2", "avx512f"), False)],
+)
+def test_either_native_fp16_flag_makes_float16_a_trade_on_an_unmeasured_cpu(flags: tuple, native: bool) -> None:
+    """policy/precision.py, the static CPU table: AVX512-FP16 or AMX-FP16 (either one) runs fp16 natively,
+    so float16 is rejected as a trade you may take; without both it is converted op by op."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated(None, cpu_flags=flags))
+    reason = {r.value: r.reason for r in plan.decision("dtype").rejected}["float16"]
+    assert ("runs it natively" in reason) is native and ("no native fp16" in reason) is not native
+
+
+def test_sizes_are_written_in_kib_below_one_mib_and_in_mib_from_it() -> None:
+    """policy/fit.py `format_bytes` (every size in a reason or warning): the unit changes at 1 MiB exactly."""
+    from cudaload.policy.fit import format_bytes
+
+    assert format_bytes(2**20 - 1024) == "1023.0 KiB" and format_bytes(2**19) == "512.0 KiB"
+    assert format_bytes(2**20) == "1.0 MiB" and format_bytes(-(2**20)) == "-1.0 MiB"
+
+
+@pytest.mark.parametrize(
+    ("gpu", "bitsandbytes", "usable"),
+    [("A10G", "0.45.0", False), (None, "0.45.0", False), ("A10G", "0.46.1", True), (None, "0.46.1", True)],
+)
+def test_bitsandbytes_older_than_transformers_accepts_is_refused_on_any_device(
+    gpu: str | None, bitsandbytes: str, usable: bool
+) -> None:
+    """policy/quantization.py `method_status`: the package's record (facts/quant_methods.py) holds the oldest
+    bitsandbytes transformers accepts (import_utils BITSANDBYTES_MIN_VERSION, 0.46.1 in 5.22-5.25), which is
+    also the first with a CPU backend: older is refused on a GPU and on a CPU alike, naming the bound."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    machine = Machine.simulated(gpu, packages={"bitsandbytes": bitsandbytes})
+    if usable:
+        plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
+        assert plan.decision("quantize").value == "4bit"
+    else:
+        with pytest.raises(cudaload.MissingPackageError, match=r"older than 0\.46\.1.*bitsandbytes>=0\.46\.1"):
+            cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
+
+
+def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_root_too() -> None:
+    """policy/rank_sizing.py (its docstring): FSDP2 full shard and ZeRO-3 hold two layers unsharded on each
+    rank, the one running and the one prefetched; FSDP2 also its root module's own parameters (embeddings,
+    lm_head), hybrid shard the same; ZeRO-3 partitions those too."""
+    from cudaload.facts.interconnect import ParallelLayout, interconnect
+    from cudaload.facts.shapes import LLAMA_SHAPES
+    from cudaload.policy.parallelism import full_training_shape
+    from cudaload.policy.rank_sizing import size_rank
+
+    shape = full_training_shape(LLAMA_SHAPES["7B"], dtype="bfloat16", seq_len=2048, checkpointing=True)
+    layout = ParallelLayout(2, 8, interconnect(None))
+    assert shape.layer_bytes > 0 and shape.root_bytes > 0
+    buffers = {
+        strategy: size_rank(strategy, shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0).buffers
+        for strategy in ("fsdp", "fsdp-hybrid", "deepspeed-zero3", "deepspeed-zero3-offload")
+    }
+    two_layers = 2 * shape.layer_bytes
+    assert buffers["fsdp"] == buffers["fsdp-hybrid"] == two_layers + shape.root_bytes
+    assert buffers["deepspeed-zero3"] == buffers["deepspeed-zero3-offload"] == two_layers
+    zero2 = size_rank("deepspeed-zero2", shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0)
+    assert zero2.buffers == 0 and zero2.cpu_offloaded == 0  # ZeRO-2 keeps whole weights: nothing gathered
+
+
+@pytest.mark.parametrize(
+    ("model_class", "task_type"),
+    [("LlamaForTokenClassification", "TOKEN_CLS"), ("LlamaModel", "FEATURE_EXTRACTION")],
+)
+def test_a_model_class_you_name_gets_the_lora_task_of_its_head(model_class: str, task_type: str) -> None:
+    """policy/training.py: a model loaded through its own class (model_class=..., no Auto class) gets peft's
+    task type of the Auto class its name ends with ("...ForTokenClassification": TOKEN_CLS); a bare base
+    model ("LlamaModel") matches no head and is a feature extractor, not a causal LM."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    model = replace(LLAMA_SHAPES["7B"], model_class=model_class, auto_class=model_class)
+    plan = cudaload.plan(model, machine=Machine.simulated("A100"), finetune=True)
+    assert plan.finetune is not None and plan.finetune.lora["task_type"] == task_type
+
+
+def test_flash_attention_4_says_transformers_pads_a_narrower_value_head() -> None:
+    """policy/flash_rules.py: for MLA (DeepSeek-V3: query-key 192, value 128) transformers pads V up to the
+    query-key dim (integrations/flash_attention.py), so FA4 on sm100 is refused for 192/192, and says why."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    mla = replace(LLAMA_SHAPES["7B"], head_dims=(128, 192), qk_v_head_dims=(192, 128))
+    b200 = Machine.simulated("B200", packages={"flash-attn": "2.8.3", "flash-attn-4": "4.0.1"})
+    plan = cudaload.plan(mla, machine=b200)
+    reason = {r.value: r.reason for r in plan.decision("attn_implementation").rejected}["flash_attention_4"]
+    assert "transformers pads V 128 up to the query-key dim 192, so the kernel gets 192/192" in reason
+
+
+def test_caps_without_a_cpu_key_send_the_rest_to_disk_and_none_to_the_cpu() -> None:
+    """policy/placement.py `_capped_placement`: accelerate fills the GPUs you cap, then the "cpu" cap, then
+    disk; with no "cpu" key transformers adds "disk" (integrations/accelerate.py
+    `_init_infer_auto_device_map`), so nothing lands on the CPU."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    plan = cudaload.plan(LLAMA_SHAPES["7B"], machine=Machine.simulated("A10G"), max_memory={0: "4GiB"})
+    reason = plan.decision("device_map").reason
+    assert "(~4.0 GiB on the GPUs, ~8.6 GiB on disk)" in reason and "on the CPU" not in reason
+
+
+@pytest.mark.parametrize("unknown", ["vocab_size", "hidden_size"])
+def test_without_an_lm_head_prefill_time_is_proportional_to_the_prompt(unknown: str) -> None:
+    """policy/measured.py `probe_estimate`: the lm_head term (vocab x hidden, once per prefill) is zero for a
+    model whose config gives no vocabulary or hidden size, so the prefill estimate is the body's alone: twice
+    the prompt, twice the time (with both known, the head's constant term breaks the proportion)."""
+    from cudaload.policy.measured import probe_estimate
+
+    probe = _probe(1.3)
+
+    def prefill(model: Any, prompt: int) -> float:
+        estimate = probe_estimate(probe, model, "float32", Workload(prompt, 1))
+        assert estimate is not None
+        return estimate.prefill
+
+    headless = replace(shrunk(QWEN_06B, checkpoint_dtype="float32"), **{unknown: None})
+    assert math.isclose(prefill(headless, 16), 2 * prefill(headless, 8), rel_tol=1e-12)
+    headed = shrunk(QWEN_06B, checkpoint_dtype="float32")
+    assert not math.isclose(prefill(headed, 16), 2 * prefill(headed, 8), rel_tol=1e-6)
+
+
+def test_a_rank_that_sees_one_gpu_is_not_asked_about_tensor_parallel() -> None:
+    """policy/tensor_parallel.py: tensor parallel splits layers over the GPUs a rank's process can drive; a
+    launch that gives each rank one GPU (CUDA_VISIBLE_DEVICES per rank) leaves no tp_plan question."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    launch = Launch(launcher="torchrun", rank=1, local_rank=1, world_size=2, local_world_size=2)
+    one = cudaload.plan(LLAMA_SHAPES["70B"], machine=Machine.simulated("H100", count=1, launch=launch))
+    with pytest.raises(KeyError):
+        one.decision("tp_plan")
+    two = cudaload.plan(LLAMA_SHAPES["70B"], machine=Machine.simulated("H100", count=2, launch=launch))
+    assert two.decision("tp_plan") is not None

@@ -159,9 +159,9 @@ def test_a_tp_plan_you_pass_drops_the_device_map() -> None:
 
 
 def test_tp_plan_becomes_a_distributed_config_for_transformers() -> None:
-    from transformers.distributed import DistributedConfig
-
     from dataclasses import replace
+
+    from transformers.distributed import DistributedConfig
 
     from cudaload.planner.apply_facts import apply_facts
 

@@ -5,6 +5,9 @@ Config-only folders with real model shapes (gpt-oss-120b/20b, Llama-3-8B) planne
 machines. Every expected size is computed here by hand from the shapes and upstream's storage rules
 (transformers 5.22.2 quantizers; see docs/decisions.md, "Already-quantized checkpoints"), not by
 calling cudaload's sizing.
+
+The rules are those of cudaload.policy.checkpoint_quantization, reached through plan(): naming the module here
+makes tools/mutate.py run this file for that module's mutants.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Upstream, round 4 (issue 29, and issue 28 item 2): each case is built from upstream's rule (the line
-each cites), not by calling the implementation's helpers."""
+each cites), not by calling the implementation's helpers.
+
+The current-device and pre-quantized cases check cudaload.policy.current_device and
+cudaload.policy.checkpoint_quantization through plan(): naming the modules here makes tools/mutate.py run this
+file for their mutants."""
 
 from __future__ import annotations
 
