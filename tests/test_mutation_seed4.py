@@ -44,7 +44,7 @@ def _launch(local_rank: int, strategy: str | None = None, zero_stage: int | None
 
 
 def test_a_copy_too_big_for_any_gpu_keeps_every_gpu_of_a_mixed_machine() -> None:
-    """policy/current_device.py `placed_machine`: on a T4 + A100, a 16-bit copy that fits the A100 makes the
+    """cudaload.policy.current_device `placed_machine`: on a T4 + A100, a 16-bit copy that fits the A100 makes the
     A100 alone decide; one that fits neither GPU spreads over both, so both decide (the T4 among them: no
     bf16), not the GPU with the most free memory."""
     from cudaload.policy.current_device import placed_machine
@@ -55,7 +55,7 @@ def test_a_copy_too_big_for_any_gpu_keeps_every_gpu_of_a_mixed_machine() -> None
 
 
 def test_no_current_device_is_set_for_a_rank_that_loads_unquantized() -> None:
-    """policy/current_device.py `decide_rank_device`: only a quantized FSDP / ZeRO-3 rank needs its CUDA
+    """cudaload.policy.current_device `decide_rank_device`: only a quantized FSDP / ZeRO-3 rank needs its CUDA
     device made current (bitsandbytes loads onto torch.cuda.current_device()); an unquantized one, or a
     device_map you gave, leaves torch's current device alone."""
     from cudaload.policy.current_device import decide_rank_device
@@ -69,7 +69,7 @@ def test_no_current_device_is_set_for_a_rank_that_loads_unquantized() -> None:
 
 @pytest.mark.parametrize(("strategy", "stage", "named"), [("fsdp", None, "FSDP"), ("deepspeed", 3, "DeepSpeed ZeRO-3")])
 def test_the_rank_device_reason_names_the_launchs_own_sharder(strategy: str, stage: int | None, named: str) -> None:
-    """policy/current_device.py `sharder` (through `decide_rank_device`): the reason for setting a quantized
+    """cudaload.policy.current_device `sharder` (through `decide_rank_device`): the reason for setting a quantized
     rank's device names the sharder that launched it, FSDP or DeepSpeed ZeRO-3, never the other."""
     from cudaload.policy.current_device import decide_rank_device
 
@@ -81,7 +81,7 @@ def test_the_rank_device_reason_names_the_launchs_own_sharder(strategy: str, sta
 
 
 def test_training_arguments_are_judged_on_the_launchers_local_rank_gpu() -> None:
-    """policy/current_device.py `current_gpu_when_training`: TrainingArguments runs on LOCAL_RANK's GPU under
+    """cudaload.policy.current_device `current_gpu_when_training`: TrainingArguments runs on LOCAL_RANK's GPU under
     a launcher (rank 1 of a T4 + A100 node is on the A100), and on cuda:0 without one."""
     from cudaload.policy.current_device import current_gpu_when_training
 
@@ -96,7 +96,7 @@ def test_training_arguments_are_judged_on_the_launchers_local_rank_gpu() -> None
 
 
 def test_a_flash_attention_hub_kernel_is_blocked_only_without_a_gpu() -> None:
-    """policy/attention_checks.py `check_attention` (`_hub_repository`): a FlashAttention Hub kernel of your
+    """cudaload.policy.attention_checks `check_attention` (`_hub_repository`): a FlashAttention Hub kernel of your
     own repository is built for CUDA: on a CPU-only machine that is a blocker, on a GPU it is none."""
     from cudaload.policy.attention_checks import check_attention
 
@@ -112,7 +112,7 @@ def test_a_flash_attention_hub_kernel_is_blocked_only_without_a_gpu() -> None:
 
 
 def test_weights_that_exactly_fill_the_gpu_are_not_offloaded() -> None:
-    """policy/generation.py `decide_generation`: with device_map="auto", weights that fill the GPU to the
+    """cudaload.policy.generation `decide_generation`: with device_map="auto", weights that fill the GPU to the
     byte leave a KV budget of 0 but are not offloaded, so generate() still compiles a static cache; a few
     bytes more and accelerate offloads, which `_valid_auto_compile_criteria` refuses."""
     from cudaload.facts.kv_cache import GenerationFacts, KvLayers
@@ -144,7 +144,7 @@ def test_weights_that_exactly_fill_the_gpu_are_not_offloaded() -> None:
 
 
 def test_a_model_of_unknown_width_adds_no_kept_layer_inputs() -> None:
-    """policy/memory.py `estimate_training_memory`: gradient checkpointing keeps each layer's input
+    """cudaload.policy.memory `estimate_training_memory`: gradient checkpointing keeps each layer's input
     (hidden_size x tokens a layer); for a model whose hidden_size is unknown none is invented, so its
     activation estimate does not grow with the layer count, while a known width's does, by exactly the
     kept inputs."""
@@ -164,7 +164,7 @@ def test_a_model_of_unknown_width_adds_no_kept_layer_inputs() -> None:
 
 
 def test_sharding_never_replaces_a_checkpoints_own_quantization_or_a_16_bit_base() -> None:
-    """policy/parallelism.py `sixteen_bit_when_sharded`: 16-bit across the ranks replaces only the quantized
+    """cudaload.policy.parallelism `sixteen_bit_when_sharded`: 16-bit across the ranks replaces only the quantized
     base quantize="auto" chose for one GPU. A pre-quantized checkpoint keeps its own quantization across two
     nodes (it cannot be trained unquantized from its stored weights), and a model whose 16-bit LoRA fits
     one GPU keeps that reason, not "does not fit one GPU"."""
@@ -181,7 +181,7 @@ def test_sharding_never_replaces_a_checkpoints_own_quantization_or_a_16_bit_base
 
 
 def test_a_trainable_prequantized_checkpoint_is_fine_tuned_as_stored() -> None:
-    """policy/quantization.py `_checkpoint_quantize` (through `cudaload.plan(finetune=True)`): a bitsandbytes
+    """cudaload.policy.quantization `_checkpoint_quantize` (through `cudaload.plan(finetune=True)`): a bitsandbytes
     4-bit checkpoint, whose quantizer trains, gets quantize "checkpoint"; an MXFP4 one, whose quantizer does
     not (Mxfp4HfQuantizer.is_trainable is False), raises and says how to dequantize it."""
     h100 = Machine.simulated("H100", packages={**WITH_BNB, "triton": "3.5.0", "kernels": "0.17.2"})
@@ -196,7 +196,7 @@ def test_a_trainable_prequantized_checkpoint_is_fine_tuned_as_stored() -> None:
 
 
 def test_tensor_parallel_moves_four_activation_all_reduces_a_layer() -> None:
-    """policy/rank_sizing.py `size_rank` ("tp+fsdp"): Megatron tensor parallelism all-reduces a layer's
+    """cudaload.policy.rank_sizing `size_rank` ("tp+fsdp"): Megatron tensor parallelism all-reduces a layer's
     activations twice in the forward and twice in the backward (Shoeybi et al. 2019, section 3), each ring
     all-reduce a reduce-scatter plus an all-gather, 2 x (n-1)/n of the tensor a rank. On one node of 8 that
     is all of the rank's traffic (nothing crosses nodes)."""
@@ -219,7 +219,7 @@ def test_tensor_parallel_moves_four_activation_all_reduces_a_layer() -> None:
 
 
 def test_only_a_multi_node_accelerate_launch_passes_the_main_address() -> None:
-    """launch_writer.py `launch_files` (accelerate-launch.sh): the default address "$MASTER_ADDR" is read by
+    """cudaload.launch_writer `launch_files` (accelerate-launch.sh): the default address "$MASTER_ADDR" is read by
     the shell, so a job of several nodes passes it as --main_process_ip; one node rendezvous locally and
     passes none."""
     from cudaload.facts.shapes import LLAMA_SHAPES
@@ -240,7 +240,7 @@ def test_only_a_multi_node_accelerate_launch_passes_the_main_address() -> None:
 
 
 def test_an_attention_that_cannot_be_read_back_is_not_reported() -> None:
-    """loaders/readback.py `read_back`: only what is read from the model is compared. A model with no
+    """cudaload.loaders.readback `read_back`: only what is read from the model is compared. A model with no
     config (nothing to read the attention from) differs in nothing; one that reports another attention is
     named with both values; a plan that leaves attn_implementation to transformers compares none."""
     from cudaload.loaders.readback import read_back
