@@ -28,7 +28,7 @@ GiB = 2**30
 # ---- launch_check.py ------------------------------------------------------------------------------
 
 
-def test_a_plan_without_a_parallelism_section_is_one_rank_on_one_node(tmp_path: Path) -> None:
+def test_a_plan_without_a_parallelism_section_is_one_rank_on_one_node() -> None:
     """cudaload.launch_check `check_launched_plan`: a fine-tuning plan made without a launch has no parallelism
     section and runs as 1 node x 1 rank: against a launch written for one GPU only the strategy differs (that
     launch decided one), not the layout, and against a launch of
@@ -45,7 +45,9 @@ def test_a_plan_without_a_parallelism_section_is_one_rank_on_one_node(tmp_path: 
         check_launched_plan(plain, single.manifest)
     assert "parallelism: this rank null" in str(same_layout.value) and "layout:" not in str(same_layout.value)
     eight = cudaload.launch_files(model, machine=Machine.simulated("H100", count=8), emit=("torchrun",))
-    with pytest.raises(cudaload.LaunchMismatchError, match=r"layout: this launch runs 1 node\(s\) x 1 ranks, planned 1 x 8"):
+    with pytest.raises(
+        cudaload.LaunchMismatchError, match=r"layout: this launch runs 1 node\(s\) x 1 ranks, planned 1 x 8"
+    ):
         check_launched_plan(plain, eight.manifest)
 
 
@@ -190,13 +192,13 @@ def test_lora_computes_two_thirds_of_full_training_a_step() -> None:
     checkpointing adds a forward's 2 to each."""
     from cudaload.facts.interconnect import ParallelLayout, interconnect
     from cudaload.policy.parallelism import full_training_shape
-    from cudaload.policy.rank_sizing import size_rank
+    from cudaload.policy.rank_sizing import TrainingShape, size_rank
 
     full = full_training_shape(LLAMA_SHAPES["7B"], dtype="bfloat16", seq_len=2048, checkpointing=False)
     one = ParallelLayout(1, 1, interconnect(None))
 
-    def compute(shape: object) -> float:
-        size = size_rank("ddp", shape, one, micro_batch=1, gpu_link=450e9, tflops=989.0, overhead=0)  # type: ignore[arg-type]
+    def compute(shape: TrainingShape) -> float:
+        size = size_rank("ddp", shape, one, micro_batch=1, gpu_link=450e9, tflops=989.0, overhead=0)
         assert size.compute_s is not None
         return size.compute_s
 
