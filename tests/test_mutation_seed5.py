@@ -80,30 +80,17 @@ def test_a_zero2_plan_writes_a_stage_2_deepspeed_config() -> None:
 
 
 def test_an_attention_fallback_warning_names_the_next_option_in_the_chain(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tiny_models: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     """cudaload.loaders.apply `apply_plan`: when an attention option fails, the WARNING names the option tried
     next, the one after it in the plan's chain, which is the attention the model ends up with."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(tmp_path)
+    model_dir = tiny_models["llama"]  # conftest.py: a saved 2-layer Llama
     a100 = Machine.simulated("A100", packages={"flash-attn": "2.8.3"})  # plans FA2; this CPU cannot run it
-    plan = cudaload.plan(str(tmp_path), machine=a100, device_map="cpu", dtype="bfloat16")
+    plan = cudaload.plan(str(model_dir), machine=a100, device_map="cpu", dtype="bfloat16")
     chain = plan.attention_chain
     assert chain[0] == "flash_attention_2" and len(chain) >= 3  # a next-but-one option exists to be confused with
     caplog.set_level(logging.WARNING, logger="cudaload")
-    model = cudaload.load(str(tmp_path), machine=a100, device_map="cpu", dtype="bfloat16")
+    model = cudaload.load(str(model_dir), machine=a100, device_map="cpu", dtype="bfloat16")
     (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith("cudaload")]
     assert warning.endswith(f"falling back to {chain[1]}")
     assert model.cudaload_plan.attn_implementation == chain[1]
