@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import ast
 import glob
-import json
 import os
 import random
 import re
@@ -447,12 +446,8 @@ def _report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
         if o.status == "survived":
             print(f"  survived: {o.mutant.describe()}")
     if args.json:
-        from cudaload.bench.environment import result_path
-        from cudaload.capability import detect
+        from cudaload.bench.environment import write_benchmark_record
 
-        results = ROOT / "benchmarks" / "results"
-        target = Path(result_path(results, detect(), "mutation")) if args.json == "results" else Path(args.json)
-        target.parent.mkdir(parents=True, exist_ok=True)
         result = {
             "command": " ".join(["python", "tools/mutate.py", *sys.argv[1:]]),
             "seed": args.seed,
@@ -464,7 +459,8 @@ def _report(outcomes: list[Outcome], args: argparse.Namespace) -> int:
                 {**asdict(o.mutant), **{k: v for k, v in asdict(o).items() if k != "mutant"}} for o in outcomes
             ],
         }
-        target.write_text(json.dumps(result, indent=2) + "\n")
+        # Led by the machine and the versions, as every benchmark record (bench/environment.py).
+        target = write_benchmark_record(args.json, ROOT / "benchmarks" / "results", "mutation", result)
         print(f"written: {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target}")
     return 0
 
