@@ -156,7 +156,8 @@ def test_invalid_launch_variables_are_refused_with_their_names(env, problem) -> 
 
 
 def test_a_valid_launch_has_no_problems() -> None:
-    launch = read_launch({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "x"})
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "x"}
+    launch = read_launch(env)  # torchrun sets LOCAL_WORLD_SIZE too
     assert launch.problems == () and launch.local_rank == 1
     assert plan_for(Machine.simulated("A100", count=2, launch=launch)).kwargs["device_map"] == {"": 1}
 

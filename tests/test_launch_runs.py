@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import cudaload
-from cudaload.launch_writer import launch_invariants
+from cudaload.launch import launch_invariants
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

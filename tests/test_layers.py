@@ -55,16 +55,15 @@ ALLOWED: dict[str, set[str]] = {
     "facade": {"facts", "plans", "planner", "loaders", "request"},  # load(): plan(), then apply_plan(); no probe
     "tokenizer": {"facts", "plans", "request"},
     # the launch files for a plan (torchrun, accelerate, DeepSpeed, SLURM) and the check launched ranks make
-    "launch_writer": {"facts", "plans", "planner"},
-    "launch_check": {"plans", "launch_writer"},
-    "finetune": {"facts", "plans", "planner", "loaders", "request", "launch_check"},  # no probe: the plan's facts
+    "launch": {"facts", "plans", "planner"},
+    "finetune": {"facts", "plans", "planner", "loaders", "request", "launch"},  # no probe: the plan's facts
     "pipelines": {"facade", "tokenizer", "plans"},
     "smollm2": {"capability"},  # the real demo model: found in an installed package, converted into the cache
     "demo": {"facade", "tokenizer", "smollm2", "capability"},  # capability: the cache folder the demo builds in
     "bench": FACADE | {"policy", "demo", "smollm2"},
-    "cli": FACADE | {"policy", "demo", "bench", "smollm2", "launch_writer"},
+    "cli": FACADE | {"policy", "demo", "bench", "smollm2", "launch"},
     "__main__": {"cli"},
-    "__init__": FACADE | {"demo", "launch_writer"},  # the lazy name table; its imports are TYPE_CHECKING only
+    "__init__": FACADE | {"demo", "launch"},  # the lazy name table; its imports are TYPE_CHECKING only
 }
 
 

@@ -215,11 +215,11 @@ def test_tensor_parallel_moves_four_activation_all_reduces_a_layer() -> None:
     assert size.comm_bytes == int(4 * 2 * 7 / 8 * activation * shape.layers)
 
 
-# ---- launch_writer.py -----------------------------------------------------------------------------
+# ---- launch/files.py ----------------------------------------------------------------------------
 
 
 def test_only_a_multi_node_accelerate_launch_passes_the_main_address() -> None:
-    """cudaload.launch_writer `launch_files` (accelerate-launch.sh): the default address "$MASTER_ADDR" is read by
+    """cudaload.launch `launch_files` (accelerate-launch.sh): the default address "$MASTER_ADDR" is read by
     the shell, so a job of several nodes passes it as --main_process_ip; one node rendezvous locally and
     passes none."""
     from cudaload.facts.shapes import LLAMA_SHAPES
@@ -233,7 +233,7 @@ def test_only_a_multi_node_accelerate_launch_passes_the_main_address() -> None:
         return files.files["accelerate-launch.sh"]
 
     assert "--main_process_ip" not in script(1)
-    assert "--main_process_ip $MASTER_ADDR train.py" in script(2)
+    assert '--main_process_ip "${MASTER_ADDR}" train.py' in script(2)
 
 
 # ---- loaders/readback.py --------------------------------------------------------------------------

@@ -25,15 +25,15 @@ from model_shapes import llama
 GiB = 2**30
 
 
-# ---- launch_check.py ------------------------------------------------------------------------------
+# ---- launch/check.py -----------------------------------------------------------------------------
 
 
 def test_a_plan_without_a_parallelism_section_is_one_rank_on_one_node() -> None:
-    """cudaload.launch_check `check_launched_plan`: a fine-tuning plan made without a launch has no parallelism
+    """cudaload.launch `check_launched_plan`: a fine-tuning plan made without a launch has no parallelism
     section and runs as 1 node x 1 rank: against a launch written for one GPU only the strategy differs (that
     launch decided one), not the layout, and against a launch of
     8 ranks the layout difference names 1 node(s) x 1 ranks."""
-    from cudaload.launch_check import check_launched_plan
+    from cudaload.launch import check_launched_plan
 
     model = LLAMA_SHAPES["7B"]
     one_gpu = Machine.simulated("H100")
@@ -51,11 +51,11 @@ def test_a_plan_without_a_parallelism_section_is_one_rank_on_one_node() -> None:
         check_launched_plan(plain, eight.manifest)
 
 
-# ---- launch_writer.py -----------------------------------------------------------------------------
+# ---- launch/files.py ----------------------------------------------------------------------------
 
 
 def test_a_zero2_plan_writes_a_stage_2_deepspeed_config() -> None:
-    """cudaload.launch_writer `deepspeed_config`: a plan that chose DeepSpeed ZeRO-2 gets a ds_config.json of
+    """cudaload.launch `deepspeed_config`: a plan that chose DeepSpeed ZeRO-2 gets a ds_config.json of
     ZeRO stage 2, without the stage-3 keys (gathering 16-bit weights on save) or an optimizer offload; ZeRO-3
     gets stage 3 with its gather key."""
 

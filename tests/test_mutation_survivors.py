@@ -828,7 +828,7 @@ def _launch_files(tmp_path: Path, nodes: int, **kwargs: Any) -> tuple[cudaload.L
 
 
 def test_a_one_node_launch_names_no_main_process_address(tmp_path: Path) -> None:
-    """launch_writer.py `_accelerate_yaml`: accelerate's single-machine config has no main_process_ip (the
+    """launch/accelerate.py `accelerate_config`: accelerate's single-machine config has no main_process_ip (the
     rendezvous is local); the address you gave is written only for a job of several nodes."""
     _, one = _launch_files(tmp_path / "one", nodes=1, parallelism="fsdp")
     assert one.num_machines == 1 and one.main_process_ip is None
@@ -837,7 +837,7 @@ def test_a_one_node_launch_names_no_main_process_address(tmp_path: Path) -> None
 
 
 def test_tensor_parallel_with_fsdp_shards_data_across_nodes_and_tensors_inside(tmp_path: Path) -> None:
-    """launch_writer.py: "tp+fsdp" is tensor parallel inside a node and FSDP2 across nodes, which accelerate
+    """launch/accelerate.py: "tp+fsdp" is tensor parallel inside a node and FSDP2 across nodes, which accelerate
     1.16 takes as `parallelism_config` (parallelism_config.py `ParallelismConfig`: dp_shard_size x tp_size);
     plain FSDP shards over every rank and writes none."""
     files, tp = _launch_files(tmp_path / "tp", nodes=2, parallelism="tp+fsdp")
@@ -849,11 +849,11 @@ def test_tensor_parallel_with_fsdp_shards_data_across_nodes_and_tensors_inside(t
 
 @pytest.mark.parametrize("parallelism", [None, "fsdp"])
 def test_each_launched_rank_replans_with_the_parallelism_you_asked(tmp_path: Path, parallelism: str | None) -> None:
-    """launch_check.py `manifest_plan_arguments`: each launched rank plans with the manifest's arguments, so
+    """launch/check.py `manifest_plan_arguments`: each launched rank plans with the manifest's arguments, so
     the manifest keeps what you asked ("auto" when you named nothing; auto picks fsdp-hybrid here), and the
     rank's plan then agrees with the launch's (`check_launched_plan` raises nothing)."""
     from cudaload.facts.shapes import LLAMA_SHAPES
-    from cudaload.launch_check import check_launched_plan, manifest_plan_arguments
+    from cudaload.launch import check_launched_plan, manifest_plan_arguments
 
     files, _ = _launch_files(tmp_path, nodes=2, **({"parallelism": parallelism} if parallelism else {}))
     assert files.plan.decision("parallelism").value == (parallelism or "fsdp-hybrid")
@@ -866,7 +866,7 @@ def test_each_launched_rank_replans_with_the_parallelism_you_asked(tmp_path: Pat
 
 
 def test_a_deepspeed_config_clips_gradients_as_the_trainer_does(tmp_path: Path) -> None:
-    """launch_writer.py `_deepspeed_json`: transformers' Trainer checks a DeepSpeed config against its
+    """launch/deepspeed.py `deepspeed_config`: transformers' Trainer checks a DeepSpeed config against its
     TrainingArguments and refuses a gradient_clipping other than max_grad_norm (transformers 5.22
     integrations/deepspeed.py: `HfTrainerDeepSpeedConfig.trainer_config_process`, fill_match
     "gradient_clipping"): the config written clips as TrainingArguments' default does."""

@@ -14,8 +14,7 @@ import cudaload
 from cudaload.errors import FinetuneConfigError, LaunchMismatchError, PlacementError, SettingError
 from cudaload.facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, ParallelLayout, interconnect
 from cudaload.facts.shapes import LLAMA_SHAPES
-from cudaload.launch_check import check_launched_plan, read_manifest
-from cudaload.launch_writer import launch_invariants
+from cudaload.launch import check_launched_plan, launch_invariants, read_manifest
 from cudaload.policy.parallelism import decide_parallelism, full_training_shape
 from cudaload.policy.rank_sizing import size_rank
 
@@ -241,7 +240,7 @@ def test_torchrun_and_sbatch_scripts(tmp_path: Path) -> None:
     assert f"{expected} train.py --lr 1e-4" in node1 and "CUDALOAD_LAUNCH=" in node1
     sbatch = (tmp_path / "launch.sbatch").read_text()
     assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
-    assert "--node-rank $SLURM_NODEID" in sbatch and "$SLURM_SUBMIT_DIR/cudaload-launch.json" in sbatch
+    assert '--node-rank "$SLURM_NODEID"' in sbatch and '"$SLURM_SUBMIT_DIR/cudaload-launch.json"' in sbatch
 
 
 def test_a_rank_that_plans_otherwise_names_both_values(tmp_path: Path) -> None:

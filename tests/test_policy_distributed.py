@@ -38,7 +38,12 @@ TORCHRUN_NODE1 = {  # torchrun --nnodes 2 --node_rank 1 --nproc_per_node 4: glob
     "WORLD_SIZE": "8",
     "LOCAL_WORLD_SIZE": "4",
 }
-MPIRUN = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+MPIRUN = {  # Open MPI sets its local size too (OMPI_COMM_WORLD_LOCAL_SIZE)
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_RANK": "3",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+}
 
 
 @pytest.mark.parametrize(

@@ -74,8 +74,8 @@ DEFAULT_FILES = (
     "src/cudaload/loaders*.py",
     "src/cudaload/loaders/**/*.py",
     # The parallelism code outside policy/ (policy/parallelism.py and rank_sizing.py are in the first glob).
-    "src/cudaload/launch_writer.py",
-    "src/cudaload/launch_check.py",
+    "src/cudaload/launch/files.py",
+    "src/cudaload/launch/check.py",
 )
 SURVIVORS = "tests/test_mutation_survivors.py"
 ALWAYS = (SURVIVORS, "tests/test_policy.py")

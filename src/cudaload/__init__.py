@@ -22,8 +22,8 @@ _EXPORTS = {
     "load": "cudaload.facade",
     "from_pretrained_kwargs": "cudaload.loaders",
     "load_for_finetune": "cudaload.finetune",
-    "launch_files": "cudaload.launch_writer",
-    "LaunchFiles": "cudaload.launch_writer",
+    "launch_files": "cudaload.launch",
+    "LaunchFiles": "cudaload.launch",
     "LaunchMismatchError": "cudaload.errors",
     "training_arguments": "cudaload.finetune",
     "AppliedPlan": "cudaload.loaders",
@@ -136,7 +136,7 @@ if TYPE_CHECKING:
     from .facts.machine import Cpu, DtypeProbe, Gpu, Hub, HubKernel, Launch, Machine, Software, TuningRecord
     from .facts.model import ModelFacts
     from .finetune import load_for_finetune, training_arguments
-    from .launch_writer import LaunchFiles, launch_files
+    from .launch import LaunchFiles, launch_files
     from .loaders import AppliedPlan, Fallback, from_pretrained_kwargs
     from .pipelines import pipeline
     from .planner import plan

@@ -15,6 +15,7 @@ __all__ = [
     "CudaloadWarning",
     "DtypeUnsupportedError",
     "FinetuneConfigError",
+    "LaunchManifestError",
     "LoadFailedError",
     "MissingPackageError",
     "ModelConfigError",
@@ -269,13 +270,36 @@ class LaunchMismatchError(CudaloadError, RuntimeError):
 
     Examples:
         >>> import json, tempfile, pathlib, cudaload
-        >>> from cudaload.launch_check import read_manifest
+        >>> from cudaload.launch import check_launched_plan, launch_files
+        >>> from cudaload.demo import build_tiny_model
+        >>> path = build_tiny_model(tempfile.mkdtemp())
+        >>> files = launch_files(path, machine=cudaload.Machine.simulated("H100", count=2), emit=["torchrun"])
+        >>> rank = cudaload.plan(path, finetune=True, nodes=2, machine=cudaload.Machine.simulated("H100", count=2))
+        >>> check_launched_plan(rank, files.manifest)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        cudaload.errors.LaunchMismatchError: This rank's plan ... layout: this launch runs 2 node(s) x 2 ranks, ...
+    """
+
+
+class LaunchManifestError(LaunchMismatchError):
+    """The launch manifest a rank was started with (`CUDALOAD_LAUNCH`) cannot be read as one.
+
+    Raised by `load_for_finetune()` in a launched rank when the file is missing, is not a regular file (a FIFO,
+    a device), is larger than a manifest can be, is not JSON, or lacks a field of its schema or has one of the
+    wrong type, or was written by another version of cudaload. The message names the file and what is wrong.
+    Copy the launch's `cudaload-launch.json` to every node at that path (write it again with `cudaload launch`
+    if it was damaged), or unset `CUDALOAD_LAUNCH`.
+
+    Examples:
+        >>> import json, tempfile, pathlib, cudaload
+        >>> from cudaload.launch import read_manifest
         >>> broken = pathlib.Path(tempfile.mkdtemp()) / "cudaload-launch.json"
         >>> _ = broken.write_text(json.dumps({"model": "m"}))
         >>> read_manifest({"CUDALOAD_LAUNCH": str(broken)})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        cudaload.errors.LaunchMismatchError: CUDALOAD_LAUNCH=... is not a cudaload launch manifest (cudaload_launch: 1).
+        cudaload.errors.LaunchManifestError: CUDALOAD_LAUNCH=... is not a cudaload launch manifest of version 2 ...
     """
 
 

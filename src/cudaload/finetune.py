@@ -128,13 +128,17 @@ def load_for_finetune(
     """
     if importlib.util.find_spec("peft") is None:
         raise MissingPackageError(f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}.")
-    from .launch_check import check_launched_plan, manifest_plan_arguments, read_manifest
+    from .launch import check_launch, check_launched_environment, manifest_plan_arguments, read_manifest
     from .planner import plan
     from .request import check_flag, model_class_name
 
     for name, value in (("strict", strict), ("allow_missing_weights", allow_missing_weights)):
         check_flag(name, value, allow_none=False)
     start = time.perf_counter()
+    # Started by the files `cudaload launch` wrote: plan with the launch's arguments, then agree with it.
+    manifest = read_manifest(os.environ)
+    if manifest is not None:  # a process no launcher started is told so before it plans
+        check_launched_environment(manifest, os.environ)
     if isinstance(model, Plan):
         given = {
             "quantize": quantize != "auto",
@@ -149,9 +153,7 @@ def load_for_finetune(
         _check_finetune_plan(model, [name for name, set_ in given.items() if set_])
         the_plan = model
     else:
-        # Started by the files `cudaload launch` wrote: plan with the launch's layout, then agree with it.
-        manifest = read_manifest(os.environ)
-        layout = manifest_plan_arguments(manifest) if manifest is not None else {}
+        layout = manifest_plan_arguments(manifest, os.environ) if manifest is not None else {}
         the_plan = plan(
             model,
             machine=machine,
@@ -164,8 +166,8 @@ def load_for_finetune(
             batch_size=batch_size,
             **{**layout, **overrides},
         )
-        if manifest is not None:
-            check_launched_plan(the_plan, manifest)
+    if manifest is not None:  # every rank agrees, or every rank stops here, before a weight is loaded
+        check_launch(the_plan, manifest)
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
     # peft imports bitsandbytes, whose import may fetch Hub code: cudaload imports it first, with the plan's consent.

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from worker_exit import exit_without_teardown
 
 import cudaload
-from cudaload.launch_writer import launch_invariants
+from cudaload.launch import launch_invariants
 
 STEPS = 3
 SEQ = 64

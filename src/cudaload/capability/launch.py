@@ -59,7 +59,17 @@ def read_launch(env: Mapping[str, str]) -> Launch:
     rank = _int("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID") or 0
     local_rank = _int("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID") or 0
     given_local = _int("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", least=1)
-    local_world_size = given_local or min(world_size, 1 + local_rank)
+    nodes = _int("SLURM_NNODES", "SLURM_JOB_NUM_NODES", least=1) if given_local is None else None
+    if given_local is None and nodes is not None and world_size % nodes == 0:
+        given_local = world_size // nodes  # SLURM without --ntasks-per-node: its tasks over its nodes
+    if given_local is None and world_size > 1:
+        # Guessing from LOCAL_RANK gives each rank another layout (rank 0 one node of 1, rank 3 one of 4).
+        problems.append(
+            f"{read.get('WORLD_SIZE', f'WORLD_SIZE={world_size}')} but LOCAL_WORLD_SIZE is not set (nor "
+            "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE or SLURM_NNODES): set LOCAL_WORLD_SIZE to the number of "
+            "processes on each node (torchrun and accelerate launch set it)"
+        )
+    local_world_size = given_local or 1
     sizes = read.get("WORLD_SIZE", f"WORLD_SIZE={world_size}")
     if rank >= world_size:
         problems.append(f"{read.get('RANK', f'RANK={rank}')} is not below {sizes}")

@@ -132,7 +132,34 @@ def _add_launch(sub: argparse._SubParsersAction[argparse.ArgumentParser], common
     launch.add_argument("--main-address", default="$MASTER_ADDR", help="node 0's address, the rendezvous endpoint")
     launch.add_argument("--port", type=_positive, default=29500, help="the rendezvous port (default 29500)")
     launch.add_argument("--manifest-path", help="where the ranks read cudaload-launch.json (default: beside them)")
+    launch.add_argument("--lora-r", type=_positive, help="the LoRA rank (default 16), as load_for_finetune(lora=...)")
+    launch.add_argument("--lora-alpha", type=_finite, help="the LoRA alpha (default 32)")
+    launch.add_argument("--lora-dropout", type=_finite, help="the LoRA dropout (default 0.05)")
+    launch.add_argument(
+        "--target-modules",
+        help="LoRA target modules: a comma list of layer names (q_proj,v_proj), or 'all-linear' (default: planned)",
+    )
+    launch.add_argument(
+        "--no-gradient-checkpointing",
+        dest="gradient_checkpointing",
+        action="store_false",
+        help="plan without gradient checkpointing (as load_for_finetune(gradient_checkpointing=False))",
+    )
     launch.add_argument("--out", help="the folder to write the files into (default: print them)")
+    launch.add_argument(
+        "--force", action="store_true", help="replace --out even when it holds files cudaload did not write"
+    )
+
+
+def _finite(text: str) -> float:
+    """An argparse type: a finite number (argparse names the option in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
 
 
 def add_parallel_options(parser: argparse.ArgumentParser) -> None:

@@ -148,10 +148,38 @@ def planned_layout(machine: Machine, training: TrainingRequest) -> ParallelLayou
     given = training.interconnect is not None
     if launch.distributed:
         local = max(launch.local_world_size, 1)
-        return ParallelLayout(max(launch.world_size // local, 1), local, link, given)
+        if launch.world_size % local:
+            raise PlacementError(
+                f"This launch runs WORLD_SIZE={launch.world_size} processes, LOCAL_WORLD_SIZE={local} a node: not a "
+                "whole number of nodes. Launch the same number of processes on every node."
+            )
+        nodes = launch.world_size // local
+        # Explicit values are never replaced by the launch's: a difference is an error that names both.
+        if training.nodes not in (None, nodes) or training.ranks_per_node not in (None, local):
+            asked = f"nodes={training.nodes}, ranks_per_node={training.ranks_per_node}"
+            raise PlacementError(
+                f"{asked} asked, but this process runs in a launch of {nodes} node(s) x {local} ranks "
+                f"(WORLD_SIZE={launch.world_size}, LOCAL_WORLD_SIZE={local}, from {launch.launcher}). Pass the "
+                "launch's layout, or drop nodes/ranks_per_node to plan this launch's."
+            )
+        return ParallelLayout(nodes, local, link, given)
     if training.nodes is None and training.ranks_per_node is None:
+        if given or training.parallelism != "auto":
+            named = [f"{k}={v!r}" for k, v in (("interconnect", training.interconnect),) if v is not None]
+            named += [] if training.parallelism == "auto" else [f"parallelism={training.parallelism!r}"]
+            raise SettingError(
+                f"{' and '.join(named)} describe{'s' if len(named) == 1 else ''} a job on several ranks, but no "
+                "layout was given and this process is not one of a launch: pass nodes (--nodes) and/or "
+                "ranks_per_node (--ranks-per-node), or drop it."
+            )
         return None
     ranks = training.ranks_per_node or max(len(machine.gpus), 1)
+    if machine.gpus and ranks > len(machine.gpus):
+        raise PlacementError(
+            f"ranks_per_node={ranks} on a node of {len(machine.gpus)} GPU(s): each rank needs a GPU of its own "
+            f"(NCCL refuses two ranks of one communicator on one GPU). Pass ranks_per_node={len(machine.gpus)} or "
+            "fewer, or plan for a machine with more GPUs."
+        )
     return ParallelLayout(training.nodes or 1, ranks, link, given)
 
 

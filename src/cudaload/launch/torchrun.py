@@ -1,0 +1,37 @@
+"""The torchrun launch: one script per node, each one `exec torchrun ...` line whose every value is quoted
+(torch 2.13 `torch.distributed.run` options: --nnodes, --node-rank, --nproc-per-node, --master-addr,
+--master-port, then the script and its arguments)."""
+
+from __future__ import annotations
+
+from .job import HERE, LAUNCH_ENV, Job, Word, shell_line
+
+__all__ = ["torchrun_argv", "torchrun_files"]
+
+
+def torchrun_argv(job: Job, node: int | str) -> list[str]:
+    """torchrun's argv for `node` (an int, or a `Word` the shell expands); the address as `job.address_word()`."""
+    return [
+        "torchrun", "--nnodes", str(job.nodes), "--node-rank", node if isinstance(node, Word) else str(node),
+        "--nproc-per-node", str(job.ranks), "--master-addr", job.address_word(), "--master-port", str(job.port),
+        *job.command_tail(),
+    ]  # fmt: skip
+
+
+def _script(job: Job, node: int) -> str:
+    return "\n".join(
+        [
+            "#!/usr/bin/env bash",
+            f"# Node {node} of {job.nodes}: {job.ranks} ranks, {job.strategy} (planned by cudaload; run the script of",
+            "# each node on that node). The training script applies the strategy itself.",
+            "set -euo pipefail",
+            f"export {LAUNCH_ENV}={shell_line([job.manifest_word(HERE)])}",
+            f"exec {shell_line(torchrun_argv(job, node))}",
+            "",
+        ]
+    )
+
+
+def torchrun_files(job: Job) -> dict[str, str]:
+    """torchrun-node<N>.sh for every node."""
+    return {f"torchrun-node{n}.sh": _script(job, n) for n in range(job.nodes)}
