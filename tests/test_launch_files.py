@@ -111,9 +111,14 @@ def test_every_emitter_quotes_every_hostile_value(tmp_path: Path, tiny_models: d
         subprocess.run(["bash", "-n", str(out / name)], check=True)
     tail = [script, *HOSTILE_ARGS]
     hostile_address = "$(touch pwned); echo INJECTED"
+    from torch.distributed.run import get_args_parser
+
     for node in (0, 1):
         (record,) = _run(out / f"torchrun-node{node}.sh", tmp_path, MASTER_ADDR=hostile_address)
         assert record["launch"] == manifest_path
+        read = get_args_parser().parse_args(record["argv"])  # torchrun's own parser, torch 2.13
+        assert (read.node_rank, read.master_addr, read.training_script) == (node, hostile_address, script)
+        assert read.training_script_args == HOSTILE_ARGS
         assert record["argv"] == [
             "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "8", "--master-addr", hostile_address,
             "--master-port", "29500", *tail,
@@ -132,25 +137,6 @@ def test_every_emitter_quotes_every_hostile_value(tmp_path: Path, tiny_models: d
         "--master-port", "29500", *tail,
     ]  # fmt: skip
     assert not list(tmp_path.rglob("pwned")) and not list(Path.cwd().glob("pwned"))
-
-
-def test_torchrun_reads_the_written_argv_with_its_own_parser(tmp_path: Path) -> None:
-    """torch 2.13 `torch.distributed.run.get_args_parser()` reads the argv the script passes as planned."""
-    from torch.distributed.run import get_args_parser
-
-    from cudaload.facts.shapes import LLAMA_SHAPES
-
-    files = cudaload.launch_files(
-        LLAMA_SHAPES["7B"], machine=H100, nodes=2, emit=["torchrun"], main_address="10.0.0.7", port=1234,
-        script="train.py", script_args=["--name", "a b", "$(x)"],
-    )  # fmt: skip
-    files.write(tmp_path / "out")
-    (record,) = _run(tmp_path / "out" / "torchrun-node1.sh", tmp_path)
-    args = get_args_parser().parse_args(record["argv"])
-    assert (args.nnodes, args.node_rank, args.nproc_per_node, args.master_addr, args.master_port) == (
-        "2", 1, "8", "10.0.0.7", 1234,
-    )  # fmt: skip
-    assert (args.training_script, args.training_script_args) == ("train.py", ["--name", "a b", "$(x)"])
 
 
 def test_the_yaml_is_serialized_not_assembled(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
@@ -197,12 +183,23 @@ def test_launch_inputs_are_checked_where_they_enter(kwargs: dict, named: str) ->
         cudaload.launch_files(LLAMA_SHAPES["7B"], machine=H100, nodes=2, **kwargs)
 
 
-@pytest.mark.parametrize("address", ["10.0.0.1", "fe80::1", "node-0.cluster.example", "$HEAD_NODE", "${MASTER_ADDR}"])
-def test_real_addresses_are_accepted(address: str) -> None:
+def test_real_addresses_are_taken_and_others_refused() -> None:
+    """Host names, IP addresses and $VARIABLES are addresses; a command, a list of words or nothing is not."""
     from cudaload.facts.shapes import LLAMA_SHAPES
 
-    files = cudaload.launch_files(LLAMA_SHAPES["7B"], machine=H100, nodes=2, emit=["torchrun"], main_address=address)
-    assert "--master-addr" in files.files["torchrun-node0.sh"]
+    def written(address: str) -> str:
+        files = cudaload.launch_files(
+            LLAMA_SHAPES["7B"], machine=H100, nodes=2, emit=["torchrun"], main_address=address
+        )
+        return files.files["torchrun-node0.sh"].splitlines()[-1]
+
+    for address in ("10.0.0.1", "fe80::1", "node-0.cluster.example"):
+        assert f"--master-addr {address} " in written(address)
+    for variable in ("$HEAD_NODE", "${HEAD_NODE}"):
+        assert '--master-addr "${HEAD_NODE}" ' in written(variable)
+    for bad in ("$(hostname)", "${HEAD_NODE:-$(id)}", "a b", "-rf", "node_0!"):
+        with pytest.raises(SettingError, match="main_address"):
+            written(bad)
 
 
 # ---- the folder ------------------------------------------------------------------------------------------------

@@ -194,3 +194,34 @@ def test_accelerate_fsdp2_config_as_written(lora_model: Path, tmp_path: Path) ->
         }
         assert report["losses"] == pytest.approx(reference, rel=1e-4, abs=0)
     _assert_memory(reports)
+
+
+AGREE_WORKER = WORKERS / "launch_agree_worker.py"
+
+
+@pytest.mark.parametrize("mode", ["store", "group"])
+def test_ranks_all_stop_with_the_same_message(tiny_models: dict[str, Path], tmp_path: Path, mode: str) -> None:
+    """2 "nodes" x 1 rank, each with its own copy of the launch files, as two machines have; node 1's manifest
+    says r=64. Both ranks stop, with the same message naming rank 1 and the setting, well within the timeout
+    (through torchrun's store, or the script's own process group). Agreeing ranks going on: the DDP test above."""
+    kwargs = _plan_kwargs(tiny_models["llama"], tmp_path, mode, 2)
+    kwargs |= {"script": str(AGREE_WORKER), "script_args": [str(tiny_models["llama"]), str(tmp_path), mode]}
+    kwargs.pop("manifest_path")  # each node reads the manifest beside its own scripts
+    files = cudaload.launch_files(tiny_models["llama"], nodes=2, ranks_per_node=1, emit=("torchrun",), **kwargs)
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    files.write(node0)
+    files.write(node1)
+    manifest = json.loads((node1 / "cudaload-launch.json").read_text())
+    manifest["decisions"]["lora"]["r"] = 64
+    (node1 / "cudaload-launch.json").write_text(json.dumps(manifest))
+    procs = [_start(["bash", str(node0 / "torchrun-node0.sh")]), _start(["bash", str(node1 / "torchrun-node1.sh")])]
+    try:
+        codes = [proc.wait(timeout=TIMEOUT_S) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+    assert all(code != 0 for code in codes), codes
+    messages = [(tmp_path / f"error-{r}.txt").read_text() for r in (0, 1)]
+    assert messages[0] == messages[1]
+    assert "rank 1 (" in messages[0] and '"r": 64' in messages[0] and "Ranks that agree with it: [0]" in messages[0]
