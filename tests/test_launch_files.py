@@ -17,7 +17,7 @@ import pytest
 
 import cudaload
 from cudaload.errors import SettingError
-from cudaload.launch import MANIFEST
+from cudaload.launch import MANIFEST, launch_invariants
 
 H100 = cudaload.Machine.simulated("H100", count=8)
 HOSTILE_ARGS = [
@@ -311,7 +311,7 @@ def test_the_cli_writes_lora_and_checkpointing_and_says_what_to_run(
         quantize=None, gradient_checkpointing=False,
         lora={"r": 64, "lora_alpha": 128, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]},
     )  # fmt: skip
-    assert cudaload.launch.launch_invariants(plan) == manifest["decisions"]
+    assert launch_invariants(plan) == manifest["decisions"]
     for node in (0, 1):
         assert f"node {node}: bash {shlex.quote(str(out / f'torchrun-node{node}.sh'))}" in printed
         assert f"NODE_RANK={node} bash {shlex.quote(str(out / 'accelerate-launch.sh'))}" in printed
@@ -335,3 +335,16 @@ def test_a_cpu_plan_writes_a_cpu_accelerate_launch(tmp_path: Path, tiny_models: 
     assert config.use_cpu is True and config.num_processes == 2
     (record,) = _run(tmp_path / "out" / "accelerate-launch.sh", tmp_path)
     assert record["env"]["ACCELERATE_USE_CPU"] == "true"
+
+
+def test_a_one_process_accelerate_launch_is_one_accelerate_accepts(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """accelerate 1.16 refuses MULTI_GPU below 2 processes ("You need to use at least 2 processes"): one rank is
+    distributed_type NO, which its launcher runs as one process."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    files = cudaload.launch_files(tiny_models["llama"], machine=cudaload.Machine.simulated("H100"), emit=["accelerate"])
+    files.write(tmp_path / "out")
+    config = load_config_from_file(str(tmp_path / "out" / "accelerate-config.yaml"))
+    assert (config.distributed_type.value, config.num_processes) == ("NO", 1)

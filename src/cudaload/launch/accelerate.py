@@ -40,7 +40,8 @@ def accelerate_config(plan: Plan, job: Job, wrap: list[str] | None) -> dict[str,
     strategy = job.strategy
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "MULTI_GPU",
+        # One process: accelerate 1.16 `_validate_launch_command` refuses MULTI_GPU below 2 processes.
+        "distributed_type": "MULTI_GPU" if job.nodes * job.ranks > 1 else "NO",
         "mixed_precision": _DTYPES.get(plan.dtype, "no"),
         "num_machines": job.nodes,
         "num_processes": job.nodes * job.ranks,

@@ -23,7 +23,7 @@ _RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 def check_launched_environment(manifest: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """Raise LaunchMismatchError when `CUDALOAD_LAUNCH` is set in a process that no launcher started."""
     missing = [name for name in _RANK_VARIABLES if name not in env]
-    if missing:
+    if missing and manifest["nodes"] * manifest["ranks_per_node"] > 1:  # one process needs no launcher
         where = manifest.get("path", MANIFEST)
         raise LaunchMismatchError(
             f"{LAUNCH_ENV}={where!r} says this process is a rank of a launch of {manifest['nodes']} node(s) x "
