@@ -62,6 +62,12 @@ def read_launch(env: Mapping[str, str]) -> Launch:
     nodes = _int("SLURM_NNODES", "SLURM_JOB_NUM_NODES", least=1) if given_local is None else None
     if given_local is None and nodes is not None and world_size % nodes == 0:
         given_local = world_size // nodes  # SLURM without --ntasks-per-node: its tasks over its nodes
+    local_world_size = given_local or 1
+    sizes = read.get("WORLD_SIZE", f"WORLD_SIZE={world_size}")
+    if rank >= world_size:
+        problems.append(f"{read.get('RANK', f'RANK={rank}')} is not below {sizes}")
+    if given_local is not None and given_local > world_size:
+        problems.append(f"{read['LOCAL_WORLD_SIZE']} is more than {sizes}: a node cannot run more processes than all")
     if given_local is None and world_size > 1:
         # Guessing from LOCAL_RANK gives each rank another layout (rank 0 one node of 1, rank 3 one of 4).
         problems.append(
@@ -69,12 +75,6 @@ def read_launch(env: Mapping[str, str]) -> Launch:
             "OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE or SLURM_NNODES): set LOCAL_WORLD_SIZE to the number of "
             "processes on each node (torchrun and accelerate launch set it)"
         )
-    local_world_size = given_local or 1
-    sizes = read.get("WORLD_SIZE", f"WORLD_SIZE={world_size}")
-    if rank >= world_size:
-        problems.append(f"{read.get('RANK', f'RANK={rank}')} is not below {sizes}")
-    if given_local is not None and given_local > world_size:
-        problems.append(f"{read['LOCAL_WORLD_SIZE']} is more than {sizes}: a node cannot run more processes than all")
     notes: list[str] = []
     if accelerate and world_size == 1 and env.get("ACCELERATE_USE_CPU", "").lower() in _TRUE and "MASTER_PORT" in env:
         # accelerate sets MASTER_ADDR/PORT only for --num_processes > 1, but with --cpu it starts one
