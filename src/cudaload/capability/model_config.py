@@ -15,6 +15,7 @@ import copy
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelConfigError
@@ -100,13 +101,31 @@ def read_model_facts(
         cached = cached_facts(cache, str(model))
         if cached is not None:
             _warn_on_stored_dtype(model, cached, revision, config_kwargs)
-            return cached
+            return _with_stored_float_dtype(model, cached, revision, config_kwargs)
     import_transformers()  # a cached model is planned without transformers; this one is read with it
     facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision, config_kwargs or {})
     if cache is not None:
         write_cached_facts(cache, facts, dtype_from_weights)
     _warn_on_stored_dtype(model, facts, revision, config_kwargs)
-    return facts
+    return _with_stored_float_dtype(model, facts, revision, config_kwargs)
+
+
+def _with_stored_float_dtype(
+    model: Any, facts: ModelFacts, revision: str | None, config_kwargs: Mapping[str, Any] | None
+) -> ModelFacts:
+    """A bitsandbytes checkpoint's facts with the dtype its unquantized weights are stored in (option
+    "stored_dtype", from the safetensors header: the float tensors, the packed uint8 ones left out), read on
+    every plan as `_warn_on_stored_dtype` reads it: transformers loads them in that dtype whatever dtype= says
+    (measured with transformers 5.22.2 and 5.25, bitsandbytes 0.50.2: a bf16-stored nf4 checkpoint loaded with
+    dtype=float32 holds bf16 norms and embeddings), so the plan says it (policy/stored_dtype.py)."""
+    quantization = facts.quantization
+    if not isinstance(model, str) or quantization is None or quantization.method != "bitsandbytes":
+        return facts
+    stored = weights_dtype(model, revision, config_kwargs)
+    if stored is None:
+        return facts
+    options = (*(o for o in quantization.options if o[0] != "stored_dtype"), ("stored_dtype", stored))
+    return replace(facts, quantization=replace(quantization, options=options))
 
 
 def _warn_on_stored_dtype(

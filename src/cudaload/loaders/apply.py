@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import CudaloadError, CudaloadWarning, describe_error
-from ..facts.quant_methods import config_method
+from ..facts.quant_methods import config_method, quantization_method
 from ..plans import Decision, Plan, Rejected
 from .applied import AppliedPlan, Fallback
 from .attribution import is_attention_failure, no_fallback_error, unrelated_error
@@ -187,11 +187,13 @@ def apply_plan(
 
 
 def _quantizes_with_bitsandbytes(plan: Plan) -> bool:
-    """The plan quantizes with bitsandbytes (its quantization_config, built by a bitsandbytes record or as the
-    default BitsAndBytesConfig) or loads a bitsandbytes checkpoint kept quantized."""
+    """The plan quantizes with bitsandbytes (its quantization_config, built by a bitsandbytes record, or a dict of
+    yours whose method is bitsandbytes) or loads a bitsandbytes checkpoint kept quantized."""
     if "quantization_config" in plan.kwargs:
         method = config_method(plan.decisions)
-        if method is None or method.package.distribution == "bitsandbytes":
+        if method is not None and method.package.distribution == "bitsandbytes":
+            return True
+        if method is None and quantization_method(plan.kwargs["quantization_config"]) == "bitsandbytes":
             return True
     return any(d.setting == "checkpoint_quantization" and d.value == "bitsandbytes" for d in plan.decisions)
 
