@@ -26,6 +26,7 @@ from ..facts.model import NAMED_FLAGS, ModelFacts, generates
 from ..facts.stored_weights import CheckpointQuantization, count_quantized, read_quantization_config
 from ..upstream_imports import import_transformers
 from .config_file import check_sizes, load_config
+from .config_file import text_config as text_of
 from .facts_cache import cached_facts, facts_cache_file, write_cached_facts
 from .kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
 from .model_class import default_auto_class, meta_model, model_class_for, resolve_auto_class
@@ -165,7 +166,7 @@ def _read_model_facts(
     config = load_config(model, trust_remote_code, revision, config_kwargs)
     check_sizes(config, str(model) if not hasattr(model, "model_type") else config.model_type)
     auto_class = auto_class or default_auto_class(config)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text_config = text_of(config)
     checkpoint_dtype = _normalise_dtype(getattr(config, "dtype", None))
     dtype_from_weights = checkpoint_dtype not in ("float32", "float16", "bfloat16")
     if dtype_from_weights:
