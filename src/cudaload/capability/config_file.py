@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import MissingPackageError, ModelConfigError, RemoteCodeError, describe_error
 from .per_layer import layer_values
 
-__all__ = ["check_sizes", "load_config"]
+__all__ = ["check_sizes", "load_config", "text_config"]
 
 
 def load_config(
@@ -220,10 +220,24 @@ _SIZE_FIELDS = {
 _NO_LIMIT = {"max_position_embeddings": -1}
 
 
+def text_config(config: Any) -> Any:
+    """The config's text config (transformers' `get_text_config()`); the decoder's where several qualify
+    (musicgen's text_encoder and decoder: `get_text_config()` raises "Multiple valid text configs", transformers
+    5.22 and 5.25 configuration_utils.py `PretrainedConfig.get_text_config`), else the config itself."""
+    if not hasattr(config, "get_text_config"):
+        return config
+    for decoder in (False, True):
+        try:
+            return config.get_text_config(decoder=decoder)
+        except ValueError:
+            continue
+    return config
+
+
 def check_sizes(config: Any, name: str) -> None:
     """Raise ModelConfigError naming the first config size that is not a positive int in bounds."""
     configs = [config]
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     if text is not config:
         configs.append(text)
     for part in configs:

@@ -15,6 +15,7 @@ import copy
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelConfigError
@@ -25,6 +26,7 @@ from ..facts.model import NAMED_FLAGS, ModelFacts, generates
 from ..facts.stored_weights import CheckpointQuantization, count_quantized, read_quantization_config
 from ..upstream_imports import import_transformers
 from .config_file import check_sizes, load_config
+from .config_file import text_config as text_of
 from .facts_cache import cached_facts, facts_cache_file, write_cached_facts
 from .kv_layout import checkpoint_generation_config, head_dim, read_generation_facts
 from .model_class import default_auto_class, meta_model, model_class_for, resolve_auto_class
@@ -100,13 +102,31 @@ def read_model_facts(
         cached = cached_facts(cache, str(model))
         if cached is not None:
             _warn_on_stored_dtype(model, cached, revision, config_kwargs)
-            return cached
+            return _with_stored_float_dtype(model, cached, revision, config_kwargs)
     import_transformers()  # a cached model is planned without transformers; this one is read with it
     facts, dtype_from_weights = _read_model_facts(model, auto_class, trust_remote_code, revision, config_kwargs or {})
     if cache is not None:
         write_cached_facts(cache, facts, dtype_from_weights)
     _warn_on_stored_dtype(model, facts, revision, config_kwargs)
-    return facts
+    return _with_stored_float_dtype(model, facts, revision, config_kwargs)
+
+
+def _with_stored_float_dtype(
+    model: Any, facts: ModelFacts, revision: str | None, config_kwargs: Mapping[str, Any] | None
+) -> ModelFacts:
+    """A bitsandbytes checkpoint's facts with the dtype its unquantized weights are stored in (option
+    "stored_dtype", from the safetensors header: the float tensors, the packed uint8 ones left out), read on
+    every plan as `_warn_on_stored_dtype` reads it: transformers loads them in that dtype whatever dtype= says
+    (measured with transformers 5.22.2 and 5.25, bitsandbytes 0.50.2: a bf16-stored nf4 checkpoint loaded with
+    dtype=float32 holds bf16 norms and embeddings), so the plan says it (policy/stored_dtype.py)."""
+    quantization = facts.quantization
+    if not isinstance(model, str) or quantization is None or quantization.method != "bitsandbytes":
+        return facts
+    stored = weights_dtype(model, revision, config_kwargs)
+    if stored is None:
+        return facts
+    options = (*(o for o in quantization.options if o[0] != "stored_dtype"), ("stored_dtype", stored))
+    return replace(facts, quantization=replace(quantization, options=options))
 
 
 def _warn_on_stored_dtype(
@@ -146,7 +166,7 @@ def _read_model_facts(
     config = load_config(model, trust_remote_code, revision, config_kwargs)
     check_sizes(config, str(model) if not hasattr(model, "model_type") else config.model_type)
     auto_class = auto_class or default_auto_class(config)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text_config = text_of(config)
     checkpoint_dtype = _normalise_dtype(getattr(config, "dtype", None))
     dtype_from_weights = checkpoint_dtype not in ("float32", "float16", "bfloat16")
     if dtype_from_weights:

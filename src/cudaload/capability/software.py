@@ -284,8 +284,8 @@ def find_cached_kernel(
         )
         if offline:
             return HubKernel(repo, version, None, f"cached variant {best}, but {why}")
-        return HubKernel(repo, version, best, f"cached variant {best} (online only: {why})")
-    return HubKernel(repo, version, best, f"cached variant {best}")
+        return HubKernel(repo, version, best, f"cached variant {best} (online only: {why})", commit)
+    return HubKernel(repo, version, best, f"cached variant {best}", commit)
 
 
 def find_local_kernel(

@@ -17,6 +17,8 @@ class HubKernel:
         cached_variant: The build variant found in the local cache for this torch/CUDA, if any
             ("simulated" when `Machine.simulated(cached_kernels=...)` names it); None: not cached.
         detail: A human note on what was found (e.g. "not in the local cache").
+        revision: The cached snapshot's commit the variant comes from; None when unknown (not cached, a
+            LOCAL_KERNELS folder, simulated). A new revision proves the test forward anew (plans/check_proof.py).
 
     Examples:
         >>> import cudaload
@@ -30,6 +32,7 @@ class HubKernel:
     cached_variant: str | None = None
     """The build variant found in the local cache for this torch/CUDA, if any."""
     detail: str = ""
+    revision: str | None = None
 
     @property
     def cached(self) -> bool:

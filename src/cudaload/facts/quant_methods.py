@@ -19,7 +19,7 @@ tuners/lora/torchao.py.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,7 @@ __all__ = [
     "QuantPackage",
     "config_method",
     "quant_packages",
+    "quantization_method",
     "quantize_choices",
 ]
 
@@ -233,3 +234,15 @@ def quant_packages() -> dict[str, QuantPackage]:
 def quantize_choices() -> tuple[str | None, ...]:
     """Every `quantize=` value: each method's choice, "auto" and None (no quantization)."""
     return (*QUANT_METHODS, "auto", None)
+
+
+def quantization_method(config: Any) -> str | None:
+    """transformers' `quant_method` of a quantization_config (a dict's key or a config object's attribute, a str
+    enum read as its value); DEFAULT_QUANT_METHOD for a dict without one that loads bitsandbytes (load_in_4bit
+    or load_in_8bit True: planning refuses any other dict without one, capability/quant_config.py); None for
+    anything else."""
+    method = config.get("quant_method") if isinstance(config, Mapping) else getattr(config, "quant_method", None)
+    if method is None:
+        says_bits = isinstance(config, Mapping) and True in (config.get("load_in_4bit"), config.get("load_in_8bit"))
+        return DEFAULT_QUANT_METHOD if says_bits else None
+    return str(getattr(method, "value", method))

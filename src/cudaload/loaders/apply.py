@@ -9,11 +9,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import CudaloadError, CudaloadWarning, describe_error
-from ..facts.quant_methods import config_method
+from ..facts.quant_methods import config_method, quantization_method
 from ..plans import Decision, Plan, Rejected
 from .applied import AppliedPlan, Fallback
 from .attribution import is_attention_failure, no_fallback_error, unrelated_error
-from .check_record import proven_check, record_passed
+from .check_record import judge_proof, proven_check, record_passed
 from .hub_code import unasked_hub_code
 from .kwargs import from_pretrained_kwargs, set_rank_device
 from .readback import read_back
@@ -90,8 +90,9 @@ def apply_plan(
     forward, switch it in place to the next), then run the test forward. A failure that is the
     option's (`is_attention_failure`) is recorded as a `Fallback` and the next option is tried;
     any other failure raises at once, as does the last option's or one cudaload may not leave.
-    A test forward the plan says is proven (`Plan.check_proven`) is not run again unless `verify="full"`;
-    one that passes is recorded where the plan says (loaders/check_record.py).
+    A test forward proven before is not run again unless `verify="full"` or `CUDALOAD_VERIFY=full`; the proof
+    is judged here, on the host applying, against the checkpoint's files and packages now, not trusted from
+    the plan (loaders/check_record.py); one that passes is recorded where the plan says.
     Weights the checkpoint does not fill raise before any test forward (`check_weights`).
     """
     from ..upstream_imports import import_bitsandbytes, import_transformers, resolve_auto_class
@@ -102,6 +103,7 @@ def apply_plan(
     # A quantized FSDP / ZeRO-3 rank, or a pre-quantized checkpoint on mixed GPUs: before the quantizer reads the
     # current device (policy/current_device.py, `decide_rank_device` and `decide_current_device`).
     set_rank_device(plan)
+    judged = judge_proof(plan, verify=verify, training=training)  # here, before any weight is read
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
@@ -125,7 +127,7 @@ def apply_plan(
         elif failure is None:  # the loaded model failed its test forward: switch it in place, no weights read again
             failure = _switch_to(model, option)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
-        proven = proven_check(plan, option, verify=verify, training=training) if failure is None and verify else None
+        proven = proven_check(plan, option, judged) if failure is None and verify else None
         if proven is not None:  # passed before under the same key (loaders/check_record.py): not run again
             verified = True
         elif failure is None and verify:
@@ -135,7 +137,7 @@ def apply_plan(
             verified, failure = outcome.verified, outcome.failure
             skipped = outcome.problem if outcome.status == "skipped" else ""
             if outcome.status == "passed":
-                record_passed(plan, option)
+                record_passed(plan, option, judged)
         if failure is None:
             break
         if failure.error is not None and not is_attention_failure(failure.error, option):
@@ -185,11 +187,13 @@ def apply_plan(
 
 
 def _quantizes_with_bitsandbytes(plan: Plan) -> bool:
-    """The plan quantizes with bitsandbytes (its quantization_config, built by a bitsandbytes record or as the
-    default BitsAndBytesConfig) or loads a bitsandbytes checkpoint kept quantized."""
+    """The plan quantizes with bitsandbytes (its quantization_config, built by a bitsandbytes record, or a dict of
+    yours whose method is bitsandbytes) or loads a bitsandbytes checkpoint kept quantized."""
     if "quantization_config" in plan.kwargs:
         method = config_method(plan.decisions)
-        if method is None or method.package.distribution == "bitsandbytes":
+        if method is not None and method.package.distribution == "bitsandbytes":
+            return True
+        if method is None and quantization_method(plan.kwargs["quantization_config"]) == "bitsandbytes":
             return True
     return any(d.setting == "checkpoint_quantization" and d.value == "bitsandbytes" for d in plan.decisions)
 

@@ -62,7 +62,20 @@ def from_pretrained_kwargs(plan: Plan) -> dict[str, Any]:
                     f"{plan.model}: the plan quantizes with quantize={method.choice!r}, which needs {package}, and "
                     f"{package} {found}: {install_hint(package, method.package.min_version)}, or plan without it."
                 ) from exc
-        kwargs["quantization_config"] = config_class(**quant)
+        if method is None and "quant_method" in quant:
+            # A dict of yours with its method: transformers routes it (planning checked its method and keys).
+            from transformers.quantizers.auto import AutoQuantizationConfig
+
+            try:
+                kwargs["quantization_config"] = AutoQuantizationConfig.from_dict(dict(quant))
+            except ImportError as exc:
+                raise MissingPackageError(
+                    f"{plan.model}: your quantization_config (quant_method={quant['quant_method']!r}) needs a "
+                    f"package this process cannot import ({describe_error(exc)}): install it (the method's "
+                    "package, see transformers' quantization docs), or plan without it."
+                ) from exc
+        else:
+            kwargs["quantization_config"] = config_class(**quant)
     per_sub_model = next((d.value for d in plan.decisions if d.setting == SUB_MODEL_ATTENTION), None)
     if per_sub_model and kwargs.get("attn_implementation") == plan.decision("attn_implementation").value:
         # transformers takes attention per sub-config as a dict, "" for the top (policy/attention.py:

@@ -74,10 +74,13 @@ _DECODER_TOKENS = 4
 
 def check_inputs(model: Any) -> tuple[dict[str, Any], str]:
     """The test forward's inputs for `model` (on its input device), built from its main input
-    (`PreTrainedModel.main_input_name`: input_ids, input_features, pixel_values, input_values), the
-    decoder's start for an encoder-decoder (decoder_input_ids from `decoder_start_token_id`), and the
-    images of a dual encoder (CLIP: pixel_values beside input_ids, as its forward needs both); or
-    ({}, why) when cudaload cannot build them.
+    (`PreTrainedModel.main_input_name`: input_ids, input_features, pixel_values, input_values), every other
+    input its forward requires that cudaload knows how to build (token ids beside images for BLIP-2, the
+    Q-Former's token ids for InstructBLIP, images beside token ids for CLIP), the decoder's start for an
+    encoder-decoder (decoder_input_ids from `decoder_start_token_id`, one row per codebook for an audio
+    decoder), and images shaped by the vision sub-config (`vision_config`, or a vision encoder-decoder's
+    `encoder`); or ({}, why) when cudaload cannot build them: a valid model must never fail on cudaload's
+    own check, so what cudaload is unsure of is skipped with the reason (`AppliedPlan.verify_note`).
 
     The same inputs, deterministic, for every load of the same model: the corpus tests compare the
     logits of `load()` with bare from_pretrained's on them.
@@ -90,16 +93,28 @@ def check_inputs(model: Any) -> tuple[dict[str, Any], str]:
     inputs: dict[str, Any] = {}
     text = _text_config(config)
     vocab = int(getattr(text, "vocab_size", 0) or 0) if text is not None else 0
+    parameters = _forward_parameters(model)
+    required = _required_parameters(model)
     if main == "input_ids":
         if vocab < 8:
             return {}, f"its vocabulary has {vocab} token ids, fewer than the 8 of the test forward"
-        inputs["input_ids"] = (torch.arange(1, 9).unsqueeze(0) % vocab).long()
+        inputs["input_ids"] = _tokens(vocab)
+    elif main == "pixel_values" and "input_ids" in parameters and vocab >= 8:  # BLIP-2: the text beside the image
+        inputs["input_ids"] = _tokens(vocab)
+    if main == "input_ids":
         vision = getattr(config, "vision_config", None)
-        takes_images = "pixel_values" in _forward_parameters(model)
-        if vision is not None and takes_images and not _has_image_token(config):
+        if vision is not None and "pixel_values" in parameters and not _has_image_token(config):
             inputs["pixel_values"] = _pixels(vision, generator)
     elif main == "pixel_values":
-        inputs["pixel_values"] = _pixels(getattr(config, "vision_config", None) or config, generator)
+        inputs["pixel_values"] = _pixels(_vision_config(config), generator)
+        image = _image_token(config)
+        queries = getattr(config, "num_query_tokens", None)
+        if "input_ids" in inputs and image is not None and isinstance(queries, int) and 0 <= image < vocab:
+            # BLIP-2 / InstructBLIP: the text holds one image token per query token, where the Q-Former's
+            # outputs go (transformers 5.22 and 5.25 Blip2ForConditionalGeneration.get_placeholder_mask).
+            text_ids = inputs["input_ids"]
+            text_ids = torch.where(text_ids == image, (image + 1) % vocab, text_ids)
+            inputs["input_ids"] = torch.cat((torch.full((1, queries), image), text_ids), dim=1).long()
     elif main == "input_features":  # Whisper-like: (batch, mel bins, 2 x the encoder's positions)
         bins = int(getattr(config, "num_mel_bins", 0) or 0)
         frames = 2 * int(getattr(config, "max_source_positions", 0) or 0)
@@ -110,6 +125,19 @@ def check_inputs(model: Any) -> tuple[dict[str, Any], str]:
         inputs["input_values"] = torch.randn(1, 1600, generator=generator)
     else:
         return {}, f"its main input is {main!r}, which cudaload does not know how to build"
+    if (
+        "lang_ids" in parameters
+        and getattr(config, "default_language", "") is None
+        and getattr(config, "languages", None)
+    ):
+        # X-MOD runs a language's adapters: without a default language (`set_default_language`) its forward
+        # raises unless lang_ids names one (transformers 5.22 and 5.25 XmodModel.forward): the first one here.
+        inputs["lang_ids"] = torch.zeros(1, dtype=torch.long)
+    if "qformer_input_ids" in required:  # InstructBLIP: the instruction, in the Q-Former's own vocabulary
+        qformer_vocab = int(getattr(getattr(config, "qformer_config", None), "vocab_size", 0) or 0)
+        if qformer_vocab < 8:
+            return {}, f"its Q-Former's vocabulary has {qformer_vocab} token ids, fewer than the 8 of the test forward"
+        inputs["qformer_input_ids"] = _tokens(qformer_vocab)
     if getattr(config, "is_encoder_decoder", False):
         decoder = getattr(config, "decoder", None) or text or config
         # transformers' shift_tokens_right starts from decoder_start_token_id; T5 names none and starts
@@ -121,10 +149,44 @@ def check_inputs(model: Any) -> tuple[dict[str, Any], str]:
         if start is None or decoder_vocab < _DECODER_TOKENS:
             return {}, "it is an encoder-decoder whose config names no decoder_start_token_id or pad_token_id"
         steps = torch.arange(1, _DECODER_TOKENS) % decoder_vocab
-        inputs["decoder_input_ids"] = torch.cat((torch.tensor([int(start)]), steps)).unsqueeze(0).long()
+        row = torch.cat((torch.tensor([int(start)]), steps)).unsqueeze(0).long()
+        # An audio decoder over codebooks (musicgen) takes one row per codebook: (batch x codebooks, steps).
+        codebooks = getattr(decoder, "num_codebooks", None)
+        inputs["decoder_input_ids"] = row.repeat(codebooks, 1) if isinstance(codebooks, int) and codebooks > 1 else row
+    unbuilt = [name for name in required if name not in inputs]
+    if unbuilt:
+        return {}, f"its forward requires {', '.join(unbuilt)}, which cudaload does not know how to build"
     device = input_device(model)
     dtype = getattr(model, "dtype", torch.float32)
     return {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}, ""
+
+
+def _tokens(vocab: int) -> Any:
+    import torch
+
+    return (torch.arange(1, 9).unsqueeze(0) % vocab).long()
+
+
+def _vision_config(config: Any) -> Any:
+    """Where the images' size is said: `vision_config`, a vision encoder-decoder's `encoder` (its ViT, 32 or
+    384 px), else the config itself."""
+    for name in ("vision_config", "encoder"):
+        part = getattr(config, name, None)
+        if part is not None and getattr(part, "image_size", None) is not None:
+            return part
+    return config
+
+
+def _required_parameters(model: Any) -> tuple[str, ...]:
+    """The forward's parameters without a default (an input the forward cannot run without)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):
+        return ()
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return tuple(n for n, p in signature.parameters.items() if p.default is p.empty and p.kind in kinds)
 
 
 def _text_config(config: Any) -> Any:
@@ -147,7 +209,15 @@ def _forward_parameters(model: Any) -> tuple[str, ...]:
 def _has_image_token(config: Any) -> bool:
     """Whether images enter through placeholder tokens in input_ids (LLaVA, Qwen2-VL): then a text-only
     forward is a valid one, and pixels without their tokens are an error."""
-    return any(getattr(config, name, None) is not None for name in ("image_token_id", "image_token_index"))
+    return _image_token(config) is not None
+
+
+def _image_token(config: Any) -> int | None:
+    for name in ("image_token_id", "image_token_index"):
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def _pixels(vision: Any, generator: Any) -> Any:

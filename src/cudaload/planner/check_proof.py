@@ -1,12 +1,13 @@
-"""The plan's `CheckProof`: the key of everything `load()`'s test forward depends on, and whether a record of
-it passing under that key is in cudaload's cache (plans/check_proof.py says why a proven check is skipped).
+"""The plan's `CheckProof`: the key of what `load()`'s test forward depends on that planning knows, and whether a
+record of it passing is in cudaload's cache (plans/check_proof.py says why a proven check is skipped, and what
+is judged again when applying: the checkpoint's files, the host, the installed packages).
 
-The key is a hash of config.json's contents, each file of the checkpoint's folder (name, size, modification
-time: a rewritten weights file changes it), the from_pretrained kwargs (dtype, attention, device, kernels,
-quantization, revision, ...), the model class, the package versions that run the forward and this machine's
-fingerprint (`Machine.fingerprint`: CPU model and ISA, cores, torch threads, GPUs). Only a local folder
-planned for the detected machine gets one: a Hub id's files are not stat'ed here, and a simulated machine
-has run nothing.
+The planning key is a hash of config.json's contents, the from_pretrained kwargs (dtype, attention, device,
+kernels, quantization, revision, ...), the model class, the package versions that run the forward
+(plans/check_proof.py `VERSIONED`: flash-attn 2/3/4, torchao and triton among them), the GPU driver, the
+revision of each cached Hub kernel and this machine's fingerprint (`Machine.fingerprint`: CPU model and ISA,
+cores, torch threads, GPUs). Only a local folder planned for the detected machine gets one: a Hub id's files
+are not stat'ed here, and a simulated machine has run nothing.
 """
 
 from __future__ import annotations
@@ -14,40 +15,27 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..capability.cache import cache_dir, cache_key, read_json, read_regular_file, untrusted
+from ..capability.cache import cache_dir, cache_key, read_regular_file, untrusted
 from ..facts.machine import Machine
 from ..plans import CheckProof, Plan, jsonable
-from ..plans.check_proof import CHECK_RECORD_KIND, CHECK_RECORD_SCHEMA, FULL_CHECK_ENV
+from ..plans.check_proof import VERSIONED, full_check_forced, judge
 from ..version import __version__
 
-__all__ = ["RECORD_SPEC", "check_proof", "full_check_forced", "proof_versions"]
-
-VERSIONED = ("torch", "transformers", "accelerate", "kernels", "bitsandbytes")
-"""The packages whose code runs (or decides) the test forward: a new version of any of them proves anew."""
-
-RECORD_SPEC = {
-    "kind": str,
-    "schema": int,
-    "key": str,
-    "proven_at": str,
-    "versions": dict[str, str],
-}
-"""The layout a record must have to be read (loaders/check_record.py writes it); anything else is ignored."""
-
-
-def full_check_forced(env: Mapping[str, str] | None = None) -> bool:
-    """`CUDALOAD_VERIFY=full`: run the test forward on every load, proven or not."""
-    return (os.environ if env is None else env).get(FULL_CHECK_ENV, "").strip().lower() == "full"
+__all__ = ["check_proof", "proof_versions"]
 
 
 def proof_versions(machine: Machine) -> dict[str, str]:
-    """The versions a proof holds: `VERSIONED` as this machine's software has them, and cudaload's own."""
+    """The versions a proof holds: `VERSIONED` as this machine's software has them, cudaload's own, the GPU
+    driver where detected and each cached Hub kernel's revision ("<commit> <variant>")."""
     versions = {dist: machine.software.version(dist) or "none" for dist in VERSIONED}
-    return versions | {"cudaload": __version__}
+    kernels = {
+        f"hub:{k.repo}": f"{k.revision or '?'} {k.cached_variant}" for k in machine.hub.kernels if k.cached_variant
+    }
+    return versions | kernels | {"cudaload": __version__, "driver": machine.software.driver or "none"}
 
 
 def check_proof(model: str, plan: Plan, machine: Machine, overrides: Mapping[str, Any]) -> CheckProof | None:
@@ -70,7 +58,6 @@ def check_proof(model: str, plan: Plan, machine: Machine, overrides: Mapping[str
     key = cache_key(
         {
             "config_sha256": hashlib.sha256(config).hexdigest(),
-            "files": _files(folder),
             "kwargs": jsonable(plan.kwargs),
             "auto_class": plan.auto_class,
             "model_class": plan.model_class,
@@ -79,32 +66,8 @@ def check_proof(model: str, plan: Plan, machine: Machine, overrides: Mapping[str
             "machine": machine.fingerprint(),
         }
     )
-    path = records / f"{key}.json"
-    proof = CheckProof(str(path), key, versions)
-    record = None if full_check_forced() else read_json(path, RECORD_SPEC)
-    expected = (CHECK_RECORD_KIND, CHECK_RECORD_SCHEMA, key)
-    if record is None or (record["kind"], record["schema"], record["key"]) != expected:
-        return proof  # none, another layout, or (a renamed file) another key: the forward runs
-    said = f"torch {versions['torch']}, transformers {versions['transformers']}"  # the record holds the rest
-    return CheckProof(str(path), key, versions, f"proven on this machine at {_when(record['proven_at'])} for {said}")
-
-
-def _files(folder: Path) -> list[tuple[str, int, int]]:
-    """Each regular file of the checkpoint's folder as (name, size, modification time in ns): the weights,
-    their index, the configs, any remote code. A rewritten file has a new time, and usually a new size."""
-    found = []
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.name.startswith(".") or not entry.is_file():
-                continue
-            info = entry.stat()
-            found.append((entry.name, info.st_size, info.st_mtime_ns))
-    return sorted(found)
-
-
-def _when(stamp: str) -> str:
-    """An ISO time as "2026-12-06 06:30 UTC" (as recorded when it does not parse)."""
-    try:
-        return datetime.fromisoformat(stamp).strftime("%Y-%m-%d %H:%M %Z").strip()
-    except ValueError:
-        return stamp
+    proof = CheckProof(str(records / f"{key}.json"), key, versions, folder=str(folder.resolve()))
+    if full_check_forced():
+        return proof
+    # Said when planning; load() judges it again when applying (the files, the host and the packages then).
+    return replace(proof, proven=judge(proof).proven)

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..announce import announce
+from ..capability.quant_config import check_quantization_config
 from ..errors import SettingError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
@@ -129,6 +130,9 @@ def plan(
     check_flag("probe", probe, allow_none=False)
     training = training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
     training = parallel_request(training, nodes, ranks_per_node, interconnect, parallelism)
+    # A quantization_config transformers would not build as given (a string, another method's dict, a typo) is
+    # refused here, before any weight is read, not after loading as 4-bit bitsandbytes.
+    check_quantization_config(overrides.get("quantization_config"), str(getattr(model, "source", model)))
     model_class = model_class_name(model_class)
     # Validated before anything is read: a bad flag must not reach the config loader.
     check_flag("hub_kernels", hub_kernels, allow_none=True)

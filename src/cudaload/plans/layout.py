@@ -11,6 +11,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..facts.quant_methods import quantization_method
+
 __all__ = [
     "DEFAULT_WIDTH",
     "MIN_WIDTH",
@@ -101,11 +103,12 @@ def python_literal(value: Any) -> str:
 
 def call_lines(callee: str, model: str, kwargs: Mapping[str, Any], width: int, indent: str = "  ") -> list[str]:
     """`callee("model", key=value, ...)` as Python source, wrapped between arguments with the later lines
-    hanging 4 in. A quantization_config is written as the BitsAndBytesConfig it
-    stands for (cudaload.from_pretrained_kwargs builds that object from the plan's JSON-ready dict)."""
+    hanging 4 in. A bitsandbytes quantization_config is written as the BitsAndBytesConfig it
+    stands for (cudaload.from_pretrained_kwargs builds that object from the plan's JSON-ready dict); another
+    method's dict as the dict."""
     arguments = [json.dumps(model)]
     for key, value in kwargs.items():
-        if key == "quantization_config" and isinstance(value, Mapping):
+        if key == "quantization_config" and isinstance(value, Mapping) and quantization_method(value) == "bitsandbytes":
             inner = ", ".join(f"{k}={python_literal(v)}" for k, v in value.items() if k != "quant_method")
             arguments.append(f"{key}=BitsAndBytesConfig({inner})")
         else:

@@ -135,8 +135,9 @@ class Plan:
 
     @property
     def check_proven(self) -> str | None:
-        """ "proven on this machine at <time> for <versions>" when `load()` will skip the test forward (a
-        record of it passing under the same config, weights, kwargs, versions and machine); else None."""
+        """ "proven on this machine at <time> for <versions>" when, as planned, `load()` would skip the test
+        forward (a record of it passing under the same config, weights, kwargs, versions and machine); else
+        None. `load()` judges it again when applying (plans/check_proof.py `judge`)."""
         return self.check_proof.proven if self.check_proof is not None else None
 
     @property

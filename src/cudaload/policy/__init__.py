@@ -14,7 +14,7 @@ from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.placer import Placer
-from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method
+from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method, quantization_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
 from ..plans.checkpoint import CheckpointPlan
 from ..request import Request, TrainingRequest, Workload
@@ -32,6 +32,7 @@ from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
 from .settle import settle_placement
+from .stored_dtype import decide_stored_dtype
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
 from .training import decide_lora, decide_training_arguments
@@ -129,6 +130,9 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     )
     dtype, dtype_warnings = decide_dtype(judged, model, request.dtype, workload)
     warnings += dtype_warnings
+    # A bitsandbytes checkpoint's unquantized weights are applied in their stored dtype: planned as applied.
+    dtype, stored_warnings = decide_stored_dtype(model, dtype, _asks_dequantize(request.passthrough))
+    warnings += stored_warnings
     hub_code = request.hub_kernels is True or request.use_kernels is True
     attention, chain, cautions = decide_attention(
         judged,
@@ -340,9 +344,12 @@ def _placement_section(
 
 
 def _planned_quant_method(plan: Plan) -> str:
-    """transformers' `quant_method` of the quantization_config in the plan (bitsandbytes for a dict of yours)."""
+    """transformers' `quant_method` of the quantization_config in the plan (a dict of yours: its quant_method,
+    bitsandbytes when it names none: planning refused any other, capability/quant_config.py)."""
     method = config_method(plan.decisions)
-    return method.quant_method if method is not None else DEFAULT_QUANT_METHOD
+    if method is not None:
+        return method.quant_method
+    return quantization_method(plan.kwargs.get("quantization_config")) or DEFAULT_QUANT_METHOD
 
 
 def _asks_dequantize(passthrough: Mapping[str, Any]) -> bool:

@@ -204,20 +204,30 @@ def decide_attention(
 
 
 def decide_sub_model_attention(model: ModelFacts, attention: Decision) -> Decision | None:
-    """Attention per sub-model, where the whole-model choice would take SDPA from a sub-model that has it:
-    the top class has no SDPA (so the plan is eager) while a sub-model's class has (GOT-OCR2's Qwen2
-    language model). Bare from_pretrained gives each sub-model its own default, SDPA where its class
-    supports it (transformers 5.22/5.25 modeling_utils.py: `PreTrainedModel._check_and_adjust_attn_implementation`
-    per sub-model), and takes a dict by sub-config name (`PreTrainedConfig._attn_implementation`'s setter, the
-    "" key for the top): the plan passes that. None when one value serves every part, or you chose it."""
-    if attention.source == "user" or attention.value != "eager" or model.supports_sdpa:
+    """Attention per sub-model, where one whole-model value does not serve every part: the top class has no SDPA
+    (so the plan is eager) while a sub-model's class has (GOT-OCR2's Qwen2 language model), or the plan is SDPA
+    and a sub-model's class has none (musicgen's EnCodec audio encoder: transformers raises "does not support an
+    attention implementation through torch.nn.functional.scaled_dot_product_attention" for it). Bare
+    from_pretrained gives each sub-model its own default, SDPA where its class supports it (transformers
+    5.22/5.25 modeling_utils.py: `PreTrainedModel._check_and_adjust_attn_implementation` per sub-model), and
+    takes a dict by sub-config name (`PreTrainedConfig._attn_implementation`'s setter, the "" key for the top):
+    the plan passes that. None when one value serves every part, or you chose it."""
+    if attention.source == "user":
         return None
-    if not any(sdpa for _, sdpa in model.sub_model_sdpa):
-        return None
-    value = ", ".join(f"{key}={'sdpa' if sdpa else 'eager'}" for key, sdpa in model.sub_model_sdpa)
-    with_sdpa = ", ".join(key for key, sdpa in model.sub_model_sdpa if sdpa)
-    reason = (
-        f"{model.model_class} has no SDPA, its {with_sdpa} model has: each part gets what it supports, as bare "
-        "from_pretrained gives it (attn_implementation by sub-config)"
-    )
-    return Decision(SUB_MODEL_ATTENTION, value, reason)
+    parts = model.sub_model_sdpa
+    value = ", ".join(f"{key}={'sdpa' if sdpa else 'eager'}" for key, sdpa in parts)
+    if attention.value == "eager" and not model.supports_sdpa and any(sdpa for _, sdpa in parts):
+        with_sdpa = ", ".join(key for key, sdpa in parts if sdpa)
+        reason = (
+            f"{model.model_class} has no SDPA, its {with_sdpa} model has: each part gets what it supports, as bare "
+            "from_pretrained gives it (attn_implementation by sub-config)"
+        )
+        return Decision(SUB_MODEL_ATTENTION, value, reason)
+    if attention.value == "sdpa" and not all(sdpa for _, sdpa in parts):
+        without = ", ".join(key for key, sdpa in parts if not sdpa)
+        reason = (
+            f"its {without} model has no SDPA (transformers refuses sdpa for it): that part runs eager, the rest "
+            "sdpa, as bare from_pretrained gives it (attn_implementation by sub-config)"
+        )
+        return Decision(SUB_MODEL_ATTENTION, value, reason)
+    return None
