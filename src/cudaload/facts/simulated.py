@@ -7,8 +7,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from .catalog import CatalogGpu
 from .hardware import GiB, Gpu
+from .launch import Launch
 
-__all__ = ["SIMULATED_DEFAULTS", "catalog_gpu", "check_simulated", "simulated_packages"]
+__all__ = ["SIMULATED_DEFAULTS", "catalog_gpu", "check_gpus_and_launch", "check_simulated", "simulated_packages"]
 
 
 SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
@@ -99,3 +100,40 @@ def check_simulated(gpu: object, count: object, packages: object, more: Mapping[
                 f"packages={{{name!r}: {version!r}}}: {version!r} is not a version; give one as pip shows it "
                 "(e.g. '2.8.3'), or None to remove the package."
             ) from None
+
+
+def check_gpus_and_launch(gpu: object, count: int, entries: Sequence[CatalogGpu], launch: object) -> None:
+    """The GPUs asked for agree with each other and with the launch: one vendor (one torch build drives one
+    vendor's GPUs: a CUDA torch sees no AMD GPU and a ROCm torch no NVIDIA one, so a machine with both plans
+    nothing real), a count only for a single name, a launch that is a `Launch` with no more local ranks than
+    the GPUs a count or a list names (a single name with a launch is the GPU kind each rank has)."""
+    from ..errors import SettingError
+
+    if launch is not None and not isinstance(launch, Launch):
+        raise SettingError(
+            f"launch={launch!r}: pass a cudaload.Launch, e.g. Launch(launcher='torchrun', world_size=2, "
+            "local_world_size=2, strategy='ddp'), or None for a single process."
+        )
+    if count != 1 and isinstance(gpu, Sequence) and not isinstance(gpu, str):
+        first = gpu[0] if gpu else "A100"
+        raise SettingError(
+            f"count={count} with the GPU list gpu={list(gpu)!r}: a list names every GPU, count repeats a single "
+            f"name (pass gpu={first!r}, count={count}, or repeat the name in the list)."
+        )
+    vendors: dict[str, list[str]] = {}
+    for entry in entries:
+        vendors.setdefault(entry.vendor, []).append(entry.name)
+    if len(vendors) > 1:
+        listed = "; ".join(f"{vendor}: {', '.join(dict.fromkeys(names))}" for vendor, names in vendors.items())
+        raise SettingError(
+            f"gpu={gpu!r} mixes GPU vendors ({listed}): one torch build drives one vendor's GPUs (a CUDA torch sees "
+            "no AMD GPU, a ROCm torch no NVIDIA one), so no process could use them all. Simulate each vendor's "
+            "machine on its own (e.g. gpu='H100' and gpu='MI300X') and compare the plans."
+        )
+    named = len(entries) if count > 1 or (gpu is not None and not isinstance(gpu, str)) else 0
+    if isinstance(launch, Launch) and named and launch.local_world_size > named:
+        raise SettingError(
+            f"launch has {launch.local_world_size} ranks on this node (local_world_size) but the machine has "
+            f"{named} GPU(s): a launch runs one process per GPU, so {launch.local_world_size - named} would have "
+            f"none. Pass count={launch.local_world_size} (or a launch with local_world_size={named})."
+        )
