@@ -21,7 +21,7 @@ def read_manifest(env: Mapping[str, str]) -> dict[str, Any] | None:
     if not where:
         return None
     try:
-        manifest = json.loads(Path(where).read_text())
+        manifest = json.loads(Path(where).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise LaunchMismatchError(
             f"{LAUNCH_ENV}={where!r} names the plan this launch was written from, but it cannot be read ({exc}). "

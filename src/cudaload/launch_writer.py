@@ -78,7 +78,7 @@ class LaunchFiles:
         written = []
         for name, text in self.files.items():
             path = out / name
-            path.write_text(text)
+            path.write_text(text, encoding="utf-8")
             if name.endswith(".sh") or name.endswith(".sbatch"):
                 path.chmod(0o755)
             written.append(path)

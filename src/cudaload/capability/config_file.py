@@ -150,6 +150,7 @@ def _check_local_path(name: str, extra: Mapping[str, Any]) -> None:
             f"{name!r} is a file, not a model folder: pass the folder that holds config.json and the weights "
             "(as save_pretrained() writes it), or a Hub id such as 'Qwen/Qwen3-0.6B'."
         )
+    _check_path_length(name)
     if not os.path.exists(os.path.expanduser(name)) and _looks_like_a_path(name):
         parent = os.path.dirname(os.path.abspath(os.path.expanduser(name).rstrip("/"))) or "/"
         where = (
@@ -160,6 +161,27 @@ def _check_local_path(name: str, extra: Mapping[str, Any]) -> None:
         raise ModelConfigError(
             f"{name!r}: no such folder ({where}). Check the path; a Hub id is 'org/name' (e.g. 'Qwen/Qwen3-0.6B')."
         )
+
+
+def _check_path_length(name: str) -> None:
+    """A path the file system cannot take (ENAMETOOLONG: over PATH_MAX, or a name over 255 bytes) is said as
+    such, not as a folder that is not there (os.path.exists is False for it)."""
+    import errno
+
+    try:
+        os.stat(os.path.expanduser(name))
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return
+        longest = max(name.split(os.sep), key=len)
+        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+        raise ModelConfigError(
+            f"{shown!r} ({len(name)} characters, its longest name {len(longest)}) is longer than this file system "
+            f"takes ({exc.strerror}): no folder can have that path. Check how the path was built, or move (or "
+            "symlink) the model to a shorter one."
+        ) from None
+    except ValueError:  # a NUL byte: transformers' own error says the id is invalid
+        return
 
 
 def _check_config_file(name: str) -> None:
