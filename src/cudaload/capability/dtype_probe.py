@@ -122,6 +122,8 @@ def kept_in_memory_only(path: Path) -> bool:
     """Whether the measurement for `path` lives in this process only: its record could not be written (an
     unwritable or untrusted cache), so what is said must not be "recorded in <path>"."""
     return path in _measured_here
+
+
 """Probes this process measured but did not write, by record path (an unwritable cache, a disturbed
 measurement): the next plan() of the same process uses them instead of measuring again."""
 

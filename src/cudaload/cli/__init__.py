@@ -59,9 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     if "--json" in (sys.argv[1:] if argv is None else argv):
         _usage_errors_as_json(parser)
-    with warnings.catch_warnings():
-        warnings.showwarning = _show_warning
+    # A warning printed in the CLI's own words; formatwarning (not showwarning), so that a caller recording
+    # warnings (pytest.warns, catch_warnings(record=True)) still gets them.
+    formatwarning, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
         return _run(parser, parser.parse_args(argv))
+    finally:
+        warnings.formatwarning = formatwarning
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -148,14 +152,13 @@ def _usage_errors_as_json(parser: argparse.ArgumentParser) -> None:
         one.error = error  # type: ignore[method-assign]
 
 
-def _show_warning(
-    message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
-) -> None:
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
     """A warning as the CLI's own line, `cudaload: warning: ...`: not Python's raw format with the file, line
     number and source line of the `warnings.warn` call (which mean nothing to a command-line user)."""
     kind = "" if category.__name__ == "CudaloadWarning" else f"{category.__name__}: "
-    with contextlib.suppress(OutputClosed, OutputFailed):
-        emit(f"cudaload: warning: {kind}{message}", sys.stderr if file is None else file)
+    return f"cudaload: warning: {kind}{message}\n"
 
 
 def _to_stderr(line: str) -> None:

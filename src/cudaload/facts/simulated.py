@@ -9,7 +9,14 @@ from .catalog import CatalogGpu
 from .hardware import GiB, Gpu
 from .launch import Launch
 
-__all__ = ["SIMULATED_DEFAULTS", "catalog_gpu", "check_gpus_and_launch", "check_simulated", "simulated_packages"]
+__all__ = [
+    "SIMULATED_DEFAULTS",
+    "TRANSFORMERS_5_MIN_TORCH",
+    "catalog_gpu",
+    "check_gpus_and_launch",
+    "check_simulated",
+    "simulated_packages",
+]
 
 
 SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
@@ -34,9 +41,29 @@ def simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple
             f"packages={dict(told)!r} removes torch or transformers: a machine cudaload plans for has both "
             "(give a version instead, e.g. {'transformers': '5.22.2'})."
         )
+    _check_torch_for_transformers(versions["torch"], versions["transformers"])
     added = ", ".join(f"{k} {v}" for k, v in sorted(told.items()) if v is not None)
     removed = ", ".join(k for k, v in sorted(told.items()) if v is None)
     return versions, origin + (f", with {added}" if added else "") + (f", without {removed}" if removed else "")
+
+
+TRANSFORMERS_5_MIN_TORCH = "2.6.0"
+"""The oldest torch transformers 5 runs on: below it transformers 5.22-5.25 `utils/import_utils.is_torch_available`
+logs "Disabling PyTorch because PyTorch >= 2.6 is required" and loads no model."""
+
+
+def _check_torch_for_transformers(torch: str, transformers: str) -> None:
+    """A simulated torch transformers would disable is no machine to plan for (torch 1.0 has no SDPA at all)."""
+    from packaging.version import Version
+
+    if Version(transformers).major >= 5 and Version(torch) < Version(TRANSFORMERS_5_MIN_TORCH):
+        from ..errors import SettingError
+
+        raise SettingError(
+            f"packages: torch {torch} with transformers {transformers}: transformers 5 disables a torch older than "
+            f"{TRANSFORMERS_5_MIN_TORCH} (utils/import_utils.is_torch_available) and loads no model there. Give "
+            f"torch {TRANSFORMERS_5_MIN_TORCH} or newer (e.g. {{'torch': '2.13.0'}})."
+        )
 
 
 def catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
