@@ -310,10 +310,14 @@ def make_folders(folder: Path) -> None:
 
 
 def _not_a_folder(root: Path) -> str:
-    """ ", and <the setting> is a file" when the cache folder (or a folder above it) is a file, naming the variable
-    that chose it (CUDALOAD_CACHE=/dev/null fails with "File exists", which says nothing of the setting)."""
+    """"; <the setting> leads to <file>, which is not a folder" when the cache folder (or one above it) is a file,
+    naming the variable that chose it (CUDALOAD_CACHE=/dev/null fails with "File exists", which says nothing of it)."""
     for one in (root, *root.parents):
-        if one.exists() or one.is_symlink():
+        try:
+            there = one.exists() or one.is_symlink()
+        except OSError:  # a name over 255 bytes: the error already says so
+            return ""
+        if there:
             if one.is_dir():
                 return ""
             chosen = next(
