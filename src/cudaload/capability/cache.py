@@ -310,7 +310,7 @@ def make_folders(folder: Path) -> None:
 
 
 def _not_a_folder(root: Path) -> str:
-    """"; <the setting> leads to <file>, which is not a folder" when the cache folder (or one above it) is a file,
+    """ "; <the setting> leads to <file>, which is not a folder" when the cache folder (or one above it) is a file,
     naming the variable that chose it (CUDALOAD_CACHE=/dev/null fails with "File exists", which says nothing of it)."""
     for one in (root, *root.parents):
         try:
