@@ -57,9 +57,9 @@ def hip_visible_gpus(raw: Sequence[RawDevice], env: Mapping[str, str]) -> tuple[
     if rocr is not None:
         chosen, said = select_visible(devices, rocr, "ROCR_VISIBLE_DEVICES", "ROCm")
         devices, warnings = [device for device, _ in chosen], said
-        if hip is not None and len(hip.split(",")) > len(rocr.split(",")):
+        if hip is not None and hip_variable == "HIP_VISIBLE_DEVICES" and len(hip.split(",")) > len(rocr.split(",")):
             warnings.append(
-                f"{hip_variable}={hip!r} lists more devices than ROCR_VISIBLE_DEVICES={rocr!r}: HIP numbers only "
+                f"HIP_VISIBLE_DEVICES={hip!r} lists more devices than ROCR_VISIBLE_DEVICES={rocr!r}: HIP numbers only "
                 "the GPUs ROCR_VISIBLE_DEVICES leaves (0, 1, ...), and torch refuses this pair (RuntimeError "
                 "'HIP_VISIBLE_DEVICES contains more devices than ROCR_VISIBLE_DEVICES'). Index HIP_VISIBLE_DEVICES "
                 "into ROCR's list, or set only one of the two."
