@@ -49,7 +49,8 @@ def machines(draw: st.DrawFn, worlds: tuple[int, ...] = (1, 1, 2, 4), required: 
     )
     return Machine.simulated(
         gpu,
-        count=draw(st.integers(1, 4)) if gpu else 1,
+        # one GPU (the kind each rank has), or a count of at least the launch's ranks (fewer is refused)
+        count=draw(st.sampled_from([1, *range(max(world, 2), 5)])) if gpu else 1,
         packages=packages,
         offline=draw(st.booleans()),
         cached_kernels=draw(st.lists(st.sampled_from(HUB_REPOS), unique=True)),

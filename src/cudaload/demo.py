@@ -76,7 +76,7 @@ def build_tiny_model(directory: str | Path, *, dtype: str = "bfloat16") -> Path:
             pad_token_id=None,
         )
         save_tiny_tokenizer(path, config.vocab_size)
-        (path / MARKER).write_text("a random-weight model built by cudaload.demo.build_tiny_model\n")
+        (path / MARKER).write_text("a random-weight model built by cudaload.demo.build_tiny_model\n", encoding="utf-8")
     except OSError as exc:  # read-only, full or missing place: say where, and leave no half-written model
         if made:
             import shutil

@@ -317,7 +317,7 @@ def _seal(folder: Path, gguf: Path) -> None:
         "files": files,
     }
     marker = folder / MARKER
-    marker.write_text(json.dumps(record, indent=1) + "\n")
+    marker.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     marker.chmod(0o600)
 
 

@@ -101,5 +101,5 @@ def write_benchmark_record(destination: str | Path, results_root: Path, kind: st
     out = result_path(results_root, machine, kind) if str(destination) == "results" else Path(destination)
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"machine": machine_facts(machine), "versions": versions(), **fields}
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return out

@@ -76,7 +76,7 @@ class _Child:
         self.timeout = timeout
         self.started = time.monotonic()
         self.error: str | None = None
-        with self.stderr_path.open("w") as stderr:
+        with self.stderr_path.open("w", encoding="utf-8") as stderr:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", self.CODE, json.dumps({**spec, "out": str(self.out)})],
                 env=env,
@@ -84,6 +84,7 @@ class _Child:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
+                encoding="utf-8",
             )
 
     def _left(self) -> float:
@@ -116,8 +117,8 @@ class _Child:
         if self.error is not None:
             return {"error": self.error}
         if self.out.exists():
-            return json.loads(self.out.read_text())  # type: ignore[no-any-return]
-        stderr = self.stderr_path.read_text()
+            return json.loads(self.out.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+        stderr = self.stderr_path.read_text(encoding="utf-8")
         tail = stderr.strip().splitlines()[-1:] or [""]
         return {
             "error": f"the variant's process exited with status {self.process.returncode} and no result: {tail[0]}",
@@ -158,7 +159,7 @@ def _row(name: str, quantize: str | None, child: dict[str, Any]) -> dict[str, An
 
 
 def _model_info(path: Path) -> dict[str, Any]:
-    config = json.loads((path / "config.json").read_text())
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     keys = (
         "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
         "num_attention_heads", "num_key_value_heads", "head_dim", "tie_word_embeddings",

@@ -55,7 +55,7 @@ def estimate_parts(estimate: dict[str, int], lora_parameters: int) -> dict[str, 
 
 
 def _status(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
+    for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status has no {key}")
@@ -155,7 +155,7 @@ def _memory_baseline(trainer: _Trainer) -> tuple[int, str]:
         return torch.cuda.memory_allocated(device), "torch.cuda.max_memory_allocated"
     baseline = _status("VmRSS")
     try:
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")  # reset VmHWM to the current RSS
         method = "VmHWM reset by clear_refs"
     except OSError:
         method = "VmHWM not reset (no clear_refs): the process's peak, the load's included"
@@ -271,4 +271,4 @@ def child_main() -> None:
             result["plan"] = jsonable(_plan_facts(planned, spec["model"]))
         except Exception as plan_exc:  # planning failed too: the load's error says why
             result["plan_error"] = describe_error(plan_exc)
-    Path(spec["out"]).write_text(json.dumps(result))
+    Path(spec["out"]).write_text(json.dumps(result), encoding="utf-8")

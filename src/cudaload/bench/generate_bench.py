@@ -91,7 +91,7 @@ class GenerationVariant:
 def default_padding_side(path: Path) -> str:
     """The side the checkpoint's own tokenizer pads on by default (transformers' default without one)."""
     try:
-        config = json.loads((path / "tokenizer_config.json").read_text())
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return TRANSFORMERS_PADDING_SIDE
     side = config.get("padding_side") if isinstance(config, dict) else None

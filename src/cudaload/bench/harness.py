@@ -164,7 +164,7 @@ class PeakMemory:
     @staticmethod
     def _status(key: str) -> int | None:
         try:
-            for line in Path("/proc/self/status").read_text().splitlines():
+            for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
                 if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
         except OSError:
@@ -174,7 +174,7 @@ class PeakMemory:
     @staticmethod
     def _cpu_reset() -> bool:
         try:
-            Path("/proc/self/clear_refs").write_text("5")
+            Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
         except OSError:
             return False
         return True

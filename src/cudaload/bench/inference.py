@@ -319,7 +319,9 @@ def _workload_of(work: BenchRun, measured: Measurement, threads_used: int, varia
 def write_result(result: dict[str, Any], out: str | os.PathLike[str]) -> Path:
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps({k: v for k, v in result.items() if k != "written_to"}, indent=2) + "\n")
+    target.write_text(
+        json.dumps({k: v for k, v in result.items() if k != "written_to"}, indent=2) + "\n", encoding="utf-8"
+    )
     return target
 
 

@@ -70,7 +70,7 @@ out = {"s": time.perf_counter() - t, "heavy": [m for m in ("torch", "transformer
     "load": """
 import torch, transformers, cudaload
 from transformers import AutoModelForCausalLM
-getattr(transformers, json.load(open(MODEL + "/config.json"))["architectures"][0])  # its modeling code
+getattr(transformers, json.load(open(MODEL + "/config.json", encoding="utf-8"))["architectures"][0])  # its model
 t, c = time.perf_counter(), time.process_time()
 m = cudaload.load(MODEL, verify=VERIFY)
 out = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "timings": dict(m.cudaload_plan.timings),
@@ -82,7 +82,7 @@ out |= {"again_s": time.perf_counter() - t, "again_cpu_s": time.process_time() -
     "bare": """
 import torch, transformers, cudaload
 from transformers import AutoModelForCausalLM
-getattr(transformers, json.load(open(MODEL + "/config.json"))["architectures"][0])  # its modeling code
+getattr(transformers, json.load(open(MODEL + "/config.json", encoding="utf-8"))["architectures"][0])  # its model
 t, c = time.perf_counter(), time.process_time()
 m = AutoModelForCausalLM.from_pretrained(MODEL, **KWARGS)
 out = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c}
@@ -109,7 +109,9 @@ def _child(kind: str, model: str, cache: Path, *, kwargs: dict[str, Any] | None 
         "TQDM_DISABLE": "1",
         "PYTHONWARNINGS": "ignore",
     }
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, encoding="utf-8", timeout=600
+    )
     for line in done.stdout.splitlines():
         if line.startswith("CUDALOAD-OVERHEAD "):
             return json.loads(line.removeprefix("CUDALOAD-OVERHEAD "))

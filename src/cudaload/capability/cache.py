@@ -53,9 +53,26 @@ anything larger is not read."""
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The cache folder.
+
+    Raises:
+        SettingError: CUDALOAD_CACHE names the home folder itself (`~`): cudaload's folders would be
+            made among the user's own files.
+    """
     env = os.environ if env is None else env
     if env.get("CUDALOAD_CACHE"):
-        return _expand(env["CUDALOAD_CACHE"], env)
+        folder = _expand(env["CUDALOAD_CACHE"], env)
+        home = Path(env.get("HOME") or Path.home())
+        if folder == home or (folder.anchor and folder == Path(folder.anchor)):
+            from ..errors import SettingError
+
+            what = "your home folder" if folder == home else "the root folder"
+            raise SettingError(
+                f"CUDALOAD_CACHE={env['CUDALOAD_CACHE']!r} is {what} itself ({folder}): cudaload would make its "
+                "folders among your own files. Set it to a folder of its own, e.g. CUDALOAD_CACHE=~/.cache/cudaload "
+                "(or unset it)."
+            )
+        return folder
     if env.get("XDG_CACHE_HOME"):
         return _expand(env["XDG_CACHE_HOME"], env) / "cudaload"
     return Path.home() / ".cache" / "cudaload"
@@ -292,13 +309,40 @@ def make_folders(folder: Path) -> None:
             one.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
+def _not_a_folder(root: Path) -> str:
+    """ "; <the setting> leads to <file>, which is not a folder" when the cache folder (or one above it) is a file,
+    naming the variable that chose it (CUDALOAD_CACHE=/dev/null fails with "File exists", which says nothing of it)."""
+    for one in (root, *root.parents):
+        try:
+            there = one.exists() or one.is_symlink()
+        except OSError:  # a name over 255 bytes: the error already says so
+            return ""
+        if there:
+            if one.is_dir():
+                return ""
+            chosen = next(
+                (
+                    f"{name}={os.environ[name]!r}"
+                    for name in ("CUDALOAD_CACHE", "XDG_CACHE_HOME")
+                    if os.environ.get(name)
+                ),
+                "the default cache folder",
+            )
+            return f"; {chosen} leads to {one}, which is not a folder"
+    return ""
+
+
 def write_json(path: Path, data: Mapping[str, Any]) -> bool:
-    """Write `data` to `path` atomically. False (and one warning per folder) when it cannot."""
+    """Write `data` to `path` atomically. False (and one warning per folder) when it cannot, or when the cache
+    folder is one cudaload does not read (`untrusted`: another user's, or writable by others): as root against
+    another user's cache, it neither reads it nor makes root-owned folders in it."""
+    if not _trusted(path):
+        return False
     try:
         make_folders(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with os.fdopen(fd, "w") as handle:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(data, handle, indent=2)
                 handle.write("\n")
             os.replace(tmp, path)
@@ -310,9 +354,10 @@ def write_json(path: Path, data: Mapping[str, Any]) -> bool:
         if folder not in _warned:
             _warned.add(folder)
             warnings.warn(
-                f"cudaload could not write its measurement cache in {folder} ({exc.strerror or exc}): this "
-                "machine will be measured again in every process. Set CUDALOAD_CACHE to a writable folder, "
-                "or CUDALOAD_PROBE=0 to plan from the static tables without measuring.",
+                f"cudaload could not write its measurement cache in {folder} ({exc.strerror or exc}"
+                f"{_not_a_folder(path.parent.parent)}): this machine will be measured again in every process. Set "
+                "CUDALOAD_CACHE to a writable folder, or CUDALOAD_PROBE=0 to plan from the static tables without "
+                "measuring.",
                 CudaloadWarning,
                 stacklevel=2,
             )

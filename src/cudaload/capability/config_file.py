@@ -53,6 +53,22 @@ def load_config(
     except _config_validation_errors() as exc:
         # transformers 5 configs are strict dataclasses: huggingface_hub names the field and the value.
         raise ModelConfigError(f"{name!r}: config.json has a value its config class refuses: {exc}") from exc
+    except ArithmeticError as exc:  # a config class's validate_architecture divides by a size (hidden % heads)
+        raise ModelConfigError(
+            f"transformers could not build the config of {name!r} from its config.json: {type(exc).__name__}: "
+            f"{exc}{_non_positive_sizes(name)}. Fix that value in config.json (save_pretrained() writes a valid one)."
+        ) from exc
+    except RuntimeError as exc:
+        if type(exc).__name__ != "AmbiguousGlobalPerLayerAttributeError":
+            raise
+        # transformers 5.25 integrations/heterogeneity/configuration_utils.py: a per-layer attribute that differs
+        # between layers cannot be read globally, and this config class's own validation reads it so.
+        raise ModelConfigError(
+            f"transformers cannot build the config of {name!r}: its per_layer_config gives layers different values "
+            f"of an attribute its config class reads for the whole model ({str(exc).splitlines()[0].rstrip('.')}), "
+            "so transformers itself cannot load this checkpoint. Give every layer the same value of that attribute "
+            "(or remove it from per_layer_config), or use the model type that supports it per layer."
+        ) from exc
     except (AttributeError, TypeError, KeyError) as exc:
         # transformers fails inside the config class on values it cannot take (e.g. "dtype": "auto"
         # in config.json makes 5.22 look up torch.auto): the file is the problem, not the network.
@@ -150,6 +166,7 @@ def _check_local_path(name: str, extra: Mapping[str, Any]) -> None:
             f"{name!r} is a file, not a model folder: pass the folder that holds config.json and the weights "
             "(as save_pretrained() writes it), or a Hub id such as 'Qwen/Qwen3-0.6B'."
         )
+    _check_path_length(name)
     if not os.path.exists(os.path.expanduser(name)) and _looks_like_a_path(name):
         parent = os.path.dirname(os.path.abspath(os.path.expanduser(name).rstrip("/"))) or "/"
         where = (
@@ -160,6 +177,27 @@ def _check_local_path(name: str, extra: Mapping[str, Any]) -> None:
         raise ModelConfigError(
             f"{name!r}: no such folder ({where}). Check the path; a Hub id is 'org/name' (e.g. 'Qwen/Qwen3-0.6B')."
         )
+
+
+def _check_path_length(name: str) -> None:
+    """A path the file system cannot take (ENAMETOOLONG: over PATH_MAX, or a name over 255 bytes) is said as
+    such, not as a folder that is not there (os.path.exists is False for it)."""
+    import errno
+
+    try:
+        os.stat(os.path.expanduser(name))
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return
+        longest = max(name.split(os.sep), key=len)
+        shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+        raise ModelConfigError(
+            f"{shown!r} ({len(name)} characters, its longest name {len(longest)}) is longer than this file system "
+            f"takes ({exc.strerror}): no folder can have that path. Check how the path was built, or move (or "
+            "symlink) the model to a shorter one."
+        ) from None
+    except ValueError:  # a NUL byte: transformers' own error says the id is invalid
+        return
 
 
 def _check_config_file(name: str) -> None:
@@ -182,6 +220,28 @@ def _check_config_file(name: str) -> None:
             f"{path} {kind}: cudaload reads only a regular config.json of at most {MAX_READ_BYTES >> 20} MiB "
             "(a FIFO or a device would hang or fill memory). Save the model with save_pretrained()."
         )
+
+
+def _non_positive_sizes(name: str) -> str:
+    """ " (config.json has num_attention_heads=0)": the sizes at or below 0 in a local folder's config.json, read
+    raw (the config class failed before cudaload could check its sizes); "" when none or not a local folder."""
+    import json
+
+    from .cache import read_regular_file
+
+    raw = read_regular_file(os.path.join(name, "config.json"))
+    try:
+        data = json.loads(raw.decode("utf-8")) if raw is not None else {}
+    except ValueError:
+        return ""
+    parts = [data, *(v for v in data.values() if isinstance(v, dict))] if isinstance(data, dict) else []
+    bad = [
+        f"{field}={value!r}"
+        for part in parts
+        for field, value in part.items()
+        if field in _SIZE_FIELDS and isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0
+    ]
+    return f" (config.json has {', '.join(bad)}; each must be a whole number of at least 1)" if bad else ""
 
 
 def _config_validation_errors() -> tuple[type[Exception], ...]:
@@ -254,6 +314,22 @@ def check_sizes(config: Any, name: str) -> None:
                         f"{bound:,}. Fix that value in config.json (save_pretrained() writes a valid one)."
                     )
         _check_rope_factor(part, name)
+        _check_key_value_heads(part, name)
+
+
+def _check_key_value_heads(config: Any, name: str) -> None:
+    """More key/value heads than query heads: transformers' `repeat_kv` gives each query head
+    num_attention_heads // num_key_value_heads (0) copies, so the model builds and fails its first forward."""
+    try:
+        heads, kv = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
+    except Exception:  # a heterogeneous config: per-layer values are read by check_sizes above
+        return
+    if isinstance(heads, int) and isinstance(kv, int) and not isinstance(kv, bool) and 0 < heads < kv:
+        raise ModelConfigError(
+            f"{name!r}: config.json has num_key_value_heads={kv} but num_attention_heads={heads}: a key/value head "
+            "is shared by one or more query heads, never the other way round, so the model would fail its first "
+            f"forward. Fix config.json: num_key_value_heads at most {heads} (and dividing it)."
+        )
 
 
 def _rope_settings(config: Any) -> list[dict[str, Any]]:

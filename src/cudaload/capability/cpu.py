@@ -43,7 +43,7 @@ def parse_meminfo(text: str) -> tuple[int | None, int | None]:
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError:
         return ""
 

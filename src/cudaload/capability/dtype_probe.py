@@ -60,6 +60,7 @@ from .probe_record import expected_fingerprint, probe_path, probe_to_json, read_
 __all__ = [
     "cached_dtype_probe",
     "dtype_probe_for",
+    "kept_in_memory_only",
     "probe_enabled",
     "remeasure",
     "shape_bucket",
@@ -115,6 +116,14 @@ def torch_threads(env: Mapping[str, str] | None = None, cores: int | None = None
 
 
 _measured_here: dict[Path, DtypeProbe] = {}
+
+
+def kept_in_memory_only(path: Path) -> bool:
+    """Whether the measurement for `path` lives in this process only: its record could not be written (an
+    unwritable or untrusted cache), so what is said must not be "recorded in <path>"."""
+    return path in _measured_here
+
+
 """Probes this process measured but did not write, by record path (an unwritable cache, a disturbed
 measurement): the next plan() of the same process uses them instead of measuring again."""
 

@@ -281,9 +281,9 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
             # torch.cuda already applied CUDA_VISIBLE_DEVICES and CUDA's order.
             gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")
         else:
-            # A probe of another vendor's runtime may read its own variables (rocm.py: HIP_VISIBLE_DEVICES).
-            visible, order = getattr(candidate, "visibility", cuda_visibility)(env)
-            gpus, warnings = visible_gpus(raw, visible, order)
+            # A probe of another vendor's runtime applies its own variables (rocm.py: ROCR_, HIP_VISIBLE_DEVICES).
+            select = getattr(candidate, "select", None)
+            gpus, warnings = select(raw, env) if select is not None else visible_gpus(raw, *cuda_visibility(env))
         late = late_visibility_warning(_initialised_cuda_device_count(), len(gpus))
         return GpuReport(gpus, candidate.name, driver, (*warnings, *([late] if late else [])), tuple(notes))
     return GpuReport((), "none", None, (), tuple(notes), no_driver)

@@ -155,6 +155,15 @@ def _warn_on_stored_dtype(
     )
 
 
+def _rope_types() -> str:
+    """The rope_type values transformers builds (ROPE_INIT_FUNCTIONS, plus "default")."""
+    try:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        return "see transformers' modeling_rope_utils.ROPE_INIT_FUNCTIONS"
+    return ", ".join(repr(name) for name in ("default", *ROPE_INIT_FUNCTIONS))
+
+
 def _read_model_facts(
     model: Any,
     auto_class: str | None,
@@ -177,6 +186,20 @@ def _read_model_facts(
     cls = model_class_for(config, auto_class, trust_remote_code, source, revision)
     try:
         meta = meta_model(cls, copy.deepcopy(config))  # building a model writes into its config
+    except KeyError as exc:
+        # transformers looks an unknown rope_type up in ROPE_INIT_FUNCTIONS (modeling_rope_utils.py) and raises a
+        # bare KeyError when the rotary embedding is built.
+        rope = [getattr(config, a, None) for a in ("rope_parameters", "rope_scaling")]
+        what = (
+            f"its RoPE rope_type {exc}, which transformers does not know (it builds {_rope_types()})"
+            if exc.args and repr(exc.args[0]) in repr(rope)
+            else f"a value transformers cannot look up ({exc})"
+        )
+        raise ModelConfigError(
+            f"transformers could not build {cls.__name__} from the config of {source or config.model_type!r}: "
+            f"config.json has {what}. Fix that value in config.json (rope_parameters / rope_scaling for a RoPE "
+            "setting), or remove it."
+        ) from exc
     except (RuntimeError, ValueError, ZeroDivisionError, TypeError, AttributeError, OverflowError) as exc:
         # Values each valid alone that do not fit together (e.g. a hidden size the heads do not divide).
         raise ModelConfigError(

@@ -65,7 +65,7 @@ def _schedstat_wait_ns() -> int | None:
         return None
     for task in tasks:
         try:
-            with open(f"/proc/self/task/{task}/schedstat") as handle:
+            with open(f"/proc/self/task/{task}/schedstat", encoding="utf-8") as handle:
                 total += int(handle.read().split()[1])
                 seen = True
         except (OSError, ValueError, IndexError):
@@ -76,7 +76,7 @@ def _schedstat_wait_ns() -> int | None:
 def _cpu_ticks() -> tuple[int, int] | None:
     """(steal, total) jiffies of all CPUs since boot, from /proc/stat's first line."""
     try:
-        with open("/proc/stat") as handle:
+        with open("/proc/stat", encoding="utf-8") as handle:
             fields = [int(x) for x in handle.readline().split()[1:9]]
     except (OSError, ValueError):
         return None

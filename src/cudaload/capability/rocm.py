@@ -12,14 +12,16 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..facts.catalog import gfx_capability
+from ..facts.hardware import Gpu
 from .gpus import ProbeFailed
 from .software import torch_hip_version
-from .visible import RawDevice
+from .visible import RawDevice, as_visible_gpus, select_visible
 
-__all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability", "gfx_target", "hip_visibility"]
+__all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability", "gfx_target", "hip_visible_gpus"]
 
 AMD_DRIVER_NODE = "/dev/kfd"
 """The ROCm kernel driver's device (amdgpu's KFD): every process that uses an AMD GPU through ROCm opens it."""
@@ -34,30 +36,52 @@ def gfx_target(name: str) -> str | None:
     return match.group(0).lower() if match else None
 
 
-def gfx_capability(arch: str) -> tuple[int, int]:
-    """What HIP reports as (major, minor) for a gfx target (`hipDeviceProp_t.major/minor`, and so
-    `torch.cuda.get_device_capability()` on ROCm): "gfx942" -> (9, 4), "gfx90a" -> (9, 0), "gfx1100" -> (11, 0).
-    The last hex digit is the stepping; no rule of cudaload reads these numbers for an AMD GPU."""
-    digits = arch.removeprefix("gfx")
-    return int(digits[:-2]), int(digits[-2], 16)
-
-
 def _driver_absent(exists: Callable[[str], bool]) -> bool:
     return sys.platform.startswith("linux") and not exists(AMD_DRIVER_NODE)
 
 
-def hip_visibility(env: Mapping[str, str]) -> tuple[str | None, str | None]:
-    """(the visible devices, the order) HIP applies to amdsmi's list: HIP_VISIBLE_DEVICES, else
-    CUDA_VISIBLE_DEVICES (HIP reads both), in PCI order (HIP has no FASTEST_FIRST). ROCR_VISIBLE_DEVICES, applied
-    below HIP, is not read."""
-    return env.get("HIP_VISIBLE_DEVICES", env.get("CUDA_VISIBLE_DEVICES")), "PCI_BUS_ID"
+def hip_visible_gpus(raw: Sequence[RawDevice], env: Mapping[str, str]) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+    """The AMD GPUs a HIP process sees, as torch 2.13 `torch.cuda._parse_visible_devices` reads ROCm's variables:
+    ROCR_VISIBLE_DEVICES first (ROCr's own filter, the documented Linux way, what SLURM's AMD gres sets), then
+    HIP_VISIBLE_DEVICES among the devices ROCR left (HIP numbers them 0, 1, ... again), else CUDA_VISIBLE_DEVICES,
+    which the HIP runtime reads when HIP_VISIBLE_DEVICES is unset; in PCI order (amdsmi's and HIP's: no
+    FASTEST_FIRST). Each warning names the variable its value came from.
+
+    torch's own count differs in one case: with ROCR set and HIP unset it counts ROCR's devices and ignores
+    CUDA_VISIBLE_DEVICES, while the HIP runtime that places tensors applies it; that is said as a warning."""
+    devices: list[RawDevice] = sorted(raw, key=lambda d: (d.pci_bus_id or "", d.nvml_index))
+    warnings: list[str] = []
+    rocr = env.get("ROCR_VISIBLE_DEVICES")
+    hip_variable = "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env else "CUDA_VISIBLE_DEVICES"
+    hip = env.get(hip_variable)
+    if rocr is not None:
+        chosen, said = select_visible(devices, rocr, "ROCR_VISIBLE_DEVICES", "ROCm")
+        devices, warnings = [device for device, _ in chosen], said
+        if hip is not None and hip_variable == "HIP_VISIBLE_DEVICES" and len(hip.split(",")) > len(rocr.split(",")):
+            warnings.append(
+                f"HIP_VISIBLE_DEVICES={hip!r} lists more devices than ROCR_VISIBLE_DEVICES={rocr!r}: HIP numbers only "
+                "the GPUs ROCR_VISIBLE_DEVICES leaves (0, 1, ...), and torch refuses this pair (RuntimeError "
+                "'HIP_VISIBLE_DEVICES contains more devices than ROCR_VISIBLE_DEVICES'). Index HIP_VISIBLE_DEVICES "
+                "into ROCR's list, or set only one of the two."
+            )
+        elif hip is not None and hip_variable == "CUDA_VISIBLE_DEVICES":
+            warnings.append(
+                f"ROCR_VISIBLE_DEVICES={rocr!r} and CUDA_VISIBLE_DEVICES={hip!r} are both set: the HIP runtime "
+                "applies the second among the GPUs the first leaves, but torch counts ROCR's devices only "
+                "(torch.cuda._parse_visible_devices), so the two may disagree. Use HIP_VISIBLE_DEVICES, or one "
+                "variable."
+            )
+    chosen, said = select_visible(devices, hip, hip_variable, "ROCm")
+    gpus, mig_warnings = as_visible_gpus(chosen)
+    return gpus, (*warnings, *said, *mig_warnings)
 
 
 class AmdSmiProbe:
     """Reads every AMD GPU through amdsmi (the `amdsmi` module ROCm installs). Creates no HIP context."""
 
     name = "amdsmi"
-    visibility = staticmethod(hip_visibility)
+    select = staticmethod(hip_visible_gpus)
+    """Applies ROCm's visibility variables to the list (probe_gpus asks a probe's `select` when it has one)."""
 
     def __init__(self, amdsmi: Any = None, exists: Callable[[str], bool] = os.path.exists) -> None:
         if _driver_absent(exists):
@@ -129,8 +153,8 @@ class AmdSmiProbe:
 class RocmTorchProbe:
     """Fallback when amdsmi cannot answer: a ROCm torch's own device properties (name, gcnArchName,
     total_memory). On ROCm `torch.cuda.get_device_properties` starts HIP in this process (a context, as CUDA's
-    torch fallback does), so it is asked only after amdsmi; it launches no kernel. torch applies
-    HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES itself."""
+    torch fallback does), so it is asked only after amdsmi; it launches no kernel. HIP applies
+    ROCR_VISIBLE_DEVICES, HIP_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES itself."""
 
     name = "rocm-torch"
     visible_only = True

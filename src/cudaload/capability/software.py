@@ -68,7 +68,7 @@ def _module_source(package: str, *relative: str) -> str | None:
     if spec is None or spec.origin is None:
         return None
     try:
-        return Path(spec.origin).parent.joinpath(*relative).read_text()
+        return Path(spec.origin).parent.joinpath(*relative).read_text(encoding="utf-8")
     except OSError:
         return None
 
@@ -208,7 +208,7 @@ def _missing_from_snapshot(folder: Path, commit: str, snapshot: Path) -> list[st
     """Files huggingface_hub's cached tree listing (`<repo folder>/trees/<commit>.json`, written by
     a download) names that the snapshot lacks, bytecode excepted (kernels' ignore patterns)."""
     try:
-        listing = json.loads((folder / "trees" / f"{commit}.json").read_text())
+        listing = json.loads((folder / "trees" / f"{commit}.json").read_text(encoding="utf-8"))
         files = list(listing["files"])
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -247,7 +247,7 @@ def find_cached_kernel(
         return HubKernel(repo, version, None, "not in the local cache")
     ref = folder / "refs" / (f"v{version}" if version is not None else "main")
     try:
-        commit = ref.read_text().strip()
+        commit = ref.read_text(encoding="utf-8").strip()
     except OSError:
         have = sorted(p.name for p in (folder / "refs").glob("v*") if p.is_file())
         return HubKernel(
@@ -366,9 +366,10 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
 def layer_kernels_disabled(env: Mapping[str, str]) -> str | None:
     """ "USE_HUB_KERNELS=<value>" when it turns Hub layer kernels off, as transformers reads it (5.25
     integrations/hub_kernels.py `_kernels_enabled`: `is_env_variable_true("USE_HUB_KERNELS", default="YES")`,
-    true for 1/true/y/yes/on; 5.22 reads 1/on/yes/true); None when unset or true."""
+    true for 1/true/y/yes/on after `.lower()`, nothing stripped: " yes " is false; 5.22 reads 1/on/yes/true);
+    None when unset or true."""
     value = env.get("USE_HUB_KERNELS")
-    if value is None or value.strip().lower() in ("1", "true", "y", "yes", "on"):
+    if value is None or value.lower() in ("1", "true", "y", "yes", "on"):
         return None
     return f"USE_HUB_KERNELS={value}"
 

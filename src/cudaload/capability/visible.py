@@ -1,4 +1,5 @@
-"""Which physical GPUs a process sees, and in what order: CUDA_VISIBLE_DEVICES semantics.
+"""Which physical GPUs a process sees, and in what order: CUDA_VISIBLE_DEVICES semantics (which ROCm's
+ROCR_VISIBLE_DEVICES and HIP_VISIBLE_DEVICES share: rocm.py applies them in turn with `select_visible`).
 
 Pure functions over raw device records, so tests can pass any machine in. The parsing
 follows CUDA (and torch.cuda._parse_visible_devices, which mirrors it):
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from ..facts.machine import Gpu
 
-__all__ = ["RawDevice", "RawMigSlice", "parse_visible_devices", "visible_gpus"]
+__all__ = ["RawDevice", "RawMigSlice", "as_visible_gpus", "parse_visible_devices", "select_visible", "visible_gpus"]
 
 
 @dataclass(frozen=True)
@@ -150,15 +151,19 @@ def _match_uuid(prefix: str, candidates: Sequence[str]) -> int:
     return matches[0] if len(matches) == 1 else -1
 
 
-def visible_gpus(
-    raw: Sequence[RawDevice], visible: str | None, order: str | None
-) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
-    """The GPUs this process sees, indexed as torch will index them, plus warnings."""
-    ordered = _cuda_order(raw, order)
+Chosen = tuple[RawDevice, "RawMigSlice | None"]
+
+
+def select_visible(
+    ordered: Sequence[RawDevice], visible: str | None, variable: str = "CUDA_VISIBLE_DEVICES", runtime: str = "CUDA"
+) -> tuple[list[Chosen], list[str]]:
+    """The devices of `ordered` that `visible` (the value of `variable`) selects, in its order, and the
+    warnings about the value, each naming `variable` and `runtime` ("CUDA" or "ROCm"). A vendor's runtime may
+    apply several variables in turn (ROCm: ROCR_VISIBLE_DEVICES, then HIP_VISIBLE_DEVICES among what it left):
+    call this once per step."""
     parsed = parse_visible_devices(visible)
     warnings: list[str] = []
-
-    chosen: list[tuple[RawDevice, RawMigSlice | None]] = []
+    chosen: list[Chosen] = []
     if parsed is None:
         chosen = [(d, None) for d in ordered]
     elif parsed and isinstance(parsed[0], str) and parsed[0].startswith("MIG-"):
@@ -180,7 +185,34 @@ def visible_gpus(
                 break
             chosen.append((ordered[ordinal], None))
 
+    nvidia = runtime == "CUDA"
+    repeated = _repeated_entry(visible) if visible is not None and not parsed and visible.strip() else None
+    if repeated is not None:
+        warnings.append(
+            f"{variable}={visible!r} names device {repeated} twice: {runtime} refuses a list with a repeated "
+            f"device and then shows this process no GPU at all. List each GPU once (e.g. {variable}={repeated})."
+        )
+    if visible is not None and visible.strip() and not parsed and repeated is None:
+        first = visible.split(",")[0].strip()
+        tool = "nvidia-smi" if nvidia else "amd-smi"
+        warnings.append(
+            f"{variable}={visible!r}: its first entry {first!r} is neither a GPU number nor a GPU-"
+            f"{'/MIG-' if nvidia else ''} UUID ({runtime} reads those prefixes in upper case only), so {runtime} "
+            f"shows this process no GPU. Write the numbers {tool} shows, or the UUIDs as "
+            f"{'`nvidia-smi -L`' if nvidia else '`amd-smi list`'} prints them (GPU-...)."
+        )
+    if visible is not None and parsed and len(chosen) < len(parsed):
+        warnings.append(
+            f"{variable}={visible!r}: entry {len(chosen) + 1} matches no GPU, so {runtime} ignores it and "
+            f"everything after it; {len(chosen)} GPU(s) visible."
+        )
+    return chosen, warnings
+
+
+def as_visible_gpus(chosen: Sequence[Chosen]) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+    """The chosen devices as the GPUs torch numbers 0, 1, ..., and a warning for each MIG GPU (one slice)."""
     gpus: list[Gpu] = []
+    warnings: list[str] = []
     for device, mig in chosen:
         if mig is None and device.mig_slices:
             # CUDA enumerates one MIG instance per process for a MIG-enabled GPU.
@@ -190,30 +222,20 @@ def visible_gpus(
                 f"{mig.name} with {mig.total_memory / 1024**3:.1f} GiB."
             )
         gpus.append(_as_gpu(len(gpus), device, mig))
+    return tuple(gpus), tuple(warnings)
 
+
+def visible_gpus(
+    raw: Sequence[RawDevice], visible: str | None, order: str | None
+) -> tuple[tuple[Gpu, ...], tuple[str, ...]]:
+    """The GPUs this process sees under CUDA_VISIBLE_DEVICES, indexed as torch will index them, plus warnings."""
+    chosen, selection_warnings = select_visible(_cuda_order(raw, order), visible)
+    gpus, mig_warnings = as_visible_gpus(chosen)
+    warnings = list(mig_warnings)
     if len({g.name for g in gpus}) > 1 and (order or "").upper() != "PCI_BUS_ID":
         warnings.append(
             "Visible GPUs differ in model and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers them "
             "fastest first, so cuda:N may not be nvidia-smi's GPU N. Set CUDA_DEVICE_ORDER=PCI_BUS_ID "
             "before CUDA starts to make the two agree."
         )
-    repeated = _repeated_entry(visible) if visible is not None and not parsed and visible.strip() else None
-    if repeated is not None:
-        warnings.append(
-            f"CUDA_VISIBLE_DEVICES={visible!r} names device {repeated} twice: CUDA refuses a list with a repeated "
-            "device and then shows this process no GPU at all. List each GPU once (e.g. "
-            f"CUDA_VISIBLE_DEVICES={repeated})."
-        )
-    if visible is not None and visible.strip() and not parsed and repeated is None:
-        first = visible.split(",")[0].strip()
-        warnings.append(
-            f"CUDA_VISIBLE_DEVICES={visible!r}: its first entry {first!r} is neither a GPU number nor a GPU-/MIG- "
-            "UUID (CUDA reads those prefixes in upper case only), so CUDA shows this process no GPU. Write the "
-            "numbers nvidia-smi shows, or the UUIDs as `nvidia-smi -L` prints them (GPU-...)."
-        )
-    if visible is not None and parsed and len(chosen) < len(parsed):
-        warnings.append(
-            f"CUDA_VISIBLE_DEVICES={visible!r}: entry {len(chosen) + 1} matches no GPU, so CUDA ignores "
-            f"it and everything after it; {len(chosen)} GPU(s) visible."
-        )
-    return tuple(gpus), tuple(warnings)
+    return gpus, (*warnings, *selection_warnings)

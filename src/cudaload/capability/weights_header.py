@@ -72,7 +72,7 @@ def _weights_file(model: str, revision: str | None, subfolder: str = "", cache_d
     if index is None:
         return None
     try:
-        weight_map = json.loads(Path(index).read_text())["weight_map"]
+        weight_map = json.loads(Path(index).read_text(encoding="utf-8"))["weight_map"]
         return find(next(iter(weight_map.values())))
     except (OSError, ValueError, KeyError, StopIteration):
         return None

@@ -6,16 +6,20 @@ The parser is in `parser.py`, each command in its `*_command.py`, the printing i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from ..errors import CudaloadError
 from .bench_command import bench_command
 from .doctor_command import doctor_report, remeasure_report
 from .launch_command import launch_command
-from .output import OutputClosed, emit, silence
+from .output import OutputClosed, OutputFailed, emit, silence
 from .parser import DEBUG_ENV, build_parser
 from .plan_command import plan_command
 
@@ -49,10 +53,22 @@ def _doing(args: argparse.Namespace) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; the exit status: 0 done, 2 an error (one `cudaload: error: ...` line on stderr,
-    no traceback unless --debug or CUDALOAD_DEBUG=1), 130 Ctrl-C, 141 stdout closed early (a pipe to
-    `head`, as a process killed by SIGPIPE reports it)."""
+    no traceback unless --debug or CUDALOAD_DEBUG=1; also when the output cannot be written: stdout closed
+    or a full disk), 130 Ctrl-C, 141 stdout closed early (a pipe to `head`, as a process killed by SIGPIPE
+    reports it)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    if "--json" in (sys.argv[1:] if argv is None else argv):
+        _usage_errors_as_json(parser)
+    # A warning printed in the CLI's own words; formatwarning (not showwarning), so that a caller recording
+    # warnings (pytest.warns, catch_warnings(record=True)) still gets them.
+    formatwarning, warnings.formatwarning = warnings.formatwarning, _format_warning
+    try:
+        return _run(parser, parser.parse_args(argv))
+    finally:
+        warnings.formatwarning = formatwarning
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         if args.command == "doctor":
@@ -80,6 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OutputClosed as closed:
         silence(closed.stream)
         return 141
+    except OutputFailed as failed:  # `> /dev/full`, `>&-`: the result is lost, and the status says so
+        if failed.stream is not None:
+            silence(failed.stream)
+        where = "standard output" if failed.stream in (None, sys.stdout) else "standard error"
+        _report(
+            f"cudaload: error: could not write the {args.command} output to {where} ({failed.why}): it is lost. "
+            "Check where the output goes (a full disk, a closed descriptor) and run it again."
+        )
+        return 2
     except KeyboardInterrupt:
         nothing = " before anything was measured" if args.command == "bench" else ""
         _report(f"cudaload: interrupted (Ctrl-C){nothing}")
@@ -109,6 +134,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _usage_errors_as_json(parser: argparse.ArgumentParser) -> None:
+    """With --json a usage error (argparse's, or a command's `parser.error`) also prints a JSON object on stdout,
+    as every other error does (`_report`): a script that parses stdout reads the error instead of nothing."""
+    parsers = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            parsers.extend(action.choices.values())
+    for one in parsers:
+
+        def error(message: str, _one: argparse.ArgumentParser = one, _error: Any = one.error) -> NoReturn:
+            with contextlib.suppress(OutputClosed, OutputFailed):
+                emit(json.dumps({"error": {"type": "UsageError", "message": f"{_one.prog}: {message}"}}, indent=2))
+            _error(message)
+            raise AssertionError("argparse's error() returns only by exiting")  # pragma: no cover
+
+        one.error = error  # type: ignore[method-assign]
+
+
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """A warning as the CLI's own line, `cudaload: warning: ...`: not Python's raw format with the file, line
+    number and source line of the `warnings.warn` call (which mean nothing to a command-line user)."""
+    kind = "" if category.__name__ == "CudaloadWarning" else f"{category.__name__}: "
+    return f"cudaload: warning: {kind}{message}\n"
+
+
 def _to_stderr(line: str) -> None:
     """A progress line (`cudaload probe` waiting on another process's lock) where it does not mix with the output."""
     emit(f"cudaload: {line}", sys.stderr)
@@ -120,9 +172,9 @@ def _report(message: str, args: argparse.Namespace | None = None, exc: BaseExcep
     try:
         emit(message, sys.stderr)
         if exc is not None and getattr(args, "json", False):
-            import json
-
             text = message.removeprefix("cudaload: error: ")
             emit(json.dumps({"error": {"type": type(exc).__name__, "message": text}}, indent=2))
     except OutputClosed as closed:
         silence(closed.stream)
+    except OutputFailed:  # the output cannot be written either: the exit status is all there is
+        pass

@@ -91,7 +91,7 @@ def _probe_verdict(probe: DtypeProbe) -> str:
 def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = None) -> str:
     """`cudaload probe [MODEL]`, `doctor --remeasure`: measure the CPU dtype again, say what changed."""
     from ..capability import detect
-    from ..capability.dtype_probe import remeasure, shape_bucket, torch_threads
+    from ..capability.dtype_probe import kept_in_memory_only, remeasure, shape_bucket, torch_threads
     from ..capability.model_config import read_model_facts
     from ..capability.probe_record import probe_path
     from ..facts.model import reference_model
@@ -104,8 +104,14 @@ def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = 
     machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
     bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
     before, after = remeasure(machine, bucket, waiting=waiting, model=facts.source)
-    kept = f"  recorded in {probe_path(machine, bucket)}"
-    if after.confidence != "quiet":
+    path = probe_path(machine, bucket)
+    kept = f"  recorded in {path}"
+    if kept_in_memory_only(path) and (after.confidence == "quiet" or before is None or before.confidence != "quiet"):
+        kept = (
+            f"  not recorded: {path} could not be written (the warning above says why); this measurement holds "
+            "for this process only"
+        )
+    elif after.confidence != "quiet":
         kept = (
             "  not recorded: disturbed numbers do not replace the quiet record above"
             if before is not None and before.confidence == "quiet"

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["OutputClosed", "emit", "silence"]
+__all__ = ["OutputClosed", "OutputFailed", "emit", "silence"]
 
 
 class OutputClosed(Exception):
@@ -18,14 +18,30 @@ class OutputClosed(Exception):
         self.stream = stream
 
 
+class OutputFailed(Exception):
+    """stdout (or stderr) cannot be written: closed when cudaload started (`cudaload plan M >&-`, and then
+    `sys.stdout` is None), or the write fails (`> /dev/full`: ENOSPC). The result is lost, so the exit status
+    must say so; it is not an error of what the command was doing."""
+
+    def __init__(self, stream: Any, why: str) -> None:
+        super().__init__(why)
+        self.stream = stream
+        self.why = why
+
+
 def emit(text: str, stream: Any = None) -> None:
     """Print `text` and flush, so that a closed pipe shows here, where it can be told apart from a
-    broken pipe to a child process."""
-    stream = stream or sys.stdout
+    broken pipe to a child process, and a stream that cannot be written (closed, a full disk) is told
+    apart from an error of the command."""
+    stream = stream if stream is not None else sys.stdout
+    if stream is None:  # the interpreter started with that descriptor closed
+        raise OutputFailed(None, "standard output is closed")
     try:
         print(text, file=stream, flush=True)
     except BrokenPipeError as exc:
         raise OutputClosed(stream) from exc
+    except (OSError, ValueError) as exc:  # ENOSPC, EIO, EBADF; ValueError: a closed file object
+        raise OutputFailed(stream, getattr(exc, "strerror", None) or str(exc)) from exc
 
 
 def silence(stream: Any) -> None:

@@ -75,6 +75,8 @@ def machine_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ma
             Version(version)
         except InvalidVersion:
             parser.error(f"--with {spec!r}: {version!r} is not a version (e.g. flash-attn==2.8.3)")
+        if name in args.without:
+            parser.error(f"--with {spec} and --without {name} name the same package: keep one of the two")
         packages[name] = version
     return Machine.simulated(
         gpus if gpus is None or len(gpus) > 1 else gpus[0],

@@ -5,7 +5,8 @@ Values are the vendor's: compute capability from NVIDIA's CUDA GPUs list, memory
 Instinct GPUs the gfx target, memory and compute units from AMD's datasheets; each
 entry cites where its values come from. Lookup is by the name `nvidia-smi` prints (with or without
 "NVIDIA "/"Tesla "), or an alias, case and punctuation ignored; a near miss gets a "did you mean".
-A GPU not listed is described by its facts instead: "custom:sm90:80GiB" (see `parse_custom_gpu`).
+A GPU not listed is described by its facts instead: "custom:sm90:80GiB", or an AMD GPU by its gfx target,
+"custom:gfx942:192GiB" (see `parse_custom_gpu`).
 A plan never decides by name, only by the facts here. Plain data: `Machine.simulated()` turns an
 entry into a `Gpu`.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "KNOWN_GPUS",
     "CatalogGpu",
     "all_gpus",
+    "gfx_capability",
     "lookup_gpu",
     "parse_custom_gpu",
 ]
@@ -199,20 +201,32 @@ def lookup_gpu(name: str) -> CatalogGpu:
     known = ", ".join(g.aliases[0] for g in all_gpus())
     raise UnknownGpuError(
         f"Unknown GPU {name!r} for a simulated machine.{suggestion} Known GPUs: {known} (or the name nvidia-smi "
-        f"prints). For another GPU, describe it: '{CUSTOM_PREFIX}sm90:80GiB' (compute capability, memory)."
+        f"prints). For another GPU, describe it: '{CUSTOM_PREFIX}sm90:80GiB' (compute capability, memory), or "
+        f"'{CUSTOM_PREFIX}gfx942:192GiB' for an AMD GPU (gfx target, memory)."
     )
 
 
 _CUSTOM = re.compile(
-    r"^custom:(?:sm_?(?P<sm>\d{2,3})|(?P<major>\d{1,2})\.(?P<minor>\d))"
-    r":(?P<memory>\d+(?:\.\d+)?)(?P<unit>GiB|GB)(?::(?P<sms>\d+)sm)?$",
+    r"^custom:(?:sm_?(?P<sm>\d{2,3})|(?P<major>\d{1,2})\.(?P<minor>\d)|(?P<gfx>gfx\d{1,2}[0-9a-f]{2}))"
+    r":(?P<memory>\d+(?:\.\d+)?)(?P<unit>GiB|GB)(?::(?P<sms>\d+)(?P<sms_unit>sm|cu))?$",
     re.IGNORECASE,
 )
 
 
+def gfx_capability(arch: str) -> tuple[int, int]:
+    """What HIP reports as (major, minor) for a gfx target (`hipDeviceProp_t.major/minor`, and so
+    `torch.cuda.get_device_capability()` on ROCm): "gfx942" -> (9, 4), "gfx90a" -> (9, 0), "gfx1100" -> (11, 0).
+    The last hex digit is the stepping; no rule of cudaload reads these numbers for an AMD GPU."""
+    digits = arch.lower().removeprefix("gfx")
+    return int(digits[:-2]), int(digits[-2], 16)
+
+
 def parse_custom_gpu(spec: str) -> CatalogGpu:
     """A GPU described by its facts: "custom:sm90:80GiB" (or "custom:9.0:80GiB"), optionally with its SM
-    count, "custom:sm90:80GiB:132sm". Memory in GiB, or in GB (10**9 bytes, as datasheets say).
+    count, "custom:sm90:80GiB:132sm"; an AMD GPU by its gfx target, "custom:gfx942:192GiB" (optionally
+    ":304cu"), which the AMD record's rules for that target decide (a target it has no rule for gets its
+    conservative default, and the plan's reasons say so). Memory in GiB, or in GB (10**9 bytes, as
+    datasheets say).
 
     Raises:
         UnknownGpuError: the description does not parse; the message shows the form.
@@ -221,27 +235,41 @@ def parse_custom_gpu(spec: str) -> CatalogGpu:
         >>> gpu = parse_custom_gpu("custom:sm89:48GB")
         >>> gpu.name, gpu.capability, round(gpu.memory_gib, 1)
         ('custom sm_89 48GB', (8, 9), 44.7)
+        >>> amd = parse_custom_gpu("custom:gfx950:288GiB")
+        >>> amd.name, amd.vendor, amd.arch
+        ('custom gfx950 288GiB', 'amd', 'gfx950')
     """
     match = _CUSTOM.match(spec.strip().replace(" ", ""))
     if match is None:
         raise UnknownGpuError(
             f"Cannot read the GPU description {spec!r}: write '{CUSTOM_PREFIX}sm<major><minor>:<memory>GiB' "
             f"(e.g. '{CUSTOM_PREFIX}sm90:80GiB', '{CUSTOM_PREFIX}8.6:24GiB', or '{CUSTOM_PREFIX}sm90:80GB:132sm' "
-            "with the SM count)."
+            f"with the SM count), or for an AMD GPU its gfx target (e.g. '{CUSTOM_PREFIX}gfx942:192GiB', as "
+            "rocminfo or amd-smi print it)."
         )
-    if match["sm"]:
+    arch = match["gfx"].lower() if match["gfx"] else None
+    units = "CUs" if arch else "SMs"
+    if match["sms_unit"] and (match["sms_unit"].lower() == "cu") != bool(arch):
+        raise UnknownGpuError(
+            f"The GPU description {spec!r} counts {'CUs' if arch is None else 'SMs'}, but an "
+            f"{'AMD GPU has compute units (:304cu)' if arch else 'NVIDIA GPU has SMs (:132sm)'}: write {units}."
+        )
+    if arch:
+        capability = gfx_capability(arch)
+    elif match["sm"]:
         digits = match["sm"]
         capability = (int(digits[:-1]), int(digits[-1]))
     else:
         capability = (int(match["major"]), int(match["minor"]))
-    if not 3 <= capability[0] <= 15:  # CUDA's compute capabilities run from 3.0 (Kepler) to 12.x today
+    if arch is None and not 3 <= capability[0] <= 15:  # CUDA's compute capabilities run from 3.0 to 12.x today
         raise UnknownGpuError(
             f"The GPU description {spec!r} gives compute capability {capability[0]}.{capability[1]}, which no CUDA "
             "GPU has: write it as nvidia-smi --query-gpu=compute_cap prints it, e.g. sm90 or 8.6."
         )
     if match["sms"] and int(match["sms"]) < 1:
         raise UnknownGpuError(
-            f"The GPU description {spec!r} gives 0 SMs: give its SM count (e.g. :132sm), or leave it out."
+            f"The GPU description {spec!r} gives 0 {units}: give its count (e.g. "
+            f"{':304cu' if arch else ':132sm'}), or leave it out."
         )
     amount = float(match["memory"])
     unit = "GiB" if match["unit"].lower() == "gib" else "GB"
@@ -250,9 +278,11 @@ def parse_custom_gpu(spec: str) -> CatalogGpu:
         raise UnknownGpuError(f"The GPU description {spec!r} gives no memory: pass its size, e.g. 80GiB.")
     size = f"{match['memory']}{unit}"
     return CatalogGpu(
-        name=f"custom sm_{capability[0]}{capability[1]} {size}",
+        name=f"custom {arch} {size}" if arch else f"custom sm_{capability[0]}{capability[1]} {size}",
         capability=capability,
         memory_gib=memory_gib,
         multiprocessors=int(match["sms"]) if match["sms"] else None,
         source="described by the user",
+        vendor="amd" if arch else "nvidia",
+        arch=arch,
     )

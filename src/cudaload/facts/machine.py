@@ -14,7 +14,7 @@ from .hardware import Cpu, GiB, Gpu
 from .hub import Hub, HubKernel
 from .launch import Launch, Strategy
 from .measurements import DtypeProbe, ProbeRound, TunedVariant, TuningRecord
-from .simulated import catalog_gpu, check_simulated, simulated_packages
+from .simulated import catalog_gpu, check_gpus_and_launch, check_simulated, simulated_packages
 from .software import Software
 
 __all__ = [
@@ -174,7 +174,8 @@ class Machine:
             gpu: A GPU name as `nvidia-smi` prints it, with or without "NVIDIA " ("H100 PCIe",
                 "A100-SXM4-80GB"), or an alias ("T4", "A100", "H100", "GH200", ...); a GPU the
                 catalog lacks described by its facts, "custom:sm90:80GiB" (compute capability,
-                memory, optionally ":132sm"); a list of them for a mixed machine, or None (the
+                memory, optionally ":132sm"), or an AMD one by its gfx target, "custom:gfx942:192GiB"; a list
+                of them for a mixed machine (of one vendor), or None (the
                 default) for a CPU-only machine.
             count: How many of a single named GPU (default 1; an entry with several devices, as an MI250X
                 board's two GCDs, gives that many GPUs each).
@@ -202,8 +203,10 @@ class Machine:
                 "custom:" description that does not parse.
             SettingError: `count` not a whole number >= 1, `packages` not a mapping of
                 distribution -> version strings (each a version pip accepts), `gpu` not a name or a list
-                of names, `offline` not a bool, `cpu_flags`/`cached_kernels` a single string, or
-                `cpu_memory_gib` not a number above 0.
+                of names, `offline` not a bool, `cpu_flags`/`cached_kernels` a single string,
+                `cpu_memory_gib` not a number above 0, `launch` not a `Launch`, GPUs of two vendors (one torch
+                build drives one vendor's GPUs: simulate each machine on its own), `count` with a list, or a
+                launch with more local ranks than the GPUs a count or a list names.
 
         Examples:
             >>> import cudaload
@@ -231,6 +234,7 @@ class Machine:
         names = [] if gpu is None else [gpu] * count if isinstance(gpu, str) else list(gpu)
         # An entry with several devices (an MI250X is two GCDs) is that many GPUs to torch.
         entries = [entry for entry in map(lookup_gpu, names) for _ in range(entry.devices)]
+        check_gpus_and_launch(gpu, count, entries, launch)
         gpus = tuple(catalog_gpu(entry, i) for i, entry in enumerate(entries))
         versions, assumed = simulated_packages(packages or {}, installed_packages)
         software = Software(

@@ -13,7 +13,7 @@ from ..upstream import FP16_FRAGILE_FAMILIES
 from .kv_cache import GenerationFacts
 from .stored_weights import CheckpointQuantization
 
-__all__ = ["NAMED_FLAGS", "ModelFacts", "any_model", "generates", "reference_model"]
+__all__ = ["NAMED_FLAGS", "ModelFacts", "any_model", "generates", "multimodal_generator", "reference_model"]
 
 NAMED_FLAGS = {
     "_supports_flash_attn": "supports_flash",
@@ -28,6 +28,17 @@ def generates(class_name: str) -> bool:
     """Whether a transformers class (Auto or model class, by name) generates text: a causal or a
     sequence-to-sequence LM, the classes with a `generate()` that plans a KV cache."""
     return any(kind in class_name for kind in ("CausalLM", "Seq2SeqLM"))
+
+
+_GENERATING_HEADS = ("ConditionalGeneration", "ImageTextToText", "SpeechSeq2Seq", "Vision2Seq", "TextToWaveform")
+"""Class-name parts of transformers' speech and image-text models that have `generate()` (Whisper, LLaVA, ...),
+whose generation cudaload does not plan."""
+
+
+def multimodal_generator(*class_names: str) -> bool:
+    """Whether a class (Auto or model class, by name) generates from speech or images: it has `generate()`, but
+    not the text LM's KV cache `generates` plans (WhisperForConditionalGeneration, AutoModelForImageTextToText)."""
+    return any(part in name for name in class_names for part in _GENERATING_HEADS)
 
 
 @dataclass(frozen=True)

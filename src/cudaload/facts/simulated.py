@@ -7,8 +7,16 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from .catalog import CatalogGpu
 from .hardware import GiB, Gpu
+from .launch import Launch
 
-__all__ = ["SIMULATED_DEFAULTS", "catalog_gpu", "check_simulated", "simulated_packages"]
+__all__ = [
+    "SIMULATED_DEFAULTS",
+    "TRANSFORMERS_5_MIN_TORCH",
+    "catalog_gpu",
+    "check_gpus_and_launch",
+    "check_simulated",
+    "simulated_packages",
+]
 
 
 SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
@@ -33,9 +41,29 @@ def simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple
             f"packages={dict(told)!r} removes torch or transformers: a machine cudaload plans for has both "
             "(give a version instead, e.g. {'transformers': '5.22.2'})."
         )
+    _check_torch_for_transformers(versions["torch"], versions["transformers"])
     added = ", ".join(f"{k} {v}" for k, v in sorted(told.items()) if v is not None)
     removed = ", ".join(k for k, v in sorted(told.items()) if v is None)
     return versions, origin + (f", with {added}" if added else "") + (f", without {removed}" if removed else "")
+
+
+TRANSFORMERS_5_MIN_TORCH = "2.6.0"
+"""The oldest torch transformers 5 runs on: below it transformers 5.22-5.25 `utils/import_utils.is_torch_available`
+logs "Disabling PyTorch because PyTorch >= 2.6 is required" and loads no model."""
+
+
+def _check_torch_for_transformers(torch: str, transformers: str) -> None:
+    """A simulated torch transformers would disable is no machine to plan for (torch 1.0 has no SDPA at all)."""
+    from packaging.version import Version
+
+    if Version(transformers).major >= 5 and Version(torch) < Version(TRANSFORMERS_5_MIN_TORCH):
+        from ..errors import SettingError
+
+        raise SettingError(
+            f"packages: torch {torch} with transformers {transformers}: transformers 5 disables a torch older than "
+            f"{TRANSFORMERS_5_MIN_TORCH} (utils/import_utils.is_torch_available) and loads no model there. Give "
+            f"torch {TRANSFORMERS_5_MIN_TORCH} or newer (e.g. {{'torch': '2.13.0'}})."
+        )
 
 
 def catalog_gpu(entry: CatalogGpu, index: int) -> Gpu:
@@ -99,3 +127,40 @@ def check_simulated(gpu: object, count: object, packages: object, more: Mapping[
                 f"packages={{{name!r}: {version!r}}}: {version!r} is not a version; give one as pip shows it "
                 "(e.g. '2.8.3'), or None to remove the package."
             ) from None
+
+
+def check_gpus_and_launch(gpu: object, count: int, entries: Sequence[CatalogGpu], launch: object) -> None:
+    """The GPUs asked for agree with each other and with the launch: one vendor (one torch build drives one
+    vendor's GPUs: a CUDA torch sees no AMD GPU and a ROCm torch no NVIDIA one, so a machine with both plans
+    nothing real), a count only for a single name, a launch that is a `Launch` with no more local ranks than
+    the GPUs a count or a list names (a single name with a launch is the GPU kind each rank has)."""
+    from ..errors import SettingError
+
+    if launch is not None and not isinstance(launch, Launch):
+        raise SettingError(
+            f"launch={launch!r}: pass a cudaload.Launch, e.g. Launch(launcher='torchrun', world_size=2, "
+            "local_world_size=2, strategy='ddp'), or None for a single process."
+        )
+    if count != 1 and isinstance(gpu, Sequence) and not isinstance(gpu, str):
+        first = gpu[0] if gpu else "A100"
+        raise SettingError(
+            f"count={count} with the GPU list gpu={list(gpu)!r}: a list names every GPU, count repeats a single "
+            f"name (pass gpu={first!r}, count={count}, or repeat the name in the list)."
+        )
+    vendors: dict[str, list[str]] = {}
+    for entry in entries:
+        vendors.setdefault(entry.vendor, []).append(entry.name)
+    if len(vendors) > 1:
+        listed = "; ".join(f"{vendor}: {', '.join(dict.fromkeys(names))}" for vendor, names in vendors.items())
+        raise SettingError(
+            f"gpu={gpu!r} mixes GPU vendors ({listed}): one torch build drives one vendor's GPUs (a CUDA torch sees "
+            "no AMD GPU, a ROCm torch no NVIDIA one), so no process could use them all. Simulate each vendor's "
+            "machine on its own (e.g. gpu='H100' and gpu='MI300X') and compare the plans."
+        )
+    named = len(entries) if count > 1 or (gpu is not None and not isinstance(gpu, str)) else 0
+    if isinstance(launch, Launch) and named and launch.local_world_size > named:
+        raise SettingError(
+            f"launch has {launch.local_world_size} ranks on this node (local_world_size) but the machine has "
+            f"{named} GPU(s): a launch runs one process per GPU, so {launch.local_world_size - named} would have "
+            f"none. Pass count={launch.local_world_size} (or a launch with local_world_size={named})."
+        )

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
 from ..facts.machine import Machine
-from ..facts.model import ModelFacts
+from ..facts.model import ModelFacts, multimodal_generator
 from ..facts.placer import Placer
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method, quantization_method
 from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
@@ -96,7 +96,12 @@ def decide_plan_generation(machine: Machine, model: ModelFacts, plan: Plan, requ
         raise ModelConfigError(
             f"generate=True needs the KV-cache layout of {model.source}, and its facts have none: "
             + (
-                f"{model.auto_class} does not generate (plan a causal or seq2seq LM)."
+                f"{model.model_class} generates, but cudaload plans generate() (its KV cache) for text LMs loaded "
+                "through AutoModelForCausalLM or AutoModelForSeq2SeqLM only, not a speech or image-text model's: "
+                "plan it without generate=True (the load is still planned; generate() then runs with transformers' "
+                "own cache settings)."
+                if not model.generates and multimodal_generator(model.auto_class, model.model_class)
+                else f"{model.auto_class} does not generate (plan a causal or seq2seq LM)."
                 if not model.generates
                 else "ModelFacts built by hand without generation=GenerationFacts(...), or a config whose decoder "
                 "layers cudaload cannot read; pass the model's path, Hub id or PretrainedConfig."
