@@ -101,17 +101,23 @@ def probe_enabled(env: Mapping[str, str] | None = None) -> bool:
     return value in _ON
 
 
-def torch_threads(env: Mapping[str, str] | None = None, cores: int | None = None) -> int | None:
-    """The CPU threads torch uses in this process, without importing torch when it is not loaded:
-    torch's own answer once imported, else OMP_NUM_THREADS, else the usable cores (torch's default)."""
+def torch_threads(
+    env: Mapping[str, str] | None = None, cores: int | None = None, physical_cores: int | None = None
+) -> int | None:
+    """The CPU threads torch uses in this process, without importing torch when it is not loaded: torch's own
+    answer once imported, else MKL_NUM_THREADS or OMP_NUM_THREADS (MKL's order), else the usable physical cores
+    (torch's default, capability/cpu.py `physical_cores`: a hyperthreaded laptop's 8 CPUs are 4 threads), else
+    the usable cores. The same number with torch imported or not, so the probe record one process writes is
+    the one every later process reads (its fingerprint holds the threads the probe ran with)."""
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         return int(torch.get_num_threads())
     env = os.environ if env is None else env
-    value = env.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    return cores
+    for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return physical_cores or cores
 
 
 _measured_here: dict[Path, DtypeProbe] = {}
