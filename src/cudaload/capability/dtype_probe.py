@@ -15,9 +15,10 @@ Every number is the fastest of several repetitions: another process can only add
 preempted for a scheduler time slice takes milliseconds longer, never shorter). It measures in
 rounds: each round times every dtype once, back to back, in an order that reverses from one round
 to the next, so a noisy moment slows every dtype of a round alike. Every round is kept
-(`DtypeProbe.rounds`) and each reported number is a median over them. After MIN_ROUNDS it stops
-when the rounds agree on whether bf16 is faster or slower than fp32, at prefill and at decode
-(`facts.spread`); while they disagree it measures more, up to MAX_ROUNDS or BUDGET_S.
+(`DtypeProbe.rounds`) and each reported number is a median over them. From FLOOR_ROUNDS it stops when
+every round gives the same verdict clear of the tie margin (`rounds_settled`: more rounds could not change
+it), after MIN_ROUNDS when the rounds agree on whether bf16 is faster or slower than fp32, at prefill and at
+decode (`facts.spread`); while they disagree it measures more, up to MAX_ROUNDS or BUDGET_S.
 
 Then it judges whether the numbers can be trusted (`confidence_of`): the time its threads spent
 runnable but waiting for a core (the kernel's per-thread `schedstat`), the steal time (/proc/stat),
