@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import cudaload.installed
+import cudaload.facts.packages
 
 # Nothing may reach the Hub: the machines running these tests have no network, and a test
 # that silently depended on one would be lying. Set before transformers is imported.
@@ -38,24 +38,24 @@ def _no_network(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-_PACKAGES_HERE = cudaload.installed.packages_here
+_PACKAGES_HERE = cudaload.facts.packages.packages_here
 
 
 @pytest.fixture(autouse=True)
 def _simulated_machines_from_the_defaults(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A simulated machine starts from the packages installed here (`cudaload.installed.packages_here`),
+    """A simulated machine starts from the packages installed here (`cudaload.facts.packages.packages_here`),
     which differ between the tested and the newest dependency sets: in tests it starts from the defaults
     (torch 2.13.0, transformers 5.22.2, accelerate 1.16.0), and each test names the packages it plans
     with. tests/test_simulated_packages.py checks the real default with the `packages_installed_here`
     fixture."""
-    monkeypatch.setattr(cudaload.installed, "packages_here", lambda paths=None: {})
+    monkeypatch.setattr(cudaload.facts.packages, "packages_here", lambda paths=None: {})
     yield
 
 
 @pytest.fixture
 def packages_installed_here(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Undo the fixture above: simulated machines take this machine's packages, as outside the tests."""
-    monkeypatch.setattr(cudaload.installed, "packages_here", _PACKAGES_HERE)
+    monkeypatch.setattr(cudaload.facts.packages, "packages_here", _PACKAGES_HERE)
     return _PACKAGES_HERE()
 
 

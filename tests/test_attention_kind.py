@@ -6,7 +6,7 @@ import pytest
 
 import cudaload
 from cudaload.policy.attention import is_flash_attention
-from cudaload.upstream import attention_kind
+from cudaload.upstream_flash import attention_kind
 
 
 @pytest.mark.parametrize(

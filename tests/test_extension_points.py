@@ -15,11 +15,11 @@ import pytest
 
 import cudaload
 from cudaload.capability.software import probe_software
-from cudaload.errors import AttentionUnavailableError, MissingPackageError, QuantizationError, install_hint
+from cudaload.errors import AttentionUnavailableError, MissingPackageError, QuantizationError
 from cudaload.facts.machine import Machine, Software
 from cudaload.facts.model import ModelFacts
+from cudaload.facts.packages import detected_packages, install_hint, packages_here
 from cudaload.facts.quant_methods import QUANT_METHODS, QuantMethod, QuantPackage
-from cudaload.installed import detected_packages, packages_here
 from cudaload.loaders.attribution import is_attention_failure
 from cudaload.plans import Rejected
 from cudaload.policy.attention import decide_attention
@@ -104,7 +104,7 @@ def test_a_registered_methods_package_is_detected_and_has_an_install_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The record alone registers its package: detection lists it (detect() and a simulated machine read
-    the same list) and install_hint names it, with no line in installed.PACKAGES or errors.INSTALLED_BY."""
+    the same list) and install_hint names it, with no line in installed.PACKAGES or facts/packages.py INSTALLED_BY."""
     (tmp_path / "fakequant-1.2.dist-info").mkdir()
     assert "fakequant" not in detected_packages() and "fakequant" not in packages_here(paths=[str(tmp_path)])
     with pytest.raises(KeyError, match="no install hint for 'fakequant'"):

@@ -125,7 +125,7 @@ def test_cudaload_probe_says_it_waits_on_a_held_lock_and_then_does_not_measure(
     monkeypatch.setenv("CUDALOAD_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(lock_file, "LOCK_TIMEOUT_S", 0.3)
     machine = detect()
-    threaded = replace(machine, threads=dtype_probe.torch_threads(None, machine.cpu.cores))
+    threaded = replace(machine, threads=dtype_probe.torch_threads(None, machine.cpu.cores, machine.cpu.physical_cores))
     from cudaload.facts.model import reference_model
 
     facts = reference_model()

@@ -25,7 +25,8 @@ from cudaload.capability.software import (
     probe_hub,
 )
 from cudaload.facts.machine import Software
-from cudaload.upstream import FLASH_OPTIONS, hub_kernel_version
+from cudaload.upstream_flash import FLASH_OPTIONS
+from cudaload.upstream_kernels import hub_kernel_version
 
 PINNED = BuildSystem(cpu="x86_64", os="linux", cxx11_abi=True, python=(3, 11), kernels="0.17.2")
 NEWEST = replace(PINNED, kernels="0.19.1")

@@ -18,8 +18,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from cudaload.errors import install_hint, installed_by
 from cudaload.facts.machine import Machine
+from cudaload.facts.packages import install_hint, installed_by
 from cudaload.policy.kernels import kernels_status
 from cudaload.policy.quantization import bitsandbytes_status
 

@@ -15,7 +15,7 @@ from cudaload.facts.machine import Launch
 from cudaload.facts.model import any_model
 from cudaload.policy import Request, decide_plan
 from cudaload.request import TrainingRequest
-from cudaload.upstream import FLASH_OPTIONS
+from cudaload.upstream_flash import FLASH_OPTIONS
 from model_shapes import llama
 
 GPUS = [g.name for g in KNOWN_GPUS]

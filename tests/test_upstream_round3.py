@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-import cudaload.installed
+import cudaload.facts.packages
 from cudaload import Machine
 from cudaload.facts.kv_cache import GenerationFacts, KvLayers
 from cudaload.facts.machine import GiB, Launch
@@ -19,7 +19,7 @@ from cudaload.policy import Request, Workload, decide_plan
 from cudaload.policy.generation import decide_generation
 from cudaload.policy.memory import estimate_training_memory, logits_bytes_per_element
 from cudaload.request import TrainingRequest
-from cudaload.upstream import hub_kernel_version
+from cudaload.upstream_kernels import hub_kernel_version
 from model_shapes import PROJ, llama
 
 BNB = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
@@ -135,10 +135,10 @@ def test_simulated_packages_take_the_installed_upstream(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packages_installed_here: dict[str, str]
 ) -> None:
     site = _site(tmp_path, "transformers-5.25.0", "torch-2.13.0+cpu", "accelerate-1.16.0", "peft-0.21.2")
-    packages = cudaload.installed.packages_here(paths=site)
+    packages = cudaload.facts.packages.packages_here(paths=site)
     # torch's public version (a simulated GPU gets a CUDA build)
     assert packages == {"torch": "2.13.0", "transformers": "5.25.0", "accelerate": "1.16.0", "peft": "0.21.2"}
-    monkeypatch.setattr(cudaload.installed, "packages_here", lambda paths=None: packages)
+    monkeypatch.setattr(cudaload.facts.packages, "packages_here", lambda paths=None: packages)
     assert Machine.simulated(packages={"transformers": "5.22.2"}).software.version("transformers") == "5.22.2"
     machine = Machine.simulated("H100", packages={"kernels": "0.19.1"})
     assert machine.software.kernels_range == ("0.19.1", "0.20.0")  # 5.25's KERNELS_MIN/MAX_VERSION

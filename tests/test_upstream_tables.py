@@ -4,7 +4,8 @@ that changes them fails here instead of misleading users."""
 from __future__ import annotations
 
 from cudaload.capability.software import probe_software
-from cudaload.upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
+from cudaload.upstream_flash import FLASH_OPTIONS
+from cudaload.upstream_kernels import KERNELS_RANGES, hub_kernel_version
 
 
 def test_flash_tables_match_transformers() -> None:

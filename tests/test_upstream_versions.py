@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cudaload.upstream import hub_kernel_version
+from cudaload.upstream_kernels import hub_kernel_version
 
 
 @pytest.mark.parametrize(

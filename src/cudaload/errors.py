@@ -7,8 +7,6 @@ ImportError for a missing package, RuntimeError for a failure while loading).
 
 from __future__ import annotations
 
-from .facts.quant_methods import quant_packages
-
 __all__ = [
     "AttentionUnavailableError",
     "CudaloadError",
@@ -26,43 +24,7 @@ __all__ = [
     "UnknownGpuError",
     "WorkloadError",
     "describe_error",
-    "install_hint",
-    "installed_by",
 ]
-
-INSTALLED_BY: dict[str, str] = {
-    "peft": "finetune",
-    "kernels": "kernels",
-    "matplotlib": "bench",
-}
-"""The optional distributions cudaload's messages tell you to install, beyond the quantization methods'
-packages (their records name their extra: facts/quant_methods.py) -> the extra of cudaload's pyproject.toml
-that also installs it (from a clone: `pip install -e '.[finetune]'`). cudaload itself is not on the package
-registry, so a hint names the upstream distribution, which is."""
-
-
-def installed_by() -> dict[str, str]:
-    """Every distribution an install hint may name -> the extra of cudaload's pyproject.toml that installs it:
-    INSTALLED_BY and each quantization method's package (read at each call: a method registered later counts)."""
-    return {**INSTALLED_BY, **{dist: package.extra for dist, package in quant_packages().items()}}
-
-
-def install_hint(dist: str, low: str | None = None, high: str | None = None) -> str:
-    """The one command that installs `dist` (a key of `installed_by()`), within [low, high) when given
-    (see the example). Every install hint in a message is built here, so a test can check that each
-    names what the registry serves.
-
-    Examples:
-        >>> install_hint("kernels", "0.17.2", "0.18.0")
-        "pip install 'kernels>=0.17.2,<0.18.0'"
-    """
-    if dist not in installed_by():
-        raise KeyError(
-            f"no install hint for {dist!r}: add it to INSTALLED_BY (its extra in pyproject.toml), or name it as a "
-            "quantization method's package"
-        )
-    bounds = ",".join(f"{op}{v}" for op, v in ((">=", low), ("<", high)) if v)
-    return f"pip install '{dist}{bounds}'" if bounds else f"pip install {dist}"
 
 
 def describe_error(exc: BaseException) -> str:

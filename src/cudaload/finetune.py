@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import CudaloadWarning, FinetuneConfigError, LoadFailedError, MissingPackageError, install_hint
+from .errors import CudaloadWarning, FinetuneConfigError, LoadFailedError, MissingPackageError
+from .facts.packages import install_hint
 from .loaders import apply_plan
 from .loaders.readback import lora_targets_read_back
 from .plans import FinetunePlan, Plan

@@ -13,10 +13,9 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
-from .facts.quant_methods import quant_packages
-from .upstream import FLASH_DISTRIBUTIONS
+from .upstream_flash import FLASH_DISTRIBUTIONS
 
-__all__ = ["PACKAGES", "detected_packages", "dist_version", "installed_versions", "packages_here"]
+__all__ = ["PACKAGES", "dist_version", "installed_versions"]
 
 PACKAGES = (
     "torch",
@@ -36,14 +35,8 @@ PACKAGES = (
     "fbgemm-gpu",  # module fbgemm_gpu: transformers' fbgemm_fp8 quantizer needs it on CUDA
     "fbgemm-gpu-genai",
 )
-"""The distributions cudaload names itself; `detected_packages()` adds each quantization method's."""
-
-
-def detected_packages() -> tuple[str, ...]:
-    """The distributions cudaload cares about, what `detect()` reports and a simulated machine takes from
-    here: PACKAGES, then each quantization method's package (facts/quant_methods.py: its record registers it,
-    as upstream.FLASH_OPTIONS registers FlashAttention's; read at each call, so a method registered later counts)."""
-    return (*PACKAGES, *(dist for dist in quant_packages() if dist not in PACKAGES))
+"""The distributions cudaload names itself; facts/packages.py `detected_packages()` adds each quantization
+method's."""
 
 
 def _normalise(dist: str) -> str:
@@ -85,16 +78,3 @@ def dist_version(dist: str, installed: Mapping[str, str | None]) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
-
-
-def packages_here(paths: Sequence[str] | None = None) -> dict[str, str]:
-    """{distribution: public version} of the `detected_packages()` installed here ("2.13.0+cpu" -> "2.13.0": a
-    simulated GPU machine gets a CUDA build of the same release). A FlashAttention distribution counts
-    when its dist-info is there (a simulation does not import it)."""
-    found = {}
-    installed = installed_versions(paths)
-    for dist in detected_packages():
-        version = dist_version(dist, installed)
-        if version is not None:
-            found[dist] = version.split("+")[0]
-    return found

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import MissingPackageError, install_hint
+from ..errors import MissingPackageError
+from ..facts.packages import install_hint
 
 __all__ = ["write_chart"]
 

@@ -21,12 +21,45 @@ from ..errors import SettingError, describe_error
 from ..loaders import input_device
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
 
-__all__ = ["BUDGET_S", "BenchRun", "Measurement", "PeakMemory", "StepClock", "Variant", "measure", "workload_for"]
+__all__ = [
+    "BUDGET_S",
+    "BenchRun",
+    "Measurement",
+    "PeakMemory",
+    "StepClock",
+    "Variant",
+    "VariantBox",
+    "measure",
+    "workload_for",
+]
 
 BUDGET_S = 120.0
 """Wall seconds the measured rounds of a full `cudaload bench` (no --repeats) may take: loads
 LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`)."""
 LOAD_SHARE, RUN_SHARE = 0.25, 0.5
+
+
+class VariantBox:
+    """Each variant's time box in one phase of an adaptive run: its equal part of the phase's share of
+    `BenchRun.budget_s`. A variant past its box after a measured round is measured no further (its numbers
+    are the rounds it had, the row says so), so one slow variant (an emulated dtype, eager attention on a long
+    prompt) cannot hold the others' rounds back; with a fixed `--repeats` there is no box."""
+
+    def __init__(self, work: BenchRun, share: float, variants: int) -> None:
+        self.box = None if work.budget_s is None else work.budget_s * share / max(1, variants)
+        self.warmup = work.warmup
+        self.spent: dict[int, float] = {}
+
+    def add(self, index: int, seconds: float) -> None:
+        self.spent[index] = self.spent.get(index, 0.0) + seconds
+
+    def over(self, index: int, done: int) -> str | None:
+        """Why variant `index` is not measured in round `done + 1` (None: it is): past its box after at least
+        one measured round."""
+        spent = self.spent.get(index, 0.0)
+        if self.box is None or done <= self.warmup or spent <= self.box:
+            return None
+        return f"time-boxed after {done - self.warmup} measured rounds ({spent:.0f} s, its share {self.box:.0f} s)"
 
 
 @dataclass(frozen=True)
@@ -106,6 +139,8 @@ class Variant:
     peak_bytes: int | None = None
     """The most memory one prefill + generate() round needed, weights included (see `measure`)."""
     finite_logits: bool | None = None
+    boxed: dict[str, str] = field(default_factory=dict)
+    """Phase ("load", "run") -> why the variant was measured no further in it (`VariantBox`)."""
 
     @property
     def name(self) -> str:
@@ -271,14 +306,21 @@ def measure(
 def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: Any, say: Callable[[str], None]) -> None:
     """Phase 1: load times, interleaved; each model is dropped before the next load."""
     budget, r = RoundBudget(work, LOAD_SHARE), 0
+    box = VariantBox(work, LOAD_SHARE, len(variants))
     while budget.another(r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])):
         say(f"load {budget.label(r)}")
-        for v in variants:
+        for i, v in enumerate(variants):
             bar.set_description(f"load {r + 1} {v.name}")
             bar.update(1)
-            if v.error is not None:
+            if v.error is not None or "load" in v.boxed:
+                continue
+            why = None if v.is_plan else box.over(i, r)  # the plan's row is every ratio's reference
+            if why is not None:
+                v.boxed["load"] = why
+                say(f"{v.name}: load {why}")
                 continue
             try:
+                start = time.perf_counter()
                 model, seconds = loader.load(v)
             except Exception as exc:  # an unusable option is a result, not a crash
                 v.error = f"load: {describe_error(exc)}"
@@ -292,6 +334,7 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
             loader.parameters = loader.parameters or sum(int(p.numel()) for p in model.parameters())
             del model
             loader.release()
+            box.add(i, time.perf_counter() - start)
         r += 1
 
 
@@ -321,14 +364,21 @@ def _time_runs(
     prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
     budget, r = RoundBudget(work, RUN_SHARE), 0
     running = [v for v in variants if v.error is None]
+    box = VariantBox(work, RUN_SHARE, len(running))
     while budget.another(r, lambda: ratios_settled([v.prefill_s for v in running if v.error is None])
                          and ratios_settled([v.decode_tps for v in running if v.error is None])):  # fmt: skip
         say(f"prefill/decode {budget.label(r)}")
-        for v in variants:
+        for i, v in enumerate(variants):
             bar.set_description(f"run {r + 1} {v.name}")
             bar.update(1)
-            if v.error is not None or v.model is None:
+            if v.error is not None or v.model is None or "run" in v.boxed:
                 continue
+            why = None if v.is_plan else box.over(i, r)
+            if why is not None:
+                v.boxed["run"] = why
+                say(f"{v.name}: prefill/decode {why}")
+                continue
+            started = time.perf_counter()
             new_tokens = work.new_tokens if r >= work.warmup else min(work.new_tokens, work.warmup_new_tokens)
             try:
                 with memory.watch(v) if r >= work.warmup else nullcontext():
@@ -343,6 +393,7 @@ def _time_runs(
                 v.prefill_s.append(prefill_s)
                 v.decode_tps.append(decode_tps)
                 v.generate_s.append(generate_s)
+            box.add(i, time.perf_counter() - started)
         r += 1
 
 

@@ -27,7 +27,7 @@ from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, summarise
 from .rounds import ticking
 
-__all__ = ["ATTENTION", "DTYPES", "SCHEMA", "run_bench"]
+__all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 """Every dtype tried, on CPU and CUDA alike."""
@@ -48,19 +48,37 @@ transformers (~4-5 s of CPU each)."""
 """3: adds `generation` (the generation comparison) and `workload.generation_batch`."""
 
 
-def variants_for(plan: Any) -> list[Variant]:
+def never_planned(dtype: str, on_cuda: bool) -> str | None:
+    """Why no plan on this machine can choose `dtype` (None: one can). fp16 on a CPU: the policy never picks
+    it there (policy/precision.py `_CPU_CANDIDATES`: real weights overflow it in some models), so timing it
+    cannot change which variant the plan should have been; the probe still says what it would gain."""
+    if dtype == "float16" and not on_cuda:
+        return "fp16 is never planned on a CPU (policy/precision.py: overflow risk); `--all-variants` times it"
+    return None
+
+
+def variants_for(
+    plan: Any, on_cuda: bool = True, all_variants: bool = True
+) -> tuple[list[Variant], list[dict[str, str]]]:
     """The plan's own variant first, then every other dtype x attention, each with the plan's
-    other kwargs (device_map, ...) unchanged, then a bare `from_pretrained(path)`."""
+    other kwargs (device_map, ...) unchanged, then a bare `from_pretrained(path)`; and the variants left
+    out, each with why: unless `all_variants`, those no plan on this machine can choose (`never_planned`)."""
     base = from_pretrained_kwargs(plan)
     attention = list(dict.fromkeys([*plan.attention_chain, *ATTENTION]))
     dtypes = list(dict.fromkeys([plan.dtype, *DTYPES]))
     variants = [Variant(plan.dtype, plan.attn_implementation, base, is_plan=True)]
+    skipped: list[dict[str, str]] = []
     for dtype in dtypes:
         for attn in attention:
-            if (dtype, attn) != (plan.dtype, plan.attn_implementation):
-                variants.append(Variant(dtype, attn, {**base, "dtype": dtype, "attn_implementation": attn}))
+            if (dtype, attn) == (plan.dtype, plan.attn_implementation):
+                continue
+            why = None if all_variants else never_planned(dtype, on_cuda)
+            if why is not None:
+                skipped.append({"variant": f"{dtype}/{attn}", "why": why})
+                continue
+            variants.append(Variant(dtype, attn, {**base, "dtype": dtype, "attn_implementation": attn}))
     variants.append(Variant("checkpoint", "default", {}, is_bare=True))
-    return variants
+    return variants, skipped
 
 
 @dataclass
@@ -76,6 +94,7 @@ class _Phases:
     costs: dict[str, Any] | None = None
     interrupted: bool = False
     shape_key: str = ""
+    skipped: list[dict[str, str]] | None = None
 
 
 def run_bench(
@@ -96,6 +115,7 @@ def run_bench(
     out: str | os.PathLike[str] | None = None,
     progress: bool = False,
     log: Callable[[str], None] | None = None,
+    all_variants: bool = False,
 ) -> dict[str, Any]:
     """Measure the plan and every alternative on this machine; return (and write to `out`) the result.
 
@@ -114,6 +134,8 @@ def run_bench(
     - `overhead`: also measure what cudaload itself costs, in fresh processes (`overhead`
       module); default: in full mode, not in quick mode.
     - `progress`: a progress bar on stderr; `log`: called with a line per phase.
+    - `all_variants`: also time the variants no plan on this machine can choose (fp16 on a CPU); by default
+      they are left out, and the result's `skipped` lists them with why.
 
     The plan is made as `load()` makes it (measured on this machine, for this run's prompt and
     new-token counts), so the table compares what a user of cudaload gets. Ctrl-C stops the run and
@@ -139,7 +161,15 @@ def run_bench(
     with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp, ticking(_phase_logger(log, started)) as say:
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
         phases = _measure_model(
-            model, workdir, machine, work, quick=quick, random_weights=random_weights, progress=progress, say=say
+            model,
+            workdir,
+            machine,
+            work,
+            quick=quick,
+            random_weights=random_weights,
+            progress=progress,
+            say=say,
+            all_variants=all_variants,
         )
         with_overhead = overhead_fits(overhead, quick, work, time.perf_counter() - started, say)
         _run_extras(phases, work, generation=generation, save=save, overhead=with_overhead, say=say)
@@ -194,6 +224,7 @@ def _measure_model(
     random_weights: bool,
     progress: bool,
     say: Callable[[str], None],
+    all_variants: bool = False,
 ) -> _Phases:
     """Resolve the model, plan it as `load()` would for this workload, and measure every variant."""
     import torch
@@ -204,8 +235,10 @@ def _measure_model(
     bench_model = resolve_model(model, workdir, quick=quick, random_weights=random_weights)
     say(f"model: {bench_model.name} ({bench_model.architecture}) in {bench_model.path}")
     the_plan = plan_model(str(bench_model.path), workload=(work.prompt_tokens, work.new_tokens), generate=True)
-    variants = variants_for(the_plan)
     on_cuda = bool(machine.gpus) and torch.cuda.is_available()
+    variants, skipped = variants_for(the_plan, on_cuda, all_variants)
+    for left_out in skipped:
+        say(f"skipped {left_out['variant']}: {left_out['why']}")
     measured = measure(
         bench_model.path,
         variants,
@@ -216,7 +249,9 @@ def _measure_model(
         say=say,
     )
     # Ctrl-C in any phase: keep what was measured, run nothing more
-    return _Phases(bench_model, the_plan, variants, measured, on_cuda, interrupted=measured.interrupted)
+    return _Phases(
+        bench_model, the_plan, variants, measured, on_cuda, interrupted=measured.interrupted, skipped=skipped
+    )
 
 
 def _run_extras(
@@ -287,6 +322,7 @@ def _result_of(
         "of the medians; plan_speedup_paired = the median of that ratio taken in each round; "
         ">1: the plan is faster, <1: the variant beats the plan",
         "variants": [r.to_dict() for r in rows],
+        "skipped": list(phases.skipped or []),
         "best": best,
         "summary": summary,
         "generation": phases.compared,

@@ -187,6 +187,11 @@ def _reading_notes(result: dict[str, Any]) -> list[str]:
         ">1 the plan is faster, <1 that variant beats the plan; 'of medians' divides the medians, "
         "'paired' is the median of the same ratio taken in each round"
     )
+    for left_out in result.get("skipped") or []:
+        lines.append(f"skipped {left_out['variant']}: {left_out['why']}")
+    for row in result["variants"]:
+        for phase, why in (row.get("time_boxed") or {}).items():
+            lines.append(f"{row['name']}: {'load' if phase == 'load' else 'prefill/decode'} {why}")
     if result["workload"]["measured_rounds"] > 1:
         lines.append(_spread_line(result["variants"]))
     best = result["best"]
@@ -197,14 +202,16 @@ def _reading_notes(result: dict[str, Any]) -> list[str]:
 
 
 def _spread_line(variants: list[dict[str, Any]]) -> str:
-    """The worst run-to-run spread per phase: how close to 1 a ratio must be to count as noise."""
-    worst = {
-        what: max((r["spread"][what] for r in variants if r["ok"] and r["spread"][what]), default=None)
-        for what in ("load", "prefill", "decode")
-    }
+    """The worst run-to-run spread per phase, each a variant's own rounds compared with each other (max/min of
+    the same variant, the same phase), naming that variant: how close to 1 a ratio must be to count as noise."""
+    cells = []
+    for what in ("load", "prefill", "decode"):
+        rows = [r for r in variants if r["ok"] and r["spread"][what]]
+        worst = max(rows, key=lambda r: r["spread"][what], default=None)
+        cells.append(f"{what} {_fmt(worst['spread'][what], '.2f')}x ({worst['name']})" if worst else f"{what} -")
     return (
-        "run-to-run spread (max/min over measured rounds, worst variant): "
-        + ", ".join(f"{what} {_fmt(value, '.2f')}x" for what, value in worst.items())
+        "run-to-run spread (max/min of each variant's own measured rounds; the worst): "
+        + ", ".join(cells)
         + ": ratios closer to 1 than that are noise"
     )
 

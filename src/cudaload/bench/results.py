@@ -75,6 +75,7 @@ class VariantResult:
     finite_logits: bool | None
     runs: dict[str, list[float]]
     spread: dict[str, float | None]
+    time_boxed: dict[str, str]
     plan_speedup: dict[str, float | None]
     plan_speedup_paired: dict[str, float | None]
     kwargs: dict[str, Any]
@@ -133,6 +134,7 @@ def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: in
                 finite_logits=v.finite_logits,
                 runs={"load_s": v.load_s, "prefill_s": v.prefill_s, "decode_tps": v.decode_tps},
                 spread={"load": _spread(v.load_s), "prefill": _spread(v.prefill_s), "decode": _spread(v.decode_tps)},
+                time_boxed=dict(v.boxed),
                 plan_speedup={
                     "load": ratio(load_s, median(baseline.load_s)) if ok and baseline else None,
                     "prefill": ratio(prefill_s, median(baseline.prefill_s)) if ok and baseline else None,

@@ -129,7 +129,7 @@ def measure_for(
     OMP_NUM_THREADS reads too.
     """
     env = os.environ if env is None else env
-    machine = replace(machine, threads=torch_threads(env, machine.cpu.cores))
+    machine = replace(machine, threads=torch_threads(env, machine.cpu.cores, machine.cpu.physical_cores))
     records = read_tuning_records(model.shape_key, env)
     matched = any(not machine.fingerprint_differences(r.fingerprint) for r in records)
     measured, unmeasured = None, ""

@@ -15,9 +15,10 @@ Every number is the fastest of several repetitions: another process can only add
 preempted for a scheduler time slice takes milliseconds longer, never shorter). It measures in
 rounds: each round times every dtype once, back to back, in an order that reverses from one round
 to the next, so a noisy moment slows every dtype of a round alike. Every round is kept
-(`DtypeProbe.rounds`) and each reported number is a median over them. After MIN_ROUNDS it stops
-when the rounds agree on whether bf16 is faster or slower than fp32, at prefill and at decode
-(`facts.spread`); while they disagree it measures more, up to MAX_ROUNDS or BUDGET_S.
+(`DtypeProbe.rounds`) and each reported number is a median over them. From FLOOR_ROUNDS it stops when
+every round gives the same verdict clear of the tie margin (`rounds_settled`: more rounds could not change
+it), after MIN_ROUNDS when the rounds agree on whether bf16 is faster or slower than fp32, at prefill and at
+decode (`facts.spread`); while they disagree it measures more, up to MAX_ROUNDS or BUDGET_S.
 
 Then it judges whether the numbers can be trusted (`confidence_of`): the time its threads spent
 runnable but waiting for a core (the kernel's per-thread `schedstat`), the steal time (/proc/stat),
@@ -102,17 +103,23 @@ def probe_enabled(env: Mapping[str, str] | None = None) -> bool:
     return value in _ON
 
 
-def torch_threads(env: Mapping[str, str] | None = None, cores: int | None = None) -> int | None:
-    """The CPU threads torch uses in this process, without importing torch when it is not loaded:
-    torch's own answer once imported, else OMP_NUM_THREADS, else the usable cores (torch's default)."""
+def torch_threads(
+    env: Mapping[str, str] | None = None, cores: int | None = None, physical_cores: int | None = None
+) -> int | None:
+    """The CPU threads torch uses in this process, without importing torch when it is not loaded: torch's own
+    answer once imported, else MKL_NUM_THREADS or OMP_NUM_THREADS (MKL's order), else the usable physical cores
+    (torch's default, capability/cpu.py `physical_cores`: a hyperthreaded laptop's 8 CPUs are 4 threads), else
+    the usable cores. The same number with torch imported or not, so the probe record one process writes is
+    the one every later process reads (its fingerprint holds the threads the probe ran with)."""
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "get_num_threads"):
         return int(torch.get_num_threads())
     env = os.environ if env is None else env
-    value = env.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    return cores
+    for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+        value = env.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return physical_cores or cores
 
 
 _measured_here: dict[Path, DtypeProbe] = {}

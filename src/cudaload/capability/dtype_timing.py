@@ -43,7 +43,7 @@ from typing import Any
 
 from ..facts.dtypes import DTYPES
 from ..facts.machine import DtypeProbe, ProbeRound
-from .probe_confidence import Watch, confidence_of, rounds_disagree, wall_agreement
+from .probe_confidence import Watch, confidence_of, rounds_disagree, rounds_settled, wall_agreement
 
 __all__ = ["FLOOR_ROUNDS", "MAX_ROUNDS", "MIN_ROUNDS", "PREFILL_TOKENS", "expected_cost_s", "measure_dtypes"]
 
@@ -56,8 +56,10 @@ read memory as a real decode step does, not cache."""
 MAX_COPIES = 32
 """Small buckets stop here: a small model's weights sit in cache when it decodes, too."""
 MIN_ROUNDS = 5
-"""Measured rounds (after a dropped warm-up round) before the rounds may be judged: with five, one
-outlier round moves neither the median nor the middle half of the rounds."""
+"""Measured rounds (after a dropped warm-up round) before rounds that do not disagree may end the probe: with
+five, one outlier round moves neither the median nor the middle half of the rounds. Rounds that are settled
+(`rounds_settled`: every round on the same side of the tie margin, at prefill and decode) end it from
+FLOOR_ROUNDS on: more rounds could not change the verdict."""
 MAX_ROUNDS = 15
 """Rounds measured at most while they disagree."""
 FLOOR_ROUNDS = 3
@@ -159,7 +161,9 @@ def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
             for name in order:
                 x, token = inputs[name]
                 w = weights[name][0]
-                prefill[name] = fastest(functools.partial(F.linear, x, w), repeats)
+                # fp16 is never planned on a CPU (its number only says what it would gain): one call a round,
+                # the median over rounds against noise; it is the slowest GEMM on most CPUs (3.5x fp32 on Zen 4).
+                prefill[name] = fastest(functools.partial(F.linear, x, w), 1 if name == "float16" else repeats)
                 per_weight = [math.inf] * copies
                 for _ in range(DECODE_SWEEPS):
                     for i, weight in enumerate(weights[name]):
@@ -179,9 +183,9 @@ def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
                 cast_s=tuple((a, b, casts[(a, b)]) for a, b in pairs),
             )
 
-        # Two warm-up rounds, dropped: the first warms up oneDNN/BLAS, the second sizes the repeats.
+        # A warm-up round, dropped (it warms up oneDNN/BLAS), then three fp32 prefill GEMMs size the repeats.
         one_round(1, 1)
-        fp32 = dict(one_round(0, 1).prefill_s)["float32"]
+        fp32 = fastest(functools.partial(F.linear, inputs["float32"][0], weights["float32"][0]), 3)
         repeats = max(2, min(16, math.ceil(MIN_TIMED_S / max(fp32, 1e-9))))
 
         def wall_check(watch: Watch) -> str:
@@ -210,6 +214,8 @@ def _measure(torch: Any, k: int, n: int, model_threads: int) -> DtypeProbe:
             while len(rounds) < MAX_ROUNDS:
                 if len(rounds) >= MIN_ROUNDS and not rounds_disagree(rounds):
                     break
+                if len(rounds) >= FLOOR_ROUNDS and rounds_settled(rounds):
+                    break  # every round already gives the same verdict, clear of the tie margin's edges
                 if len(rounds) >= FLOOR_ROUNDS and (
                     time.thread_time() - measuring_cpu > BUDGET_S or time.perf_counter() - measuring > WALL_CAP_S
                 ):

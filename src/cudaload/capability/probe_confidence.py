@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from ..facts.machine import ProbeRound
 from ..facts.spread import TIE_MARGIN, spread
 
-__all__ = ["Conditions", "Watch", "confidence_of", "rounds_disagree", "time_slice_plateau", "wall_agreement"]
+__all__ = [
+    "Conditions",
+    "Watch",
+    "confidence_of",
+    "rounds_disagree",
+    "rounds_settled",
+    "time_slice_plateau",
+    "wall_agreement",
+]
 
 STEAL_SHARE_LIMIT = 0.05
 """Share of the CPU time the hypervisor may steal while measuring (a neighbour VM running)."""
@@ -36,6 +44,28 @@ def rounds_disagree(rounds: list[ProbeRound]) -> bool:
         if summary is None or summary.disagrees:
             return True
     return False
+
+
+SETTLED_GUARD = 0.05
+"""How far (5%) every round's ratio must sit from the tie margin's edges for `rounds_settled`: closer, one more
+round's noise could carry the median across an edge (a busy native run moved decode from 1.12x to 1.20x)."""
+
+
+def rounds_settled(rounds: list[ProbeRound]) -> bool:
+    """Whether more rounds cannot change the verdict: at prefill and at decode every round is on the same side
+    (bf16 faster, a tie, or slower: `_side`, the re-run's test), each at least SETTLED_GUARD from the tie
+    margin's edges. The rounds then agree in the policy's own terms, so the probe may stop before MIN_ROUNDS
+    (issue 50: a first plan pays ~0.1 s of CPU a round on a 2-core Zen 4)."""
+    edge = math.log1p(TIE_MARGIN)
+    for phase in ("prefill_s", "decode_s"):
+        ratios = [dict(getattr(r, phase))["float32"] / dict(getattr(r, phase))["bfloat16"] for r in rounds]
+        if not ratios or not all(math.isfinite(x) and x > 0 for x in ratios):
+            return False
+        if len({_side(x) for x in ratios}) != 1:
+            return False
+        if any(abs(abs(math.log(x)) - edge) < math.log1p(SETTLED_GUARD) for x in ratios):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,11 @@ from pathlib import Path
 from packaging.version import InvalidVersion
 
 from ..facts.machine import Hub, HubKernel, Software
-from ..installed import detected_packages, installed_versions
+from ..facts.packages import detected_packages
 from ..installed import dist_version as _dist_version
-from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
+from ..installed import installed_versions
+from ..upstream_flash import FLASH_DISTRIBUTIONS, FLASH_OPTIONS
+from ..upstream_kernels import hub_kernel_version
 from .cache import unreadable
 from .kernel_variants import (
     BuildSystem,

@@ -129,6 +129,7 @@ def bench_command(args: argparse.Namespace) -> int:
             overhead=args.overhead,
             progress=progress,
             log=log,
+            all_variants=args.all_variants,
         )
         report = format_report(result)  # laid out for this terminal
     emit(report)  # first: a file that cannot be written below does not lose the measurements

@@ -60,7 +60,8 @@ def _probe_lines(machine: Machine) -> list[str]:
         return [f"  dtype probe: {why}"]
     origin = "read from the cache" if probe.from_cache else f"measured now in {probe.cost_s:.2f} s"
     lines = [
-        f"  dtype probe: F.linear {probe.in_features}x{probe.out_features}, {probe.threads} threads, "
+        f"  dtype probe: F.linear {probe.in_features}x{probe.out_features} in CPU time, one thread for a model on "
+        f"{probe.threads} threads, "
         f"{probe.measured_at}, {origin}, {probe.confidence}"
         + ("" if probe.confidence == "quiet" else f" (not used: {probe.conditions}); `cudaload probe` measures again")
     ]
@@ -101,7 +102,7 @@ def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = 
     if machine.usable().gpus:
         return "cudaload probe: a GPU decides the dtype here; the CPU dtype probe is not used"
     facts = reference_model() if model is None else read_model_facts(model)
-    machine = replace(machine, threads=torch_threads(None, machine.cpu.cores))
+    machine = replace(machine, threads=torch_threads(None, machine.cpu.cores, machine.cpu.physical_cores))
     bucket = shape_bucket(facts.hidden_size, facts.intermediate_size)
     before, after = remeasure(machine, bucket, waiting=waiting, model=facts.source)
     path = probe_path(machine, bucket)
@@ -120,8 +121,8 @@ def remeasure_report(model: str | None, waiting: Callable[[str], None] | None = 
     dtype = plan(facts).decision("dtype")
     return fit(
         [
-            f"cudaload probe: F.linear {bucket[0]}x{bucket[1]} on {machine.cpu.model}, {after.threads} threads "
-            f"(OMP_NUM_THREADS sets them; torchrun ranks use 1), for {facts.source}",
+            f"cudaload probe: F.linear {bucket[0]}x{bucket[1]} on {machine.cpu.model} in CPU time, one thread for a "
+            f"model on {after.threads} threads (OMP_NUM_THREADS sets them; torchrun ranks use 1), for {facts.source}",
             f"  before: {_probe_verdict(before) if before else 'nothing recorded'}",
             f"  now:    {_probe_verdict(after)} (measured in {after.cost_s:.1f} s)",
             kept,

@@ -255,6 +255,11 @@ def _add_bench_workload(bench: argparse.ArgumentParser) -> None:
     """`cudaload bench`'s options for what is run and measured, inference and fine-tuning."""
     bench.add_argument("--quick", action="store_true", help="a tiny model, short prompt, one round: seconds")
     bench.add_argument("--random-weights", action="store_true", help="build random weights from MODEL's config")
+    bench.add_argument(
+        "--all-variants",
+        action="store_true",
+        help="also time the variants no plan here can choose (fp16 on a CPU; default: skipped, and said so)",
+    )
     bench.add_argument("--prompt-tokens", type=_positive, help="prompt length (default 128; quick 64)")
     bench.add_argument("--new-tokens", type=_positive, help="tokens generated (default 32; quick 16)")
     bench.add_argument("--batch", type=_positive, help="prompts per batch (default 1)")

@@ -110,6 +110,8 @@ class Cpu:
             "amx_bf16"); empty when unknown.
         memory_total: RAM in bytes; None when unknown.
         memory_available: RAM available when detected, in bytes; None when unknown.
+        physical_cores: Physical cores among `cores` (a core's hyperthreads counted once), which is torch's
+            default CPU thread count; None when the topology is unknown.
 
     Examples:
         >>> import cudaload
@@ -125,6 +127,7 @@ class Cpu:
     flags: frozenset[str] = frozenset()
     memory_total: int | None = None
     memory_available: int | None = None
+    physical_cores: int | None = None
 
     @property
     def bf16_instructions(self) -> bool:

@@ -214,7 +214,8 @@ class Machine:
             >>> [gpu.sm for gpu in machine.gpus], machine.weakest_gpu.name
             (['sm_80', 'sm_75'], 'Tesla T4')
         """
-        from ..upstream import FLASH_OPTIONS, KERNELS_RANGES, hub_kernel_version
+        from ..upstream_flash import FLASH_OPTIONS
+        from ..upstream_kernels import KERNELS_RANGES, hub_kernel_version
 
         check_simulated(
             gpu,

@@ -79,7 +79,7 @@ class Platform:
         paged_optimizers: None when bitsandbytes' paged optimizers run here; else why they are not planned.
         quant_backend: (distribution) -> None when that quantization package has a backend for these GPUs; else
             why it is not planned.
-        flash_order: (GPU) -> FlashAttention versions (upstream.FLASH_OPTIONS names) in the order tried there.
+        flash_order: (GPU) -> FlashAttention versions (upstream_flash.FLASH_OPTIONS names) in the order tried there.
         flash_generation: (weakest GPU, FlashAttention name, installed version or None for the Hub kernel) ->
             why that version has no kernels for this architecture; None when it has.
         flash_note: (GPU, FlashAttention name) -> what an installed package runs as on these GPUs, appended to

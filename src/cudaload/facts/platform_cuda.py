@@ -3,7 +3,7 @@
 Architecture is the compute capability (`Gpu.capability`, "sm_90"), compared as a tuple, never a float or a name.
 Sources: NVIDIA's CUDA GPUs list and "CUDA Compatibility" guide; transformers 5.22-5.25
 utils/import_utils.py (`is_torch_tf32_available`), modeling_flash_attention_utils.py
-(FLASH_ATTENTION_COMPATIBILITY_MATRIX); flash-attention's builds (upstream.FLASH_OPTIONS); vLLM's FlashAttention
+(FLASH_ATTENTION_COMPATIBILITY_MATRIX); flash-attention's builds (upstream_flash.FLASH_OPTIONS); vLLM's FlashAttention
 preference (vllm/platforms/cuda.py: `CudaPlatform.get_attn_backend_cls`).
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..upstream import FA4_MAJORS_WIDE, FA4_WIDE_VERSION, FLASH_OPTIONS, version_at_least
+from ..upstream import version_at_least
+from ..upstream_flash import FA4_MAJORS_WIDE, FA4_WIDE_VERSION, FLASH_OPTIONS
 from .platform import Platform, PlatformGpu, Tf32
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def _fa4_generation(gpu: PlatformGpu, name: str, installed: str | None) -> str |
     if major in majors:
         return None
     if (wide or installed is None) and major == 8:
-        # transformers would not stop it: the major >= 9 check is only in its error path (upstream.py).
+        # transformers would not stop it: the major >= 9 check is only in its error path (upstream_flash.py).
         which = f"flash-attn-4 {installed}" if installed else f"{option.hub_repo} (4.0.0.beta8)"
         return (
             f"{which} runs only its forward on {gpu.sm} ({gpu.name}; backward needs sm90+), "

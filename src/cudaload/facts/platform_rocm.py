@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..upstream import FLASH_OPTIONS
+from ..upstream_flash import FLASH_OPTIONS
 from .platform import Platform, PlatformGpu, Tf32
 
 if TYPE_CHECKING:

@@ -5,11 +5,10 @@ transformers config is built (plain keyword arguments; the loader builds the rea
 the policy never imports transformers), how many bytes a quantized weight takes, what its frozen matmul saves
 for the backward, and which optimizer trains LoRA on it. The policy (policy/quantization.py, memory.py,
 training.py), the loader and the CLI read this table and nothing else, and a method's package is what
-detection lists (installed.detected_packages) and what install hints may name (errors.install_hint): a new
+detection lists and what install hints may name (facts/packages.py: detected_packages, install_hint): a new
 method, as torchao int8 was, is a record here, not an edit in every module that mentions 4-bit.
 
-This module imports nothing of cudaload: the bottom modules (installed.py, errors.py) read the packages from it,
-as they read FlashAttention's from upstream.FLASH_OPTIONS.
+This module imports nothing of cudaload.
 
 Sources: transformers 5.22.2 `BitsAndBytesConfig` and `TorchAoConfig` (utils/quantization_config.py), bitsandbytes
 0.50.2 (nn/modules.py, autograd/_functions.py), peft docs (accelerate/deepspeed.md, fsdp.md), peft 0.21.2

@@ -25,7 +25,7 @@ SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate":
 
 def simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple[dict[str, str], str]:
     """A simulated machine's {distribution: version} and one line saying where it comes from."""
-    from .. import installed as here  # reads dist-info folder names only: see installed.py
+    from . import packages as here  # reads dist-info folder names only: see installed.py
 
     base = {**SIMULATED_DEFAULTS, **(here.packages_here() if installed else {})}
     origin = (

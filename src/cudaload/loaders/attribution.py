@@ -9,7 +9,7 @@ from typing import Any
 from ..errors import LoadFailedError, describe_error
 from ..facts.attention_backends import BACKENDS
 from ..plans import Plan
-from ..upstream import FLASH_OPTIONS, attention_kind
+from ..upstream_flash import FLASH_OPTIONS, attention_kind
 from .applied import Fallback
 from .verify import NON_FINITE, Failure
 
@@ -40,7 +40,7 @@ _DISPATCH_FUNCTIONS: Mapping[str, frozenset[str]] = {
 }
 _DISPATCH_ERRORS = (ImportError, ValueError, KeyError)
 
-# Code that does nothing but run one kind of option (upstream.attention_kind): an error
+# Code that does nothing but run one kind of option (upstream_flash.attention_kind): an error
 # raised inside it is that option's whatever its type, e.g. flash_attn's "no kernel image is
 # available" on a GPU it was not built for. Not the `kernels` package as a whole: it also loads
 # `use_kernels` layers and quantization kernels (hub_kernels.lazy_load_kernel); an attention Hub
@@ -55,7 +55,7 @@ _RUNTIME_MODULES: Mapping[str, tuple[str, ...]] = {
     "flash": (*_FLASH_WRAPPERS, *sorted({option.module for option in FLASH_OPTIONS.values()})),
     "hub_kernel": (*_FLASH_WRAPPERS, "transformers.integrations.msa_attention"),
 }
-"""The two families recognised by form (upstream.attention_kind); a named backend's are its record's
+"""The two families recognised by form (upstream_flash.attention_kind); a named backend's are its record's
 (facts/attention_backends.py: AttentionBackend.runtime_modules)."""
 
 

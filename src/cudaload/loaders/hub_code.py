@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from ..plans import ApplyFacts, Plan
-from ..upstream import attention_kind
+from ..upstream_flash import attention_kind
 from .verify import Failure, Phase
 
 __all__ = ["unasked_hub_code"]  # used by apply.py

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import MissingPackageError, SettingError, describe_error, install_hint
+from ..errors import MissingPackageError, SettingError, describe_error
+from ..facts.packages import install_hint
 from ..facts.quant_methods import DEFAULT_CONFIG_CLASS, config_method
 from ..plans import SUB_MODEL_ATTENTION, Plan, mutable
 

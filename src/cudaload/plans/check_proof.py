@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..errors import SettingError
 from ..installed import dist_version, installed_versions
-from ..upstream import FLASH_DISTRIBUTIONS
+from ..upstream_flash import FLASH_DISTRIBUTIONS
 
 __all__ = [
     "CHECK_RECORD_KIND",

@@ -33,7 +33,7 @@ from ..errors import AttentionUnavailableError
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
 from ..plans import SUB_MODEL_ATTENTION, Decision, Rejected
-from ..upstream import attention_kind
+from ..upstream_flash import attention_kind
 from .attention_checks import AS_IS, BACKENDS, OptionCheck, check_attention, is_checked, is_flash_attention
 from .flash_rules import flash_order
 

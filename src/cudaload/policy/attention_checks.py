@@ -4,7 +4,7 @@
 cannot run) and cost (it runs, but cudaload would not plan it); policy/attention.py builds the explicit
 choice and the automatic fallback chain from it (its docstring says how).
 
-Two families are recognised by form, as transformers does: FlashAttention (upstream.FLASH_OPTIONS, with
+Two families are recognised by form, as transformers does: FlashAttention (upstream_flash.FLASH_OPTIONS, with
 each version's rules in flash_rules.py) and Hub kernels ("org/repo"). Every other backend is a record of
 BACKENDS (facts/attention_backends.py), which owns its check, its place in the automatic chain after
 FlashAttention, its model-class flag and its run-time modules.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..facts.attention_backends import BACKENDS, AttentionBackend, OptionCheck
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..upstream import FLASH_OPTIONS, attention_kind
+from ..upstream_flash import FLASH_OPTIONS, attention_kind
 from .flash_rules import flash_blockers
 from .kernels import kernels_status
 

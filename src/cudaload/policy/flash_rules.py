@@ -2,7 +2,7 @@
 the rules in docs/decisions.md (GPU architecture, dtype, model support, package version, head dims, sinks).
 
 The rules every version shares are `flash_blockers`'; what one version adds is its record in
-upstream.FLASH_OPTIONS (a `FlashOption`: package, Hub kernel, and its versions / head_dims / sinks rules); which
+upstream_flash.FLASH_OPTIONS (a `FlashOption`: package, Hub kernel, and its versions / head_dims / sinks rules); which
 architectures run it, and in which order a GPU tries the versions, is the GPU's vendor record's answer
 (`Gpu.platform`, facts/platforms.py). A new FlashAttention version is a FlashOption there and its place in each
 vendor's order; nothing else names it.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
-from ..upstream import FLASH_MAX_HEAD_DIM, FLASH_OPTIONS
+from ..upstream_flash import FLASH_MAX_HEAD_DIM, FLASH_OPTIONS
 
 __all__ = ["flash_blockers", "flash_order"]
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from ..errors import MissingPackageError, SettingError, install_hint
+from ..errors import MissingPackageError, SettingError
 from ..facts.machine import Machine
+from ..facts.packages import install_hint
 from ..plans import Decision, Rejected
 
 __all__ = ["decide_use_kernels", "kernels_status"]

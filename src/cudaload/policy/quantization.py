@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import MissingPackageError, QuantizationError, install_hint
+from ..errors import MissingPackageError, QuantizationError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..facts.packages import install_hint
 from ..facts.quant_methods import QUANT_METHODS, QuantMethod, quantize_choices
 from ..plans import Decision, Rejected
 from ..plans.checkpoint import CheckpointPlan

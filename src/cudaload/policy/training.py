@@ -6,9 +6,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import DtypeUnsupportedError, FinetuneConfigError, install_hint
+from ..errors import DtypeUnsupportedError, FinetuneConfigError
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
+from ..facts.packages import install_hint
 from ..plans import Decision, Rejected
 from ..upstream import CHECKPOINTING_RENAMED_SINCE
 from .lora_targets import check_regex, is_target_regex, lora_leaves, lora_targets
