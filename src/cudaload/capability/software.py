@@ -21,6 +21,7 @@ from ..facts.machine import Hub, HubKernel, Software
 from ..installed import detected_packages, installed_versions
 from ..installed import dist_version as _dist_version
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
+from .bnb_builds import bitsandbytes_builds
 from .cache import unreadable
 from .kernel_variants import (
     BuildSystem,
@@ -125,6 +126,7 @@ def probe_software(driver: str | None = None) -> Software:
         torch_hip=torch_hip_version(),
         driver=driver,
         kernels_range=_transformers_kernels_range(),
+        bitsandbytes_builds=bitsandbytes_builds() if any(name == "bitsandbytes" for name, _ in packages) else None,
     )
 
 

@@ -93,12 +93,26 @@ _MI250X = (
     "GCDs, each its own device: 64 GB, 110 CUs; gfx90a)"
 )
 _MI210 = "https://www.amd.com/en/products/accelerators/instinct/mi200/mi210.html (64 GB HBM2e, 104 CUs, gfx90a)"
+_MI350X = (
+    "https://www.amd.com/en/products/accelerators/instinct/mi350/mi350x.html (288 GB HBM3E, 256 CUs, CDNA4: gfx950)"
+)
+_MI355X = (
+    "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html (288 GB HBM3E, 256 CUs, CDNA4: gfx950)"
+)
+_MI100 = "https://www.amd.com/en/products/accelerators/instinct/mi100.html (32 GB HBM2, 120 CUs, CDNA1: gfx908)"
+_RX7900XTX = (
+    "https://www.amd.com/en/products/graphics/desktops/radeon/7000-series/amd-radeon-rx-7900xtx.html (24 GB GDDR6, "
+    "96 CUs, RDNA3: gfx1100)"
+)
+_W7900 = (
+    "https://www.amd.com/en/products/graphics/workstations/radeon-pro/w7900.html (48 GB GDDR6, 96 CUs, RDNA3: gfx1100)"
+)
 
 
 def _amd(
     name: str, arch: str, capability: tuple[int, int], memory_gib: int, cus: int, aliases: tuple[str, ...], source: str
 ) -> CatalogGpu:
-    """An AMD Instinct entry: its gfx target decides; `capability` is what torch reports for it on ROCm
+    """An AMD entry: its gfx target decides; `capability` is what torch reports for it on ROCm
     (`torch.cuda.get_device_capability()`, from the gfx number: gfx942 -> (9, 4))."""
     return CatalogGpu(name, capability, memory_gib, cus, aliases, f"AMD: {source}", vendor="amd", arch=arch)
 
@@ -150,8 +164,15 @@ AMD_GPUS: tuple[CatalogGpu, ...] = (
     # Two GCDs per board, each a GPU to torch (64 GB, 110 CUs): "MI250X" simulates the board, two devices.
     replace(_amd("AMD Instinct MI250X", "gfx90a", (9, 0), 64, 110, ("mi250x", "mi250"), _MI250X), devices=2),
     _amd("AMD Instinct MI210", "gfx90a", (9, 0), 64, 104, ("mi210",), _MI210),
+    _amd("AMD Instinct MI350X", "gfx950", (9, 5), 288, 256, ("mi350x", "mi350"), _MI350X),
+    _amd("AMD Instinct MI355X", "gfx950", (9, 5), 288, 256, ("mi355x", "mi355"), _MI355X),
+    _amd("AMD Instinct MI100", "gfx908", (9, 0), 32, 120, ("mi100",), _MI100),
+    _amd("AMD Radeon RX 7900 XTX", "gfx1100", (11, 0), 24, 96, ("rx7900xtx", "7900xtx"), _RX7900XTX),
+    _amd("AMD Radeon PRO W7900", "gfx1100", (11, 0), 48, 96, ("w7900", "radeon-pro-w7900"), _W7900),
 )
-"""AMD Instinct GPUs (gfx target, memory and compute units from AMD's product pages)."""
+"""AMD Instinct and the Radeon parts people fine-tune on (gfx target, memory and compute units from AMD's product
+pages; `capability` is what HIP reports for the gfx target, as vLLM's vllm/platforms/rocm.py:
+`_capability_from_gcn_arch` derives it: gfx950 -> (9, 5), gfx1100 -> (11, 0))."""
 
 CATALOGS: dict[str, tuple[CatalogGpu, ...]] = {"nvidia": KNOWN_GPUS, "amd": AMD_GPUS}
 """Every vendor's GPUs, by vendor: a new vendor's entries are one more item here."""
@@ -165,7 +186,7 @@ def all_gpus() -> tuple[CatalogGpu, ...]:
 CUSTOM_PREFIX = "custom:"
 """A GPU described by its facts instead of its name: "custom:sm90:80GiB"."""
 
-_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct")
+_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct", "radeon")
 
 
 def _normalise(name: str) -> str:

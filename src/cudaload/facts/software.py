@@ -31,6 +31,8 @@ class Software:
             (no GPU, a CPU build, or a simulated machine).
         assumed: For a simulated machine, where its packages come from ("as installed here" or
             cudaload's defaults, and what `packages=` / `--with` changed); None when detected.
+        bitsandbytes_builds: The native builds the installed bitsandbytes ships, from its file names
+            ("cuda128", "rocm64", "xpu2025", "cpu"); None when not read (not installed, or simulated).
 
     Examples:
         >>> import cudaload
@@ -53,6 +55,8 @@ class Software:
     """The architectures the installed CUDA torch was built for; None when not read."""
     assumed: str | None = None
     """For a simulated machine, where its packages come from; None when detected."""
+    bitsandbytes_builds: tuple[str, ...] | None = None
+    """The native builds the installed bitsandbytes ships ("rocm64", ...); None when not read."""
 
     def version(self, dist: str) -> str | None:
         for name, version in self.packages:

@@ -1,0 +1,150 @@
+"""Round 6 of the vendor rules, each from its own source: ROCm's newest and oldest parts (gfx950, gfx908, gfx1100)
+and bitsandbytes under a ROCm torch (a release with a ROCm backend, a build for torch's HIP version)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import cudaload
+from cudaload.capability.bnb_builds import builds_in
+from cudaload.errors import MissingPackageError
+from cudaload.facts.bnb_rocm import rocm_build
+from cudaload.facts.catalog import lookup_gpu
+from cudaload.facts.hardware import GiB, Gpu
+from cudaload.facts.machine import Machine
+
+QLORA = {"peft": "0.21.2", "bitsandbytes": "0.50.2"}
+BNB_0_50_2 = ("cpu", "cuda128", "rocm64", "rocm70", "rocm71", "rocm714", "rocm715", "rocm72", "xpu2025")
+"""The builds the bitsandbytes 0.50.2 manylinux x86_64 wheel ships (its libbitsandbytes_*.so files)."""
+
+
+# --- ROCm's newest and oldest parts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "arch", "memory"),
+    [
+        ("MI350X", "gfx950", 288),
+        ("MI355X", "gfx950", 288),
+        ("MI100", "gfx908", 32),
+        ("RX 7900 XTX", "gfx1100", 24),
+        ("W7900", "gfx1100", 48),
+    ],
+)
+def test_amd_parts_plan_bf16_from_their_gfx_target(
+    tiny_models: dict[str, Path], name: str, arch: str, memory: int
+) -> None:
+    machine = Machine.simulated(name)
+    gpu = machine.gpus[0]
+    assert (gpu.vendor, gpu.arch, round(gpu.total_memory / GiB)) == ("amd", arch, memory)
+    assert "amd.com" in lookup_gpu(name).source
+    plan = cudaload.plan(str(tiny_models["qwen3"]), machine=machine)
+    assert plan.dtype == "bfloat16"
+    assert plan.decision("dtype").reason.startswith(f"{gpu.name} ({arch}) runs bf16 natively")
+
+
+def test_flash_attn_s_ck_build_covers_gfx950(tiny_models: dict[str, Path]) -> None:
+    """flash-attention 2.8.3 setup.py: validate_and_update_archs lists gfx950 with gfx90a and gfx942."""
+    plan = cudaload.plan(
+        str(tiny_models["qwen3"]), machine=Machine.simulated("MI355X", packages={"flash-attn": "2.8.3"})
+    )
+    assert plan.attn_implementation == "flash_attention_2"
+    assert "the CK backend on gfx950" in plan.decision("attn_implementation").reason
+
+
+def test_an_amd_gpu_without_matrix_cores_names_amd_s_first_matrix_architecture(tiny_models: dict[str, Path]) -> None:
+    gfx906 = replace(
+        Machine.simulated("MI210"),
+        gpus=(Gpu(0, "AMD Instinct MI60", (9, 0), 32 * GiB, vendor="amd", arch_name="gfx906"),),
+    )
+    reason = cudaload.plan(str(tiny_models["qwen3"]), machine=gfx906).decision("dtype").reason
+    assert (
+        reason == "AMD Instinct MI60 (gfx906) predates bf16 (gfx90a) and tensor cores (gfx908): fp16 halves the memory"
+    )
+
+
+# --- bitsandbytes under a ROCm torch ---------------------------------------------------------------------------------
+
+
+def test_the_wheel_s_builds_are_read_from_its_file_names(tmp_path: Path) -> None:
+    for name in ("libbitsandbytes_rocm64.so", "libbitsandbytes_cuda128.so", "libbitsandbytes_cpu.so", "__init__.py"):
+        (tmp_path / name).write_text("")
+    assert builds_in(tmp_path) == ("cpu", "cuda128", "rocm64")
+    assert builds_in(tmp_path / "missing") == ()
+
+
+@pytest.mark.parametrize(
+    ("hip", "build"),
+    [
+        ("7.1.25424-4179531dcd", "rocm71"),  # exact
+        ("6.4.43482-0f2d60242", "rocm64"),  # exact
+        ("6.3.42131-fa1d09cbd", "rocm64"),  # same major, the lowest above
+        ("7.3.0", "rocm72"),  # same major, the highest below
+        ("5.7.31921", None),  # no build of major 5: no cross-major fallback
+    ],
+)
+def test_the_rocm_build_bitsandbytes_loads(hip: str, build: str | None) -> None:
+    assert rocm_build(BNB_0_50_2, hip)[0] == build
+
+
+def test_our_build_rule_is_bitsandbytes_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bitsandbytes' own `get_cuda_bnb_library_path`, run over a folder of the 0.50.2 wheel's build names under a
+    pretend ROCm torch, picks what `rocm_build` says for every HIP version above."""
+    from bitsandbytes import cextension
+
+    for build in BNB_0_50_2:
+        (tmp_path / f"libbitsandbytes_{build}.so").write_text("")
+    monkeypatch.setattr(cextension, "PACKAGE_DIR", tmp_path)
+    monkeypatch.setattr(sys.modules["torch"].version, "hip", "6.3.0")
+    for major, minor in ((7, 1), (6, 4), (6, 3), (7, 3), (5, 7)):
+        specs = SimpleNamespace(cuda_version_tuple=(major, minor), cuda_version_string=f"{major}{minor}")
+        picked = cextension.get_cuda_bnb_library_path(specs)
+        ours = rocm_build(BNB_0_50_2, f"{major}.{minor}")[0]
+        assert (picked.exists(), picked.name) == (
+            ours is not None,
+            f"libbitsandbytes_{ours or f'rocm{major}{minor}'}.so",
+        )
+
+
+def _rocm(hip: str, bitsandbytes: str = "0.50.2", builds: tuple[str, ...] | None = BNB_0_50_2) -> Machine:
+    machine = Machine.simulated("MI300X", packages={**QLORA, "bitsandbytes": bitsandbytes})
+    return replace(machine, software=replace(machine.software, torch_hip=hip, bitsandbytes_builds=builds))
+
+
+def test_qlora_on_a_rocm_torch_the_wheel_has_a_build_for(tiny_models: dict[str, Path]) -> None:
+    plan = cudaload.plan(str(tiny_models["qwen3"]), machine=_rocm("6.3.42131"), finetune=True, quantize="4bit")
+    assert plan.decision("quantize").value == "4bit"
+
+
+@pytest.mark.parametrize(
+    ("hip", "bitsandbytes", "builds", "refusal"),
+    [
+        (
+            "5.7.31921",
+            "0.50.2",
+            BNB_0_50_2,
+            r"none for ROCm 5\.x, and it does not fall back across majors .*get_cuda_bnb_",
+        ),
+        ("6.4", "0.47.0", None, r"bitsandbytes 0\.47\.0 has no ROCm backend: .* 0\.48\.0"),
+    ],
+)
+def test_qlora_on_rocm_is_refused_where_bitsandbytes_cannot_load(
+    tiny_models: dict[str, Path], hip: str, bitsandbytes: str, builds: tuple[str, ...] | None, refusal: str
+) -> None:
+    with pytest.raises(MissingPackageError, match=refusal):
+        cudaload.plan(
+            str(tiny_models["qwen3"]), machine=_rocm(hip, bitsandbytes, builds), finetune=True, quantize="4bit"
+        )
+    # CUDA's minimum stays transformers' 0.46.1.
+    h100 = Machine.simulated("H100", packages={**QLORA, "bitsandbytes": "0.47.0"})
+    assert (
+        cudaload.plan(str(tiny_models["qwen3"]), machine=h100, finetune=True, quantize="4bit")
+        .decision("quantize")
+        .value
+        == "4bit"
+    )
