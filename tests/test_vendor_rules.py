@@ -148,3 +148,35 @@ def test_qlora_on_rocm_is_refused_where_bitsandbytes_cannot_load(
         .value
         == "4bit"
     )
+
+
+# --- the other vendors' rows of the parallelism tables ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "link_word"),
+    [
+        ("MI300X", "Infinity Fabric"),
+        ("MI325X", "Infinity Fabric"),
+        ("H100 NVL", "NVLink bridge"),
+        ("H200 NVL", "NVLink bridge"),
+        ("GH200", "NVLink 4"),
+        ("H20", "NVLink 4"),
+        ("H800", "NVLink 400"),
+        ("H100 PCIe", "PCIe Gen5"),
+    ],
+)
+def test_every_named_gpu_has_its_link_and_its_compute(name: str, link_word: str) -> None:
+    from cudaload.facts.interconnect import gpu_link, gpu_tflops
+    from cudaload.facts.shapes import LLAMA_SHAPES
+
+    gpu = lookup_gpu(name).name
+    speed, what = gpu_link(gpu)
+    assert link_word in what and (speed, what) != gpu_link(None)  # not the PCIe Gen4 assumed for a GPU not listed
+    assert (gpu_tflops(gpu) or 0) > 100
+    plan = cudaload.plan(
+        LLAMA_SHAPES["7B"], machine=Machine.simulated(name, count=8), finetune=True, nodes=2, interconnect="roce"
+    )
+    assert f"inside a node {what}" in plan.decision("parallelism").reason
+    sizes = plan.finetune.parallelism["sizes"] if plan.finetune and plan.finetune.parallelism else {}
+    assert sizes and all(size["compute_s"] is not None for size in sizes.values())  # None: no step time
