@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import cudaload
-from cudaload.capability.bnb_builds import builds_in
+from cudaload.capability.native_libraries import builds_in
 from cudaload.errors import MissingPackageError
 from cudaload.facts.bnb_rocm import rocm_build
 from cudaload.facts.catalog import lookup_gpu

@@ -21,7 +21,6 @@ from ..facts.machine import Hub, HubKernel, Software
 from ..installed import detected_packages, installed_versions
 from ..installed import dist_version as _dist_version
 from ..upstream import FLASH_DISTRIBUTIONS, FLASH_OPTIONS, hub_kernel_version
-from .bnb_builds import bitsandbytes_builds
 from .cache import unreadable
 from .kernel_variants import (
     BuildSystem,
@@ -30,6 +29,7 @@ from .kernel_variants import (
     describe_system,
     resolve_build_variants,
 )
+from .native_libraries import bitsandbytes_builds, torchao_extensions
 
 __all__ = [
     "check_hub_reachable",
@@ -127,6 +127,7 @@ def probe_software(driver: str | None = None) -> Software:
         driver=driver,
         kernels_range=_transformers_kernels_range(),
         bitsandbytes_builds=bitsandbytes_builds() if any(name == "bitsandbytes" for name, _ in packages) else None,
+        torchao_extensions=torchao_extensions() if any(name == "torchao" for name, _ in packages) else None,
     )
 
 

@@ -33,6 +33,7 @@ class Software:
             cudaload's defaults, and what `packages=` / `--with` changed); None when detected.
         bitsandbytes_builds: The native builds the installed bitsandbytes ships, from its file names
             ("cuda128", "rocm64", "xpu2025", "cpu"); None when not read (not installed, or simulated).
+        torchao_extensions: The `_C*.so` extensions the installed torchao ships; None when not read.
 
     Examples:
         >>> import cudaload
@@ -57,6 +58,8 @@ class Software:
     """For a simulated machine, where its packages come from; None when detected."""
     bitsandbytes_builds: tuple[str, ...] | None = None
     """The native builds the installed bitsandbytes ships ("rocm64", ...); None when not read."""
+    torchao_extensions: tuple[str, ...] | None = None
+    """The `_C*.so` extensions the installed torchao ships; None when not read."""
 
     def version(self, dist: str) -> str | None:
         for name, version in self.packages:
