@@ -20,8 +20,10 @@ from ..errors import UnknownGpuError
 
 __all__ = [
     "AMD_GPUS",
+    "APPLE_GPUS",
     "CATALOGS",
     "CUSTOM_PREFIX",
+    "INTEL_GPUS",
     "KNOWN_GPUS",
     "CatalogGpu",
     "all_gpus",
@@ -174,7 +176,46 @@ AMD_GPUS: tuple[CatalogGpu, ...] = (
 pages; `capability` is what HIP reports for the gfx target, as vLLM's vllm/platforms/rocm.py:
 `_capability_from_gcn_arch` derives it: gfx950 -> (9, 5), gfx1100 -> (11, 0))."""
 
-CATALOGS: dict[str, tuple[CatalogGpu, ...]] = {"nvidia": KNOWN_GPUS, "amd": AMD_GPUS}
+_ARC_A770 = (
+    "https://www.intel.com/content/www/us/en/products/sku/229151/intel-arc-a770-graphics-16gb/specifications.html "
+    "(16 GB GDDR6, 32 Xe cores, Xe-HPG with XMX engines)"
+)
+_MAX_1550 = (
+    "https://www.intel.com/content/www/us/en/products/sku/232873/intel-data-center-gpu-max-1550/specifications.html "
+    "(128 GB HBM2e, 128 Xe cores over two stacks, Xe-HPC); each stack is its own device in Level Zero's default "
+    "FLAT hierarchy (ZE_FLAT_DEVICE_HIERARCHY): two devices of 64 GB"
+)
+_M3_MAX = (
+    "https://www.apple.com/macbook-pro/specs/ (M3 Max: 40-core GPU, up to 128 GB unified memory, shared with the "
+    "CPU; Metal lets the GPU hold torch.mps.recommended_max_memory() of it)"
+)
+
+
+def _other(
+    vendor: str, name: str, arch: str, memory_gib: int, units: int, aliases: tuple[str, ...], source: str
+) -> CatalogGpu:
+    """An Intel (XPU) or Apple (MPS) entry: its architecture decides; no compute capability ((0, 0))."""
+    return CatalogGpu(name, (0, 0), memory_gib, units, aliases, f"{vendor}: {source}", vendor=vendor, arch=arch)
+
+
+INTEL_GPUS: tuple[CatalogGpu, ...] = (
+    _other("intel", "Intel(R) Arc(TM) A770 Graphics", "xe-hpg", 16, 32, ("arc-a770", "a770"), _ARC_A770),
+    replace(
+        _other("intel", "Intel(R) Data Center GPU Max 1550", "xe-hpc", 64, 64, ("max-1550", "max1550"), _MAX_1550),
+        devices=2,
+    ),
+)
+"""Intel GPUs (architecture, memory and Xe cores from Intel's product pages)."""
+
+APPLE_GPUS: tuple[CatalogGpu, ...] = (_other("apple", "Apple M3 Max", "m3", 128, 40, ("m3-max", "m3max"), _M3_MAX),)
+"""Apple M-series GPUs (unified memory and GPU cores from Apple's specifications)."""
+
+CATALOGS: dict[str, tuple[CatalogGpu, ...]] = {
+    "nvidia": KNOWN_GPUS,
+    "amd": AMD_GPUS,
+    "intel": INTEL_GPUS,
+    "apple": APPLE_GPUS,
+}
 """Every vendor's GPUs, by vendor: a new vendor's entries are one more item here."""
 
 
@@ -186,7 +227,7 @@ def all_gpus() -> tuple[CatalogGpu, ...]:
 CUSTOM_PREFIX = "custom:"
 """A GPU described by its facts instead of its name: "custom:sm90:80GiB"."""
 
-_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct", "radeon")
+_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct", "radeon", "intelr", "intel", "apple")
 
 
 def _normalise(name: str) -> str:

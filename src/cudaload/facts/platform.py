@@ -76,6 +76,8 @@ class Platform:
         bf16_missing: (GPU) -> why an asked-for bf16 cannot run there (the error's middle).
         fp16_tensor_cores: (GPU) -> whether fp16 matmuls run on matrix units (else fp16 only halves the memory).
         matrix_since: The first architecture with those matrix units, as reasons name it ("sm70").
+        device_type: torch's device type for these GPUs ("cuda" on NVIDIA and on ROCm, "xpu", "mps"): what a
+            device_map names.
         tf32: (weakest GPU, GPU current when TrainingArguments is built or None) -> TrainingArguments' tf32.
         paged_optimizers: None when bitsandbytes' paged optimizers run here; else why they are not planned.
         quant_backend: (distribution) -> None when that quantization package has a backend for these GPUs; else
@@ -110,6 +112,7 @@ class Platform:
     flash_generation: Callable[[PlatformGpu, str, str | None], str | None]
     flash_note: Callable[[PlatformGpu, str], str] = lambda gpu, name: ""
     matrix_since: str = "sm70"
+    device_type: str = "cuda"
     quant_installed: Callable[[str, Software], str | None] = lambda package, software: None
     flash_arch_rules: bool = True
     min_driver: Mapping[int, str] = field(default_factory=dict)

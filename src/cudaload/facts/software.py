@@ -24,6 +24,8 @@ class Software:
             (torch, transformers, accelerate, peft, bitsandbytes, kernels, ...), sorted by name.
         torch_cuda: CUDA version torch was built with (None for a CPU build).
         torch_hip: ROCm (HIP) version torch was built with (`torch.version.hip`; None unless a ROCm build).
+        torch_xpu: The oneAPI release an XPU torch was built with (`torch.version.xpu`; None unless an XPU build).
+        torch_mps: torch runs on Metal (MPS): the macOS arm64 wheels are built with it.
         driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
         kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
         torch_arch_list: The GPU architectures the installed CUDA torch was built for
@@ -49,6 +51,10 @@ class Software:
     """CUDA version torch was built with (None for a CPU build)."""
     torch_hip: str | None = None
     """ROCm (HIP) version torch was built with (None unless a ROCm build)."""
+    torch_xpu: str | None = None
+    """The oneAPI release an XPU torch was built with (None unless an XPU build)."""
+    torch_mps: bool = False
+    """torch runs on Metal (MPS)."""
     driver: str | None = None
     kernels_range: tuple[str, str] | None = None
     """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
