@@ -180,3 +180,43 @@ def test_every_named_gpu_has_its_link_and_its_compute(name: str, link_word: str)
     assert f"inside a node {what}" in plan.decision("parallelism").reason
     sizes = plan.finetune.parallelism["sizes"] if plan.finetune and plan.finetune.parallelism else {}
     assert sizes and all(size["compute_s"] is not None for size in sizes.values())  # None: no step time
+
+
+# --- pre-quantized checkpoints on ROCm -------------------------------------------------------------------------------
+
+
+def _checkpoint(config: dict[str, object]) -> object:
+    from cudaload.facts.model import any_model
+    from cudaload.facts.stored_weights import read_quantization_config
+
+    return replace(any_model(), parameters=1000, quantization=read_quantization_config(config))
+
+
+_FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+
+
+@pytest.mark.parametrize(("gpu", "why"), [("MI300X", "float8_e4m3fnuz"), ("MI355X", "is not documented")])
+def test_an_fp8_checkpoint_kept_quantized_on_an_amd_gpu_is_refused_with_the_way_to_load_it(gpu: str, why: str) -> None:
+    """transformers 5.22-5.25 FineGrainedFP8HfQuantizer.validate_environment passes ROCm's capability (9.4, 9.5)
+    and keeps float8_e4m3fn weights for the finegrained-fp8 Triton kernel."""
+    from cudaload.errors import QuantizationError
+    from cudaload.policy.checkpoint_quantization import decide_checkpoint_quantization
+
+    fp8 = _checkpoint(_FP8)
+    with pytest.raises(QuantizationError, match=rf"{why}.*FineGrainedFP8Config\(dequantize=True\)"):
+        decide_checkpoint_quantization(Machine.simulated(gpu), fp8, "bfloat16", use_kernels=False)  # type: ignore[arg-type]
+    # Asked dequantized, it is planned so; on an H100 it stays FP8 as before.
+    asked = decide_checkpoint_quantization(Machine.simulated(gpu), fp8, "bfloat16", False, dequantize=True)  # type: ignore[arg-type]
+    assert asked is not None and asked.decision.value == "dequantized"
+    h100 = decide_checkpoint_quantization(Machine.simulated("H100"), fp8, "bfloat16", use_kernels=False)  # type: ignore[arg-type]
+    assert h100 is not None and h100.decision.value == "fp8" and h100.warnings == ()
+
+
+def test_gptq_on_an_amd_gpu_is_planned_as_transformers_loads_it_with_a_warning() -> None:
+    from cudaload.policy.checkpoint_quantization import decide_checkpoint_quantization
+
+    gptq = _checkpoint({"quant_method": "gptq", "bits": 4, "group_size": 128})
+    packages = {"optimum": "1.24.0", "gptqmodel": "1.4.3"}
+    planned = decide_checkpoint_quantization(Machine.simulated("MI300X", packages=packages), gptq, "float16", False)  # type: ignore[arg-type]
+    assert planned is not None and planned.decision.value == "gptq"
+    assert any("no quantizer reads torch.version.hip" in w for w in planned.warnings)
