@@ -153,7 +153,7 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
         lines.append("  none" + (f"  ({'; '.join(machine.gpu_notes)})" if machine.gpu_notes else ""))
     for g in machine.gpus:
         lines.append(
-            f"  cuda:{g.index}  {g.name}  {g.sm}  {_gib(g.free_memory)} free / {_gib(g.total_memory)}"
+            f"  {g.device}  {g.name}  {g.sm}  {_gib(g.free_memory)} free / {_gib(g.total_memory)}"
             f"  nvidia-smi index {g.physical_index}{'  MIG' if g.mig else ''}"
         )
     cpu = machine.cpu
