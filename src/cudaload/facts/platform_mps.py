@@ -82,7 +82,7 @@ APPLE = Platform(
     # macOS is not a fact cudaload reads yet: bf16 is planned on every M-series GPU, which macOS 14+ runs (a Mac
     # on macOS 13 refuses it at the first bf16 op; pass dtype="float16" there).
     bf16=lambda gpu: gpu.arch.startswith("m"),
-    bf16_since="m1 on macOS 14",
+    bf16_since="m1",
     bf16_missing=lambda gpu: f"{gpu.name} ({gpu.arch}) is not an M-series GPU",
     fp16_tensor_cores=lambda gpu: True,
     matrix_since="m1",
