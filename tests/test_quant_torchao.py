@@ -1,6 +1,6 @@
 """torchao int8 weight-only (`quantize="torchao-int8"`), the fourth quantization method, added as one record of
-facts/quant_methods.py. These tests hold whether or not torchao is installed here (CI installs it: the real load is
-tests/test_torchao_load.py): planning for a machine that has it works from the record, a machine without it is
+facts/quant_methods.py. These tests hold whether or not torchao is installed here (CI runs them both ways; the real
+load is tests/test_torchao_load.py): planning for a machine that has it works from the record, a machine without it is
 refused with the install hint, and loading without it (simulated) fails at apply time with MissingPackageError
 instead of transformers' ValueError."""
 

@@ -1,8 +1,9 @@
 """torchao int8 weight-only loaded for real on this CPU: `TorchAoConfig(Int8WeightOnlyConfig())` on
 device_map="cpu", LoRA through peft's TorchaoLoraLinear, finite gradients, and a read-back that does not warn.
 
-CI installs torchao (the `torchao` extra, pinned in constraints/tested.txt), so this runs on both dependency sets;
-an environment without torchao skips the module here, at import, as tests/test_hub_traffic.py does for
+CI installs torchao (the `torchao` extra, pinned in constraints/tested.txt) after the main suite, on both
+dependency sets, and runs this file then (.ci/run): installed, transformers imports it in every process and the
+docs' outputs would list it. Without torchao the module skips at import, as tests/test_hub_traffic.py does for
 bitsandbytes."""
 
 from __future__ import annotations
