@@ -21,6 +21,7 @@ from .rocm import AmdSmiProbe, RocmTorchProbe
 from .software import probe_hub, probe_software
 from .tuning_records import read_tuning_records
 from .usable_gpus import gpus_unusable, torch_arch_list
+from .xpu_mps import MpsProbe, XpuTorchProbe
 
 if TYPE_CHECKING:
     from ..facts.model import ModelFacts
@@ -36,6 +37,8 @@ __all__ = [
 GPU_PROBES: dict[str, tuple[Callable[[], GpuProbe], ...]] = {
     "nvidia": (NvmlProbe, TorchProbe),
     "amd": (AmdSmiProbe, RocmTorchProbe),
+    "intel": (XpuTorchProbe,),
+    "apple": (MpsProbe,),
 }
 """Each GPU vendor's probes, asked in this order (a vendor's management library first, torch as its fallback)
 until one vendor finds GPUs. A new vendor is one entry here (and its record, facts/platforms.py)."""

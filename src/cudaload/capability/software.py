@@ -31,6 +31,8 @@ from .kernel_variants import (
     describe_system,
     resolve_build_variants,
 )
+from .native_libraries import bitsandbytes_builds, torchao_extensions
+from .xpu_mps import torch_mps_built, torch_xpu_version
 
 __all__ = [
     "check_hub_reachable",
@@ -125,8 +127,12 @@ def probe_software(driver: str | None = None) -> Software:
         packages=tuple(sorted(packages)),
         torch_cuda=_torch_cuda_version(),
         torch_hip=torch_hip_version(),
+        torch_xpu=torch_xpu_version(),
+        torch_mps=torch_mps_built(),
         driver=driver,
         kernels_range=_transformers_kernels_range(),
+        bitsandbytes_builds=bitsandbytes_builds() if any(name == "bitsandbytes" for name, _ in packages) else None,
+        torchao_extensions=torchao_extensions() if any(name == "torchao" for name, _ in packages) else None,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import CudaloadError
 from ..facts.machine import DtypeProbe, Machine
+from ..facts.torchao_import import torchao_import_note
 from ..plans import jsonable
 
 __all__ = ["doctor_report", "fit", "remeasure_report"]
@@ -159,7 +160,7 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
         lines.append("  none" + (f"  ({'; '.join(machine.gpu_notes)})" if machine.gpu_notes else ""))
     for g in machine.gpus:
         lines.append(
-            f"  cuda:{g.index}  {g.name}  {g.sm}  {_gib(g.free_memory)} free / {_gib(g.total_memory)}"
+            f"  {g.device}  {g.name}  {g.sm}  {_gib(g.free_memory)} free / {_gib(g.total_memory)}"
             f"  nvidia-smi index {g.physical_index}{'  MIG' if g.mig else ''}"
         )
     cpu = machine.cpu
@@ -176,6 +177,9 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
     ]
     if sw.kernels_range:
         lines.append(f"  transformers accepts kernels in [{sw.kernels_range[0]}, {sw.kernels_range[1]})")
+    torchao = torchao_import_note(sw)
+    if torchao is not None:
+        lines.append(f"  {torchao}")
     lines += ["", f"Hub: {'offline (HF_HUB_OFFLINE)' if machine.hub.offline else 'online mode'}"]
     lines += [f"  {k.repo} v{k.version}: {k.detail}" for k in machine.hub.kernels]
     if reachable is None:

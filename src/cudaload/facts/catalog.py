@@ -21,8 +21,10 @@ from ..errors import UnknownGpuError
 
 __all__ = [
     "AMD_GPUS",
+    "APPLE_GPUS",
     "CATALOGS",
     "CUSTOM_PREFIX",
+    "INTEL_GPUS",
     "KNOWN_GPUS",
     "CatalogGpu",
     "all_gpus",
@@ -95,12 +97,26 @@ _MI250X = (
     "GCDs, each its own device: 64 GB, 110 CUs; gfx90a)"
 )
 _MI210 = "https://www.amd.com/en/products/accelerators/instinct/mi200/mi210.html (64 GB HBM2e, 104 CUs, gfx90a)"
+_MI350X = (
+    "https://www.amd.com/en/products/accelerators/instinct/mi350/mi350x.html (288 GB HBM3E, 256 CUs, CDNA4: gfx950)"
+)
+_MI355X = (
+    "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html (288 GB HBM3E, 256 CUs, CDNA4: gfx950)"
+)
+_MI100 = "https://www.amd.com/en/products/accelerators/instinct/mi100.html (32 GB HBM2, 120 CUs, CDNA1: gfx908)"
+_RX7900XTX = (
+    "https://www.amd.com/en/products/graphics/desktops/radeon/7000-series/amd-radeon-rx-7900xtx.html (24 GB GDDR6, "
+    "96 CUs, RDNA3: gfx1100)"
+)
+_W7900 = (
+    "https://www.amd.com/en/products/graphics/workstations/radeon-pro/w7900.html (48 GB GDDR6, 96 CUs, RDNA3: gfx1100)"
+)
 
 
 def _amd(
     name: str, arch: str, capability: tuple[int, int], memory_gib: int, cus: int, aliases: tuple[str, ...], source: str
 ) -> CatalogGpu:
-    """An AMD Instinct entry: its gfx target decides; `capability` is what torch reports for it on ROCm
+    """An AMD entry: its gfx target decides; `capability` is what torch reports for it on ROCm
     (`torch.cuda.get_device_capability()`, from the gfx number: gfx942 -> (9, 4))."""
     return CatalogGpu(name, capability, memory_gib, cus, aliases, f"AMD: {source}", vendor="amd", arch=arch)
 
@@ -152,10 +168,56 @@ AMD_GPUS: tuple[CatalogGpu, ...] = (
     # Two GCDs per board, each a GPU to torch (64 GB, 110 CUs): "MI250X" simulates the board, two devices.
     replace(_amd("AMD Instinct MI250X", "gfx90a", (9, 0), 64, 110, ("mi250x", "mi250"), _MI250X), devices=2),
     _amd("AMD Instinct MI210", "gfx90a", (9, 0), 64, 104, ("mi210",), _MI210),
+    _amd("AMD Instinct MI350X", "gfx950", (9, 5), 288, 256, ("mi350x", "mi350"), _MI350X),
+    _amd("AMD Instinct MI355X", "gfx950", (9, 5), 288, 256, ("mi355x", "mi355"), _MI355X),
+    _amd("AMD Instinct MI100", "gfx908", (9, 0), 32, 120, ("mi100",), _MI100),
+    _amd("AMD Radeon RX 7900 XTX", "gfx1100", (11, 0), 24, 96, ("rx7900xtx", "7900xtx"), _RX7900XTX),
+    _amd("AMD Radeon PRO W7900", "gfx1100", (11, 0), 48, 96, ("w7900", "radeon-pro-w7900"), _W7900),
 )
-"""AMD Instinct GPUs (gfx target, memory and compute units from AMD's product pages)."""
+"""AMD Instinct and the Radeon parts people fine-tune on (gfx target, memory and compute units from AMD's product
+pages; `capability` is what HIP reports for the gfx target, as vLLM's vllm/platforms/rocm.py:
+`_capability_from_gcn_arch` derives it: gfx950 -> (9, 5), gfx1100 -> (11, 0))."""
 
-CATALOGS: dict[str, tuple[CatalogGpu, ...]] = {"nvidia": KNOWN_GPUS, "amd": AMD_GPUS}
+_ARC_A770 = (
+    "https://www.intel.com/content/www/us/en/products/sku/229151/intel-arc-a770-graphics-16gb/specifications.html "
+    "(16 GB GDDR6, 32 Xe cores, Xe-HPG with XMX engines)"
+)
+_MAX_1550 = (
+    "https://www.intel.com/content/www/us/en/products/sku/232873/intel-data-center-gpu-max-1550/specifications.html "
+    "(128 GB HBM2e, 128 Xe cores over two stacks, Xe-HPC); each stack is its own device in Level Zero's default "
+    "FLAT hierarchy (ZE_FLAT_DEVICE_HIERARCHY): two devices of 64 GB"
+)
+_M3_MAX = (
+    "https://www.apple.com/macbook-pro/specs/ (M3 Max: 40-core GPU, up to 128 GB unified memory, shared with the "
+    "CPU; Metal lets the GPU hold torch.mps.recommended_max_memory() of it)"
+)
+
+
+def _other(
+    vendor: str, name: str, arch: str, memory_gib: int, units: int, aliases: tuple[str, ...], source: str
+) -> CatalogGpu:
+    """An Intel (XPU) or Apple (MPS) entry: its architecture decides; no compute capability ((0, 0))."""
+    return CatalogGpu(name, (0, 0), memory_gib, units, aliases, f"{vendor}: {source}", vendor=vendor, arch=arch)
+
+
+INTEL_GPUS: tuple[CatalogGpu, ...] = (
+    _other("intel", "Intel(R) Arc(TM) A770 Graphics", "xe-hpg", 16, 32, ("arc-a770", "a770"), _ARC_A770),
+    replace(
+        _other("intel", "Intel(R) Data Center GPU Max 1550", "xe-hpc", 64, 64, ("max-1550", "max1550"), _MAX_1550),
+        devices=2,
+    ),
+)
+"""Intel GPUs (architecture, memory and Xe cores from Intel's product pages)."""
+
+APPLE_GPUS: tuple[CatalogGpu, ...] = (_other("apple", "Apple M3 Max", "m3", 128, 40, ("m3-max", "m3max"), _M3_MAX),)
+"""Apple M-series GPUs (unified memory and GPU cores from Apple's specifications)."""
+
+CATALOGS: dict[str, tuple[CatalogGpu, ...]] = {
+    "nvidia": KNOWN_GPUS,
+    "amd": AMD_GPUS,
+    "intel": INTEL_GPUS,
+    "apple": APPLE_GPUS,
+}
 """Every vendor's GPUs, by vendor: a new vendor's entries are one more item here."""
 
 
@@ -167,7 +229,7 @@ def all_gpus() -> tuple[CatalogGpu, ...]:
 CUSTOM_PREFIX = "custom:"
 """A GPU described by its facts instead of its name: "custom:sm90:80GiB"."""
 
-_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct")
+_VENDOR_WORDS = ("nvidia", "tesla", "geforce", "amd", "instinct", "radeon", "intelr", "intel", "apple")
 
 
 def _normalise(name: str) -> str:

@@ -81,6 +81,13 @@ class Gpu:
         return self.arch
 
     @property
+    def device(self) -> str:
+        """The device a device_map names for it: "cuda:0" (NVIDIA, and AMD under ROCm), "xpu:0", "mps" (one device,
+        no index)."""
+        kind = self.platform.device_type
+        return kind if kind == "mps" else f"{kind}:{self.index}"
+
+    @property
     def platform(self) -> Platform:
         """The vendor's record (facts/platforms.py): the rules the policy asks."""
         from .platforms import platform_of

@@ -31,6 +31,15 @@ _NVLINK = "https://www.nvidia.com/en-us/data-center/nvlink/ (NVLink 4: 900 GB/s 
 _H100 = "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
 _A100 = "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
 _B200 = "https://resources.nvidia.com/en-us-blackwell-architecture/datasheet"
+_H200 = "https://www.nvidia.com/en-us/data-center/h200/ (H200 NVL: 2- or 4-way NVLink bridge, 900 GB/s)"
+_GH200 = "https://resources.nvidia.com/en-us-grace-cpu/grace-hopper-superchip (NVLink 4, 900 GB/s; H100 SXM compute)"
+_H20 = "NVIDIA HGX H20 product brief (NVLink 900 GB/s; FP16/BF16 tensor 148 TFLOPS dense)"
+_H800 = "https://www.nvidia.cn/data-center/h800/ (NVLink 400 GB/s; H100 compute)"
+_MI300 = (
+    "https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"
+    " (7 x16 Infinity Fabric links, 128 GB/s each both directions, 896 GB/s peer-to-peer; 1307.4 dense BF16 TFLOPS;"
+    " MI325X: the same links and compute)"
+)
 
 
 @dataclass(frozen=True)
@@ -89,11 +98,22 @@ def interconnect(name: str | None) -> Interconnect:
     return INTERCONNECTS[key]
 
 
-# Per GPU, per direction: (bytes/s, what). NVLink-connected (SXM) parts by their NVML names; the rest PCIe.
+# Per GPU, per direction: (bytes/s, what). NVLink-connected (SXM) parts by their NVML names, NVLink-bridged (NVL)
+# boards at the bridge's rate, AMD's Infinity Fabric mesh by the links' sum; the rest PCIe.
 _GPU_LINKS: dict[str, tuple[float, str]] = {
     "NVIDIA H100 80GB HBM3": (450e9, f"NVLink 4, 900 GB/s both directions ({_H100})"),
-    "NVIDIA H800": (200e9, "NVLink 400 GB/s both directions (https://www.nvidia.cn/data-center/h800/)"),
+    "NVIDIA H100 NVL": (300e9, f"NVLink bridge, 600 GB/s both directions ({_H100})"),
+    "NVIDIA H100 PCIe": (64e9, f"PCIe Gen5 x16, 128 GB/s both directions ({_H100})"),
+    "NVIDIA H800": (200e9, f"NVLink 400 GB/s both directions ({_H800})"),
+    "NVIDIA H800 PCIe": (64e9, f"PCIe Gen5 x16, 128 GB/s both directions ({_H800})"),
+    "NVIDIA H20": (450e9, f"NVLink 4, 900 GB/s both directions ({_H20})"),
+    "NVIDIA GH200 480GB": (450e9, f"NVLink 4, 900 GB/s both directions ({_GH200})"),
     "NVIDIA H200": (450e9, f"NVLink 4, 900 GB/s both directions ({_H100})"),
+    "NVIDIA H200 NVL": (450e9, f"NVLink bridge, 900 GB/s both directions ({_H200})"),
+    # A fully connected mesh: each GPU has a link to each of the 7 others, and RCCL's rings over 8 GPUs use them
+    # all; between 2 GPUs only one link (64 GB/s per direction) carries the traffic.
+    "AMD Instinct MI300X": (448e9, f"Infinity Fabric, 7 x 64 GB/s per direction ({_MI300})"),
+    "AMD Instinct MI325X": (448e9, f"Infinity Fabric, 7 x 64 GB/s per direction ({_MI300})"),
     "NVIDIA B200": (900e9, f"NVLink 5, 1.8 TB/s both directions ({_B200})"),
     "NVIDIA A100-SXM4-40GB": (300e9, f"NVLink 3, 600 GB/s both directions ({_A100})"),
     "NVIDIA A100-SXM4-80GB": (300e9, f"NVLink 3, 600 GB/s both directions ({_A100})"),
@@ -106,12 +126,19 @@ def gpu_link(gpu_name: str | None) -> tuple[float, str]:
     return _GPU_LINKS.get(gpu_name or "", _PCIE)
 
 
-# Dense BF16 tensor throughput (the datasheets quote twice these figures "with sparsity").
+# Dense BF16 matrix throughput (the datasheets quote twice these figures "with sparsity").
 _TFLOPS: dict[str, tuple[float, str]] = {
     "NVIDIA H100 80GB HBM3": (989.0, _H100),
     "NVIDIA H100 PCIe": (756.0, _H100),
     "NVIDIA H100 NVL": (835.0, _H100),
     "NVIDIA H200": (989.0, _H100 + " (H200: the H100 SXM's compute)"),
+    "NVIDIA H200 NVL": (835.0, _H200 + " (H200 NVL: 1671 with sparsity)"),
+    "NVIDIA GH200 480GB": (989.0, _GH200),
+    "NVIDIA H800": (989.0, _H800),
+    "NVIDIA H800 PCIe": (756.0, _H800 + " (PCIe: the H100 PCIe's compute)"),
+    "NVIDIA H20": (148.0, _H20),
+    "AMD Instinct MI300X": (1307.4, _MI300),
+    "AMD Instinct MI325X": (1307.4, _MI300),
     "NVIDIA B200": (2250.0, _B200),
     "NVIDIA A100-SXM4-40GB": (312.0, _A100),
     "NVIDIA A100-SXM4-80GB": (312.0, _A100),

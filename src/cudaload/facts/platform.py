@@ -75,10 +75,16 @@ class Platform:
         bf16_since: The first architecture with native bf16, as reasons name it ("sm80").
         bf16_missing: (GPU) -> why an asked-for bf16 cannot run there (the error's middle).
         fp16_tensor_cores: (GPU) -> whether fp16 matmuls run on matrix units (else fp16 only halves the memory).
+        matrix_since: The first architecture with those matrix units, as reasons name it ("sm70").
+        device_type: torch's device type for these GPUs ("cuda" on NVIDIA and on ROCm, "xpu", "mps"): what a
+            device_map names.
         tf32: (weakest GPU, GPU current when TrainingArguments is built or None) -> TrainingArguments' tf32.
         paged_optimizers: None when bitsandbytes' paged optimizers run here; else why they are not planned.
         quant_backend: (distribution) -> None when that quantization package has a backend for these GPUs; else
             why it is not planned.
+        quant_installed: (distribution, Software) -> why the installed release of that package cannot run on
+            these GPUs under the installed torch (too old for the vendor, no build for its runtime); None when it can
+            or nothing is known.
         flash_order: (GPU) -> FlashAttention versions (upstream_flash.FLASH_OPTIONS names) in the order tried there.
         flash_generation: (weakest GPU, FlashAttention name, installed version or None for the Hub kernel) ->
             why that version has no kernels for this architecture; None when it has.
@@ -105,6 +111,9 @@ class Platform:
     flash_order: Callable[[PlatformGpu], tuple[str, ...]]
     flash_generation: Callable[[PlatformGpu, str, str | None], str | None]
     flash_note: Callable[[PlatformGpu, str], str] = lambda gpu, name: ""
+    matrix_since: str = "sm70"
+    device_type: str = "cuda"
+    quant_installed: Callable[[str, Software], str | None] = lambda package, software: None
     flash_arch_rules: bool = True
     min_driver: Mapping[int, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()

@@ -13,10 +13,13 @@ planned and its reason says so ("not documented for ROCm"). Sources, each by sym
   flash_attn/flash_attn_triton_amd/README.md: a Triton backend for CDNA and RDNA, chosen at install time
   (FLASH_ATTENTION_TRITON_AMD_ENABLE), which the installed distribution does not tell apart.
 - bitsandbytes 0.50.2 cextension.py (BNB_BACKEND "ROCm" when torch.version.hip is set, libbitsandbytes_rocm*.so
-  shipped in the wheel), installation.md ("official support for ... AMD GPUs"); nothing on paged optimizers.
+  shipped in the wheel, chosen by `get_cuda_bnb_library_path`: facts/bnb_rocm.py), installation.md ("official
+  support for ... AMD GPUs"); its README's support table marks 8-bit optimizers supported on AMD GPUs, and a ROCm
+  build is a `CudaBNBNativeLibrary` (cextension.py), whose `cget_managed_ptr` backs the paged optimizers.
 - kernels 0.17 backends.py: `ROCm` (a `rocm{major}{minor}` build variant, chosen when torch.version.hip is set).
 - vLLM vllm/platforms/rocm.py: `RocmPlatform` (amdsmi `amdsmi_get_gpu_asic_info`, gcnArchName).
-- bf16: AMD Instinct datasheets (MI250X: CDNA2 bf16 matrix cores; MI300X/MI325X: CDNA3).
+- bf16: AMD Instinct datasheets (MI100: CDNA1; MI250X: CDNA2; MI300X/MI325X: CDNA3; MI350X/MI355X: CDNA4), the
+  RDNA3 ISA guide (WMMA bf16), vLLM vllm/platforms/rocm.py: `RocmPlatform.check_if_supports_dtype`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ..upstream import version_at_least
 from ..upstream_flash import FLASH_OPTIONS
+from .bnb_rocm import ROCM_SINCE, rocm_build
 from .platform import Platform, PlatformGpu, Tf32
 
 if TYPE_CHECKING:
@@ -32,15 +37,21 @@ if TYPE_CHECKING:
 
 __all__ = ["AMD", "BF16_ARCHS", "CK_FLASH_ARCHS", "MATRIX_ARCHS"]
 
-BF16_ARCHS = frozenset({"gfx90a", "gfx942"})
-"""gfx targets with bf16 matrix cores documented here (CDNA2: MI200; CDNA3: MI300X, MI325X)."""
+BF16_ARCHS = frozenset({"gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100"})
+"""gfx targets with bf16 matrix instructions, each from its source: CDNA1 (MI100, gfx908: bf16 MFMA, AMD's MI100
+datasheet), CDNA2 (MI200, gfx90a), CDNA3 (MI300X/MI325X, gfx942), CDNA4 (MI350X/MI355X, gfx950: AMD's MI350 series
+datasheet), RDNA3 (RX 7900 XTX / PRO W7900, gfx1100: WMMA bf16, AMD's RDNA3 ISA guide). vLLM agrees: its
+vllm/platforms/rocm.py: `RocmPlatform.check_if_supports_dtype` refuses bf16 below capability 8.0, and
+`_capability_from_gcn_arch` gives every gfx9 and gfx11 target 9.x or 11.x; bitsandbytes 0.50.2's README support
+table lists gfx908, gfx90a, gfx942, gfx950 and gfx110X."""
 
-MATRIX_ARCHS = frozenset({"gfx908", *BF16_ARCHS})
-"""gfx targets whose fp16 matmuls run on matrix cores (CDNA1-3)."""
+MATRIX_ARCHS = frozenset(BF16_ARCHS)
+"""gfx targets whose fp16 matmuls run on matrix units (CDNA1-4 MFMA, RDNA3 WMMA): the same targets."""
 
-CK_FLASH_ARCHS = frozenset({"gfx90a", "gfx942"})
-"""Where flash-attn's ROCm build runs its default CK backend (flash-attention README, "AMD ROCm Support":
-MI200 and MI300)."""
+CK_FLASH_ARCHS = frozenset({"gfx90a", "gfx942", "gfx950"})
+"""Where flash-attn's ROCm build runs its default CK backend: the README's "AMD ROCm Support" (MI200, MI300) and
+flash-attention 2.8.3 setup.py `validate_and_update_archs` (allowed_archs: native, gfx90a, gfx950, gfx942): a build
+for any other target stops there."""
 
 _HUB_FALLBACK = "kernels-community/aiter-flash-attn"
 _FALLBACK_SOURCE = "transformers 5.22-5.25 modeling_flash_attention_utils.py: FLASH_ATTN_KERNEL_FALLBACK"
@@ -94,6 +105,22 @@ def _quant_backend(package: str) -> str | None:
     return f"{package} has no ROCm backend documented here: not planned on an AMD GPU"
 
 
+def _quant_installed(package: str, software: Software) -> str | None:
+    """bitsandbytes: a release with a ROCm backend, with a build torch's HIP version loads (facts/bnb_rocm.py)."""
+    if package != "bitsandbytes":
+        return None
+    version = software.version(package)
+    if version is not None and not version_at_least(version, ROCM_SINCE):
+        return (
+            f"bitsandbytes {version} has no ROCm backend: ROCm support starts at {ROCM_SINCE} (experimental; official "
+            f"in 0.50), while CUDA's minimum is 0.46.1 (pip install 'bitsandbytes>=0.50')"
+        )
+    if software.bitsandbytes_builds is None or software.torch_hip is None:
+        return None  # a simulated machine: its wheel's files are not known
+    build, why = rocm_build(software.bitsandbytes_builds, software.torch_hip)
+    return None if build is not None else why
+
+
 def _simulate(software: Software) -> Software:
     # The ROCm of torch's rocm6.4 wheels; a simulated machine's build, as 12.8 is NVIDIA's.
     return replace(software, torch_hip="6.4")
@@ -109,12 +136,13 @@ AMD = Platform(
     bf16_since="gfx90a",
     bf16_missing=_bf16_missing,
     fp16_tensor_cores=lambda gpu: gpu.arch in MATRIX_ARCHS,
+    matrix_since="gfx908",
     tf32=_tf32,
-    paged_optimizers=(
-        "bitsandbytes documents no paged optimizers for ROCm (0.50.2 installation.md lists ROCm support, not which "
-        "optimizers run there): not documented for ROCm"
-    ),
+    # bitsandbytes 0.50.2 README support table (AMD GPU: 8-bit optimizers supported) and cextension.py:
+    # CudaBNBNativeLibrary (a ROCm build too) with cget_managed_ptr, the memory paged optimizers live in.
+    paged_optimizers=None,
     quant_backend=_quant_backend,
+    quant_installed=_quant_installed,
     flash_order=lambda gpu: ("flash_attention_2", "flash_attention_3", "flash_attention_4"),
     flash_generation=_flash_generation,
     flash_note=lambda gpu, name: (
@@ -129,6 +157,7 @@ AMD = Platform(
         "transformers 5.22-5.25 modeling_flash_attention_utils.py: FLASH_ATTN_KERNEL_FALLBACK",
         "flash-attention README: AMD ROCm Support",
         "bitsandbytes 0.50.2 cextension.py: BNB_BACKEND",
+        "bitsandbytes 0.50.2 cextension.py: get_cuda_bnb_library_path",
         "kernels 0.17 backends.py: ROCm",
     ),
 )

@@ -77,6 +77,9 @@ class QuantMethod:
         objects: At load time only: the keyword arguments -> those `config_class` takes, where it takes an object
             a plan cannot hold (TorchAoConfig's torchao config); imports what it needs, so ImportError when
             `package` is missing. None: `config_class` takes the keyword arguments as they are.
+        serialized: At read-back only: the keyword arguments -> the form the loaded model's
+            `config.quantization_config.to_dict()` holds them in, where that is not the form given (TorchAoConfig
+            writes its torchao config as torchao serializes it). None: the same form.
     """
 
     choice: str
@@ -93,6 +96,7 @@ class QuantMethod:
     auto: bool
     build: Callable[[str, bool], dict[str, Any]]
     objects: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    serialized: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 # bitsandbytes' 8-bit paged AdamW for every quantized base (a pre-quantized checkpoint's too).
@@ -135,6 +139,16 @@ def _torchao_objects(kwargs: dict[str, Any]) -> dict[str, Any]:
     # tuners/lora/torchao.py: TorchaoLoraLinear.__init__). Raises ImportError without torchao.
     quantization = importlib.import_module("torchao.quantization")
     return {**kwargs, "quant_type": getattr(quantization, kwargs["quant_type"])()}
+
+
+def _torchao_serialized(kwargs: dict[str, Any]) -> dict[str, Any]:
+    # TorchAoConfig.to_dict() writes quant_type as {"default": config_to_dict(quant_type)} (transformers 5.22-5.25
+    # utils/quantization_config.py: TorchAoConfig.to_dict), torchao's own form ({"_type": "Int8WeightOnlyConfig",
+    # "_version": 2, "_data": {...}} in torchao 0.18.0 core/config.py: config_to_dict): the plan's class name is
+    # serialized the same way, defaults and all, so the two compare equal exactly when the configs are the same.
+    config = importlib.import_module("torchao.core.config")
+    built = _torchao_objects(kwargs)["quant_type"]
+    return {**kwargs, "quant_type": {"default": config.config_to_dict(built)}}
 
 
 BITSANDBYTES = QuantPackage(
@@ -197,19 +211,24 @@ QUANT_METHODS: dict[str, QuantMethod] = {
             package=QuantPackage("torchao", "torchao", "0.15.0", "torchao"),
             quant_method="torchao",
             config_class="TorchAoConfig",
-            cpu_since=None,  # not verified on a CPU (torchao is not installed where cudaload is tested)
+            # Loaded on a CPU and LoRA-trained there with finite gradients (tests/test_quant_torchao.py, torchao
+            # 0.18.0 with transformers 5.22.2 and 5.25 and peft 0.21.2, 2026-12-06): int8 weight-only is torchao's
+            # Int8Tensor, plain torch ops. torchao 0.15.0 cannot train there: peft 0.21.2
+            # import_utils.py: is_torchao_available raises ImportError below 0.16.0; 0.16 and 0.17 not checked.
+            cpu_since="0.18.0",
             # int8 weights; transformers trains only torchao's 8-bit configs (quantizer_torchao.py:
-            # TorchAoHfQuantizer.is_trainable). Per output row a scale and a zero point whose dtypes depend on the
-            # torchao release (not checked): taken as 4 bytes, LLM.int8's.
+            # TorchAoHfQuantizer.is_trainable). Per output row one float32 scale: torchao 0.18.0's Int8Tensor holds
+            # `qdata` (int8) and `scale` (float32, [rows, 1]), read from a model loaded in bf16 on this CPU.
             bits_per_weight=8,
             row_scale_bytes=4,
-            # Not checked (torchao not installed): counted as saving its input, the larger estimate.
+            # Not measured: counted as saving its input, the larger estimate.
             saves_input=True,
             # No bitsandbytes needed: the fp32 LoRA weights train with the optimizer a 16-bit base gets on CUDA.
             optimizer=("adamw_torch_fused", "torchao int8 base: fused AdamW on the fp32 LoRA weights, as for 16-bit"),
             auto=False,
             build=_torchao_int8,
             objects=_torchao_objects,
+            serialized=_torchao_serialized,
         ),
     )
 }

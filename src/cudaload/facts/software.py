@@ -24,6 +24,8 @@ class Software:
             (torch, transformers, accelerate, peft, bitsandbytes, kernels, ...), sorted by name.
         torch_cuda: CUDA version torch was built with (None for a CPU build).
         torch_hip: ROCm (HIP) version torch was built with (`torch.version.hip`; None unless a ROCm build).
+        torch_xpu: The oneAPI release an XPU torch was built with (`torch.version.xpu`; None unless an XPU build).
+        torch_mps: torch runs on Metal (MPS): the macOS arm64 wheels are built with it.
         driver: The NVIDIA driver version NVML reports; None without NVML (or simulated).
         kernels_range: [min, max) of `kernels` that the installed transformers accepts; None if unknown.
         torch_arch_list: The GPU architectures the installed CUDA torch was built for
@@ -31,6 +33,9 @@ class Software:
             (no GPU, a CPU build, or a simulated machine).
         assumed: For a simulated machine, where its packages come from ("as installed here" or
             cudaload's defaults, and what `packages=` / `--with` changed); None when detected.
+        bitsandbytes_builds: The native builds the installed bitsandbytes ships, from its file names
+            ("cuda128", "rocm64", "xpu2025", "cpu"); None when not read (not installed, or simulated).
+        torchao_extensions: The `_C*.so` extensions the installed torchao ships; None when not read.
 
     Examples:
         >>> import cudaload
@@ -46,6 +51,10 @@ class Software:
     """CUDA version torch was built with (None for a CPU build)."""
     torch_hip: str | None = None
     """ROCm (HIP) version torch was built with (None unless a ROCm build)."""
+    torch_xpu: str | None = None
+    """The oneAPI release an XPU torch was built with (None unless an XPU build)."""
+    torch_mps: bool = False
+    """torch runs on Metal (MPS)."""
     driver: str | None = None
     kernels_range: tuple[str, str] | None = None
     """[min, max) of `kernels` that the installed transformers accepts; None if unknown."""
@@ -53,6 +62,10 @@ class Software:
     """The architectures the installed CUDA torch was built for; None when not read."""
     assumed: str | None = None
     """For a simulated machine, where its packages come from; None when detected."""
+    bitsandbytes_builds: tuple[str, ...] | None = None
+    """The native builds the installed bitsandbytes ships ("rocm64", ...); None when not read."""
+    torchao_extensions: tuple[str, ...] | None = None
+    """The `_C*.so` extensions the installed torchao ships; None when not read."""
 
     def version(self, dist: str) -> str | None:
         for name, version in self.packages:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..facts.quant_methods import config_method
 from ..plans import Plan
 
 __all__ = ["lora_targets_read_back", "read_back"]
@@ -136,6 +137,9 @@ def _quantization(plan: Plan, model: Any) -> Iterable[str]:
         yield "the plan quantizes the model, and the loaded model has no quantization_config."
         return
     as_dict = loaded.to_dict() if hasattr(loaded, "to_dict") else dict(loaded)
+    method = config_method(plan.decisions)
+    if method is not None and method.serialized is not None:
+        planned = method.serialized(dict(planned))  # the form to_dict() writes (torchao's serialized config)
     for key, want in planned.items():
         have = as_dict.get(key)
         if _normal(have) != _normal(want):
@@ -143,5 +147,8 @@ def _quantization(plan: Plan, model: Any) -> Iterable[str]:
 
 
 def _normal(value: Any) -> Any:
-    """torch dtypes and their names compare equal ("torch.bfloat16" is "bfloat16")."""
-    return str(value).removeprefix("torch.") if value is not None and not isinstance(value, (bool, int)) else value
+    """torch dtypes and their names compare equal ("torch.bfloat16" is "bfloat16"); a serialized config (a dict)
+    compares as it is."""
+    if value is None or isinstance(value, (bool, int, Mapping)):
+        return value
+    return str(value).removeprefix("torch.")

@@ -10,6 +10,7 @@ from ..facts.model import ModelFacts
 from ..facts.stored_weights import CheckpointQuantization
 from ..plans import Decision, Rejected
 from ..plans.checkpoint import CheckpointPlan
+from .checkpoint_rocm import check_on_rocm
 from .fit import format_bytes
 from .kernels import kernels_status
 from .quantization import quant_method_status
@@ -172,6 +173,7 @@ def decide_checkpoint_quantization(
     if checkpoint is None:
         return None
     _refuse_unloadable(machine, model, checkpoint)
+    on_rocm = check_on_rocm(machine, model, checkpoint, dequantize)  # raises for FP8 kept quantized on AMD
     why = "your quantization_config asks for dequantize=True" if dequantize else None
     why = why or _dequantized_why(machine, checkpoint, use_kernels)
     missing = _missing_packages(machine, checkpoint)
@@ -181,6 +183,7 @@ def decide_checkpoint_quantization(
             f"{model.source} is a {checkpoint.label} checkpoint and {missing}: from_pretrained will raise. "
             "Install what it needs (transformers' quantization docs list it).",
         )
+    warnings += on_rocm
     rest = model.parameters - checkpoint.quantized_parameters
     if why is None:
         stored = checkpoint.stored_bytes()

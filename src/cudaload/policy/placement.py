@@ -111,7 +111,7 @@ def _capped_placement(machine: Machine, weight_bytes: int, caps: Mapping[Any, An
         for n, where in ((on_gpus, "the GPUs"), (on_cpu, "the CPU"), (on_disk, "disk"))
         if n or (where == "the GPUs" and machine.gpus)
     )
-    single = f"cuda:{machine.gpus[0].index}" if machine.gpus else "cpu"
+    single = machine.gpus[0].device if machine.gpus else "cpu"
     decision = Decision(
         "device_map",
         "auto",
@@ -277,8 +277,8 @@ def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, q
 def _one_gpu_placement(gpu: Gpu, what: str) -> Decision:
     return Decision(
         "device_map",
-        f"cuda:{gpu.index}",
-        f"{what} fit on {gpu.name} (cuda:{gpu.index}, {format_bytes(gpu.usable_memory)} free) with headroom",
+        gpu.device,
+        f"{what} fit on {gpu.name} ({gpu.device}, {format_bytes(gpu.usable_memory)} free) with headroom",
         (Rejected("auto", "splitting a model that fits on one GPU only adds transfers"),),
     )
 
@@ -289,13 +289,13 @@ def _training_overflow_placement(gpu: Gpu, weight_bytes: int, training: Fit) -> 
     # spreading the weights would not help, so keep them on one GPU and say what to change.
     rest = training.need - weight_bytes
     excess = (
-        f"~{format_bytes(training.need)} to train exceeds {gpu.name} (cuda:{gpu.index}, "
+        f"~{format_bytes(training.need)} to train exceeds {gpu.name} ({gpu.device}, "
         f"{format_bytes(training.budget)} usable for training): the weights (~{format_bytes(weight_bytes)}) fit, "
         f"the other ~{format_bytes(rest)} (activations at this seq_len x batch_size, LoRA and AdamW state) do not"
     )
     decision = Decision(
         "device_map",
-        f"cuda:{gpu.index}",
+        gpu.device,
         f"{excess}, on one GPU or spread over all",
         (Rejected("auto", "spreads the weights, which fit; the training state does not fit the GPUs together"),),
     )

@@ -115,7 +115,7 @@ def decide_dtype(
         return Decision(
             "dtype",
             "float16",
-            f"{where} predates bf16 ({since}) and tensor cores (sm70): fp16 halves the memory",
+            f"{where} predates bf16 ({since}) and tensor cores ({gpu.platform.matrix_since}): fp16 halves the memory",
             (bf16_no, Rejected("float32", "2x memory")),
         ), ()
     return Decision(

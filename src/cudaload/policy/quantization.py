@@ -57,6 +57,10 @@ def method_status(machine: Machine, method: QuantMethod) -> tuple[bool, str]:
     no_backend = gpu.platform.quant_backend(package) if gpu is not None else None  # the vendor's record says
     if no_backend is not None:
         return False, no_backend
+    # The installed release under the installed torch (bitsandbytes on ROCm: a release and a build for its HIP).
+    release = gpu.platform.quant_installed(package, machine.software) if gpu is not None else None
+    if release is not None:
+        return False, release
     return True, f"{why} ({gpu.platform.runtime if gpu is not None else 'CPU'} backend)"
 
 
