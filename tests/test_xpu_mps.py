@@ -140,3 +140,17 @@ def test_on_this_machine_neither_probe_starts_torch() -> None:
         with pytest.raises(ProbeFailed) as failed:
             probe()
         assert failed.value.no_driver
+
+
+@pytest.mark.parametrize(
+    ("gpu", "device_map", "wrong"),
+    [("M3 Max", "mps", "cuda:0"), ("Arc A770", "xpu:0", "cuda:0"), ("H100", "cuda:0", "xpu:0")],
+)
+def test_a_device_map_you_pass_names_the_machine_s_own_device_type(
+    tiny_models: dict[str, Path], gpu: str, device_map: str, wrong: str
+) -> None:
+    machine = Machine.simulated(gpu)
+    plan = cudaload.plan(str(tiny_models["qwen3"]), machine=machine, device_map=device_map)
+    assert plan.kwargs["device_map"] == device_map
+    with pytest.raises(cudaload.PlacementError, match=f"is a '{wrong.partition(':')[0]}' device"):
+        cudaload.plan(str(tiny_models["qwen3"]), machine=machine, device_map=wrong)

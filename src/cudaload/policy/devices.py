@@ -31,8 +31,21 @@ def usable_machine(machine: Machine) -> tuple[Machine, tuple[str, ...]]:
     return machine.usable(), (warning,)
 
 
+GPU_DEVICE_TYPES = ("cuda", "xpu", "mps")
+"""torch's device types for GPUs (facts/platform.py `Platform.device_type`): "cuda" on NVIDIA and on ROCm."""
+
+
+def device_type_of(value: Any) -> str | None:
+    """The GPU device type a device_map value names ("cuda" for an int), None for "cpu", "disk", "meta"."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "cuda"
+    kind = str(value).partition(":")[0]
+    return kind if kind in GPU_DEVICE_TYPES else None
+
+
 def cuda_index(value: Any, where: str) -> int | None:
-    """The CUDA ordinal a device_map value names; None for a non-CUDA place ("cpu", "disk").
+    """The GPU ordinal a device_map value names ("cuda:1", "xpu:1", 1; "mps" is 0); None for a non-GPU place
+    ("cpu", "disk").
     `where` names the value in an error (e.g. "device_map", "device_map['lm_head']")."""
     if isinstance(value, bool):
         raise PlacementError(f"{where}={value!r}: a device is 'cpu', 'disk', 'cuda:N' or an int N.")
@@ -43,10 +56,9 @@ def cuda_index(value: Any, where: str) -> int | None:
     text = str(value)  # also a torch.device
     if text in ("cpu", "disk", "meta"):
         return None
-    if text == "cuda":
-        return 0
-    if text.startswith("cuda:") and text[5:].isdigit():
-        return int(text[5:])
+    kind, _, number = text.partition(":")
+    if kind in GPU_DEVICE_TYPES and (number.isdigit() or (not number and ":" not in text)):
+        return int(number) if number else 0
     hint = " (torch has no 'gpu' device: the first GPU is 'cuda:0', or 0)" if text.lower().startswith("gpu") else ""
     raise PlacementError(
         f"{where}={value!r} is not a device{hint}: use 'cpu', 'disk', 'cuda:N' or an int N "
@@ -145,6 +157,13 @@ def _cuda_index_checked(machine: Machine, value: Any, where: str) -> int | None:
     """`cuda_index`, refusing a GPU this process does not see."""
     index = cuda_index(value, where)
     seen = len(machine.gpus)
+    kind, has = device_type_of(value), machine.gpus[0].platform.device_type if machine.gpus else "cuda"
+    if index is not None and not isinstance(value, int) and kind != has:
+        raise PlacementError(
+            f"{where}={value!r} is a {kind!r} device, but this machine's GPUs are {has!r} devices"
+            f"{f' ({machine.gpus[0].device}, ...)' if machine.gpus else ''}. Name them as torch does "
+            f"('{has}:N', or an int N), 'cpu', or leave device_map unset."
+        )
     if index is not None and index >= seen:
         found = f"{seen} GPU(s) (cuda:0..cuda:{seen - 1})" if seen else "no CUDA GPU"
         raise PlacementError(
