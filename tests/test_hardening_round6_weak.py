@@ -329,3 +329,34 @@ def test_a_path_longer_than_the_file_system_takes_is_said(tmp_path: Path) -> Non
         cudaload.plan(too_long)  # before: "no such folder", as if a typo
     with pytest.raises(ModelConfigError, match="its longest name 300"):
         cudaload.plan(str(tmp_path / ("b" * 300)))
+
+
+def test_the_bench_s_built_in_model_folder_is_checked_before_it_is_reused(tmp_path: Path) -> None:
+    from cudaload.bench.models import BUILT_IN, BUILT_MARKER, resolve_model
+
+    target = tmp_path / "qwen3-quick"
+    built = Path(resolve_model(None, tmp_path, quick=True, random_weights=True).path)
+    assert built == target and (target / BUILT_MARKER).is_file()
+    weights = target / "model.safetensors"
+    first = weights.stat().st_mtime_ns
+    assert Path(resolve_model(None, tmp_path, quick=True, random_weights=True).path) == target
+    assert weights.stat().st_mtime_ns == first  # the same shape, whole: reused
+
+    # Before: any folder with a config.json was reused, whatever its shape or content.
+    marker = json.loads((target / BUILT_MARKER).read_text(encoding="utf-8"))
+    (target / BUILT_MARKER).write_text(json.dumps({**marker, "hidden_size": 999}), encoding="utf-8")
+    (target / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 999}), encoding="utf-8")
+    resolve_model(None, tmp_path, quick=True, random_weights=True)
+    config = json.loads((target / "config.json").read_text(encoding="utf-8"))
+    assert (config["model_type"], config["hidden_size"]) == ("qwen3", BUILT_IN["quick"].hidden_size)
+    weights.unlink()  # an unfinished or damaged build: rebuilt
+    resolve_model(None, tmp_path, quick=True, random_weights=True)
+    assert weights.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["qwen3-quick"]  # no staging folder left
+
+    foreign = tmp_path / "other" / "qwen3-quick"
+    foreign.mkdir(parents=True)
+    (foreign / "config.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(SettingError, match=f"cudaload did not build there \\(no {BUILT_MARKER}\\)"):
+        resolve_model(None, tmp_path / "other", quick=True, random_weights=True)
+    assert [p.name for p in foreign.iterdir()] == ["config.json"]

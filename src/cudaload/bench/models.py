@@ -150,6 +150,49 @@ def _real_default(workdir: Path, random_weights: bool) -> BenchModel | None:
     return _describe(target, smollm2.DESCRIPTION, random_weights=True)
 
 
+BUILT_MARKER = ".cudaload-bench.json"
+"""Written last into a built-in model's folder: the shape it was built with. A folder is reused only when its
+marker says the shape asked for and its weights are there (`--model-dir` keeps folders across runs)."""
+
+
+def _built_in(target: Path, shape: Shape) -> Path:
+    """`target` holding a built-in model of `shape`: reused when its marker says that shape and its weights are
+    there, rebuilt when cudaload built it for another shape or did not finish, refused when cudaload did not
+    build it. A build is written beside `target` and renamed into place, so no half-written folder is reused."""
+    import json
+    import shutil
+    import tempfile
+
+    wanted = {"model_type": "qwen3", "dtype": "bfloat16", **asdict(shape)}
+    marker = target / BUILT_MARKER
+    if target.is_dir() and marker.is_file():
+        try:
+            recorded = json.loads(marker.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            recorded = None
+        if recorded == wanted and (target / "config.json").is_file() and _has_weights(target):
+            return target
+    elif target.exists() or target.is_symlink():
+        raise SettingError(
+            f"cudaload bench would build its {target.name} model in {str(target)!r}, but that holds something "
+            f"cudaload did not build there (no {BUILT_MARKER}): it never writes over it. Remove it, or pass "
+            "another --model-dir."
+        )
+    from ..demo import save_random_qwen3
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        save_random_qwen3(staging, dtype="bfloat16", bos_token_id=None, eos_token_id=1, pad_token_id=0, **asdict(shape))
+        (staging / BUILT_MARKER).write_text(json.dumps(wanted, sort_keys=True), encoding="utf-8")
+        if target.exists():
+            shutil.rmtree(target)  # cudaload's own build, for another shape or unfinished
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def resolve_model(
     model: str | os.PathLike[str] | None, workdir: Path, *, quick: bool, random_weights: bool
 ) -> BenchModel:
@@ -160,13 +203,7 @@ def resolve_model(
             return real
     if model is None:
         mode = "quick" if quick else "full"
-        target = workdir / f"qwen3-{mode}"
-        if not (target / "config.json").is_file():
-            from ..demo import save_random_qwen3
-
-            save_random_qwen3(
-                target, dtype="bfloat16", bos_token_id=None, eos_token_id=1, pad_token_id=0, **asdict(BUILT_IN[mode])
-            )
+        target = _built_in(workdir / f"qwen3-{mode}", BUILT_IN[mode])
         return _describe(target, f"built-in {mode} (Qwen3 shape)", random_weights=True)
     name = str(model)
     if not name.strip():
