@@ -17,7 +17,7 @@ from .doctor_command import doctor_report, remeasure_report
 from .launch_command import launch_command
 from .output import OutputClosed, emit, silence
 from .parser import DEBUG_ENV, build_parser
-from .plan_command import plan_command
+from .plan_command import plan_command, simulates
 
 __all__ = ["main"]
 
@@ -85,9 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _report(f"cudaload: interrupted (Ctrl-C){nothing}")
         return 130
     except CudaloadError as exc:  # the library's message, its hints in the CLI's flags (--dtype float16)
+        from ..facts.simulated import TESTED_VERSIONS
         from ..plans.layout import cli_hints
 
-        _report(f"cudaload: error: {cli_hints(str(exc))}", args, exc)
+        simulated = TESTED_VERSIONS if args.command == "plan" and simulates(args) else None
+        _report(f"cudaload: error: {cli_hints(str(exc), simulated)}", args, exc)
         return 2
     except OSError as exc:  # a file that cannot be read or written: the message names it
         if debug:

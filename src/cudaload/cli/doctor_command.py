@@ -80,6 +80,17 @@ def _probe_lines(machine: Machine) -> list[str]:
     return lines
 
 
+def _platform_lines() -> list[str]:
+    """Python, the OS and the C library first, as `transformers env` opens (what a bug report needs first)."""
+    import platform
+
+    libc, libc_version = platform.libc_ver()
+    return [
+        f"Python {platform.python_version()} ({platform.python_implementation()}), {platform.platform(terse=True)}, "
+        f"{platform.machine()}, {f'{libc} {libc_version}' if libc else 'libc: unknown'}"
+    ]
+
+
 def _probe_verdict(probe: DtypeProbe) -> str:
     ratios = [
         f"{(timing('float32') or 0) / (timing('bfloat16') or 1):.2f}x at {phase}"
@@ -147,7 +158,7 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
             indent=2,
         )
     sw = machine.software
-    lines = ["cudaload doctor", "", "GPUs (as this process sees them):"]
+    lines = ["cudaload doctor", "", *_platform_lines(), "", "GPUs (as this process sees them):"]
     if not machine.gpus:
         lines.append("  none" + (f"  ({'; '.join(machine.gpu_notes)})" if machine.gpu_notes else ""))
     for g in machine.gpus:

@@ -185,7 +185,9 @@ def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
         help="start the simulated machine from torch 2.13.0, transformers 5.22.2 and accelerate 1.16.0 (plus "
         "--with) instead of the packages installed here",
     )
-    plan.add_argument("--offline", action="store_true", help="simulate HF_HUB_OFFLINE=1")
+    plan.add_argument(
+        "--offline", action="store_true", help="HF_HUB_OFFLINE=1: read nothing from the network (the local cache only)"
+    )
     plan.add_argument(
         "--hub-kernels",
         action="store_true",

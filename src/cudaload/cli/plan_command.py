@@ -4,14 +4,17 @@ as text or JSON."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import os
+from collections.abc import Iterator
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from ..facts.machine import Launch, Machine
 
-__all__ = ["PARALLEL_OPTIONS", "machine_for", "parallel_overrides", "plan_command"]
+__all__ = ["PARALLEL_OPTIONS", "machine_for", "parallel_overrides", "plan_command", "simulates"]
 
 
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
@@ -28,6 +31,12 @@ def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch
         strategy=args.strategy or "ddp",
         zero_stage=args.zero_stage,
     )
+
+
+def simulates(args: argparse.Namespace) -> bool:
+    """Whether the flags describe a simulated machine (a GPU, CPU flags, packages, Hub state) rather than this one."""
+    simulated = args.packages or args.without or args.default_packages or args.cached_kernel
+    return bool(args.gpu or args.cpu_flags is not None or simulated)
 
 
 def machine_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Machine | None:
@@ -59,13 +68,15 @@ def machine_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ma
             f"process per GPU, so {args.world_size - simulated_gpus} would have none. Pass --count {args.world_size} "
             f"(or --world-size {simulated_gpus})."
         )
-    simulated = args.packages or args.without or args.default_packages
-    if not (gpus or args.cpu_flags is not None or simulated or args.offline or args.cached_kernel):
-        if launch is None:
+    if not simulates(args):
+        if launch is None and not args.offline:
             return None
         from ..capability import detect
 
-        return dataclasses.replace(detect(), launch=launch)
+        machine = detect()
+        if args.offline:  # this machine, its Hub offline (plan also runs the whole command under HF_HUB_OFFLINE=1)
+            machine = dataclasses.replace(machine, hub=dataclasses.replace(machine.hub, offline=True))
+        return machine if launch is None else dataclasses.replace(machine, launch=launch)
     packages: dict[str, str | None] = dict.fromkeys(args.without)
     for spec in args.packages:
         name, sep, version = spec.partition("==")
@@ -97,22 +108,66 @@ def parallel_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
 
-def _say_when_asking_the_hub(model: str) -> None:
-    """A Hub id read online: say so at once on stderr, since without network huggingface_hub retries for tens of
-    seconds before it fails (41 s measured on 2026-12-06) and the command would sit there without a word."""
-    import os
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+
+
+@contextlib.contextmanager
+def offline_mode(offline: bool) -> Iterator[None]:
+    """--offline: HF_HUB_OFFLINE=1 for the whole command (nothing is read from the network, as with the
+    variable), restored afterwards for a caller that runs `main()` in its own process."""
+    if not offline or hub_offline():
+        yield
+        return
     import sys
 
+    before = os.environ.get("HF_HUB_OFFLINE")
+    constants = sys.modules.get("huggingface_hub.constants")  # read at import: already imported, set it there too
+    was = getattr(constants, "HF_HUB_OFFLINE", None)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if constants is not None:
+        setattr(constants, "HF_HUB_OFFLINE", True)  # noqa: B010 (a module attribute mypy does not see)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+        if constants is not None:
+            setattr(constants, "HF_HUB_OFFLINE", was)  # noqa: B010
+
+
+def check_model_source(model: str) -> None:
+    """Where MODEL is read from, settled before transformers is imported: a path (`/`, `./`, `~`) that is not
+    there fails at once; a Hub id is read from the local cache, or from the Hub when it answers (asked once, in
+    at most 3 s), else the error gives the `hf download` command. Said on stderr as it happens."""
+    import sys
+
+    from ..capability.hub_access import download_command, hub_reachable, in_local_cache, looks_like_a_path
+    from ..errors import ModelConfigError
     from .output import emit
 
-    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-    if offline or os.path.exists(os.path.expanduser(model)):
+    if looks_like_a_path(model):
+        if not os.path.exists(os.path.expanduser(model)):
+            raise ModelConfigError(
+                f"{model!r}: no such file or folder (a path; a Hub id has the form owner/name). Check the path."
+            )
         return
-    emit(
-        f"cudaload: reading {model}'s config from the Hugging Face Hub (no local folder has that name; "
-        "HF_HUB_OFFLINE=1 reads only the local cache)",
-        sys.stderr,
-    )
+    if in_local_cache(model):
+        return
+    if hub_offline():
+        raise ModelConfigError(
+            f"{model!r} is not a local folder and not in the Hub cache, and HF_HUB_OFFLINE (or --offline) reads "
+            f"nothing from the network: download it first where there is a network: {download_command(model)}"
+        )
+    reachable, why = hub_reachable()
+    if not reachable:
+        raise ModelConfigError(
+            f"{model!r} is not a local folder and not in the Hub cache, and the Hub cannot be reached ({why}). "
+            f"Download it first where there is a network: {download_command(model)} (or pass a local folder)"
+        )
+    emit(f"cudaload: reading {model}'s config from the Hugging Face Hub (no local folder has that name)", sys.stderr)
 
 
 def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
@@ -142,6 +197,7 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
             "batch_size": args.batch_size or 1,
             **parallel_overrides(args),
         }
-    _say_when_asking_the_hub(args.model)
-    result = plan(args.model, machine=machine_for(args, parser), **overrides)
+    with offline_mode(args.offline):
+        check_model_source(args.model)
+        result = plan(args.model, machine=machine_for(args, parser), **overrides)
     return result.to_json() if args.json else result.explain(cli=True)

@@ -202,15 +202,20 @@ class Plan:
 
         width = terminal_width(width)
 
+        from ..facts.simulated import TESTED_VERSIONS
+
+        # On a simulated machine the CLI's way to have a package is --with PKG==VERSION, not pip install.
+        simulated = TESTED_VERSIONS if self.assumed_packages is not None else None
+
         def said(text: str) -> str:
-            return cli_hints(text) if cli else text
+            return cli_hints(text, simulated) if cli else text
 
         # Every continuation line hangs 6 or more in, below any row's start: a reader (and the docs' check)
         # tells a wrapped line from the next row by its indentation.
         lines = wrap(f"cudaload plan for {self.model} on {self.machine}", width, hang=6)
         if self.assumed_packages is not None:
             lines += wrap(f"simulated machine's packages, {self.assumed_packages}", width, "  ", hang=6)
-        lines += decision_lines(self.decisions, width=width, cli=cli)
+        lines += decision_lines(self.decisions, width=width, cli=cli, simulated=simulated)
         estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
             assumes = estimate["assumes"]

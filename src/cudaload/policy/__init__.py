@@ -34,7 +34,7 @@ from .quantization import decide_quantization
 from .settle import settle_placement
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
-from .training import decide_lora, decide_training_arguments
+from .training import decide_lora, decide_training_arguments, missing_peft
 from .tuning import tune_on_gpu
 
 # The edge (cli, bench) takes these too: the strategies --parallelism names, the usable machine doctor reports,
@@ -247,7 +247,8 @@ def _finetune_section(
     arguments, training_args = decide_training_arguments(
         judged, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
     )
-    warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype), *rank_warnings(model, lora_config))
+    warnings = (*missing_peft(machine), *warnings, *_launched_precision_warnings(judged, model, dtype))
+    warnings = (*warnings, *rank_warnings(model, lora_config))
     use_cache = _training_cache(training.gradient_checkpointing)
     plan = FinetunePlan(
         lora=lora_config,
