@@ -60,7 +60,8 @@ ALLOWED: dict[str, set[str]] = {
     "finetune": {"facts", "plans", "planner", "loaders", "request", "launch_check"},  # no probe: the plan's facts
     "pipelines": {"facade", "tokenizer", "plans"},
     "smollm2": {"capability"},  # the real demo model: found in an installed package, converted into the cache
-    "demo": {"facade", "tokenizer", "smollm2", "capability"},  # capability: the cache folder the demo builds in
+    # capability: the cache folder the demo builds in; plans: its report laid out as a plan's (plans/layout.py)
+    "demo": {"facade", "tokenizer", "smollm2", "capability", "plans"},
     "bench": FACADE | {"policy", "demo", "smollm2"},
     "cli": FACADE | {"policy", "demo", "bench", "smollm2", "launch_writer"},
     "__main__": {"cli"},

@@ -142,3 +142,104 @@ def test_reasons_shown_by_the_cli_name_its_flag_for_hub_kernels() -> None:
     from cudaload.plans.layout import cli_hints
 
     assert cli_hints("pass use_kernels=True to enable") == "pass --hub-kernels to enable"  # before: use_kernels=True
+
+
+def test_a_multi_node_ddp_plan_shows_what_each_rank_passes(
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = str(tiny_models["qwen3"])
+    argv = ["plan", path, "--gpu", "H100", "--count", "8", "--finetune", "--nodes", "2", "--parallelism", "ddp"]
+    assert main([*argv, "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["kwargs"]["device_map"] == {"": 0}  # before: "cuda:0", one process's placement for 16 ranks
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert 'each rank passes device_map={"": LOCAL_RANK}' in text and "rank 0/16" in text
+
+
+def test_every_plan_command_ends_with_the_next_one(
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(tiny_models["qwen3"])
+    assert main(["plan", path, "--finetune"]) == 0
+    last = capsys.readouterr().out.split("\n\n")[-1]
+    assert last.startswith("Next: ") and "load_for_finetune" in last  # before: the plan stopped at its call
+    layout = ["--gpu", "H100", "--count", "8", "--nodes", "2"]
+    assert main(["plan", path, "--finetune", *layout, "--attn", "sdpa"]) == 0
+    last = " ".join(capsys.readouterr().out.split("\n\n")[-1].split())
+    assert f"Next: cudaload launch {path} {' '.join(layout)} writes" in last  # the same job, launch's flags only
+
+
+def test_the_demo_ends_with_the_next_step(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--tiny", "--dir", str(tmp_path / "tiny")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.rstrip().split("\n\n")[-1].startswith("Next: cudaload plan MODEL")  # before: no next step
+    assert "[demo] building (once), planning and loading the tiny model" in captured.err  # said before the wait
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_every_command_fits_the_terminal(
+    width: int, tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Every line a command prints, stdout and stderr, fits COLUMNS unless it is one word (a path)."""
+    monkeypatch.setenv("COLUMNS", str(width))
+    path = str(tiny_models["qwen3"])
+    commands = [
+        (["doctor"], 0),
+        (["plan", path], 0),
+        (["plan", path, "--finetune", "--gpu", "H100", "--count", "8", "--nodes", "2"], 0),
+        (["demo", "--tiny", "--dir", str(tmp_path / "tiny")], 0),
+        (["plan", "./no/such/model/folder/anywhere/on/this/machine/at/all"], 2),  # an error line
+        (["plan", path, "--gpu", "A10G", "--finetune", "--quantize", "4bit"], 2),
+    ]
+    for argv, status in commands:
+        assert main(argv) == status, argv
+        captured = capsys.readouterr()
+        for line in (captured.out + captured.err).splitlines():
+            assert len(line) <= width or " " not in line.strip(), f"{argv}: {len(line)} > {width}: {line!r}"
+
+
+def test_a_flag_typo_gets_the_subcommands_usage_and_the_closest_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "some/model", "--finetun"])  # before: accepted by prefix as --finetune
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.startswith("usage: cudaload plan ")
+    assert "unrecognized arguments: --finetun (did you mean --finetune?)" in err
+
+
+def test_the_help_lists_every_command_and_groups_the_plan_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    top = " ".join(capsys.readouterr().out.split())
+    assert "Commands: doctor, plan, launch, bench, demo, probe" in top  # before: "doctor | plan | bench | demo"
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    groups = [line for line in capsys.readouterr().out.splitlines() if line and not line.startswith(" ")]
+    titles = [g for g in groups if g.endswith(":")]
+    assert titles[0] == "positional arguments:" and len(titles) == 6, titles  # before: one flat list of options
+    assert any(t.startswith("fine-tuning") for t in titles) and any(t.startswith("the job's layout") for t in titles)
+
+
+def test_one_layout_vocabulary_the_old_flags_are_aliases_that_say_so(
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path, gpus = str(tiny_models["qwen3"]), ["--gpu", "H100", "--count", "8", "--json"]
+    assert main(["plan", path, *gpus, "--ranks-per-node", "8"]) == 0  # before: "add --finetune"
+    new = capsys.readouterr()
+    assert main(["plan", path, *gpus, "--world-size", "8"]) == 0
+    old = capsys.readouterr()
+    assert json.loads(new.out) == json.loads(old.out)
+    assert "deprecated alias: use --ranks-per-node" in old.err and "deprecated" not in new.err
+
+
+def test_communication_times_read_in_their_unit(
+    tiny_models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", str(tiny_models["qwen3"]), "--gpu", "H100", "--count", "8", "--nodes", "2", "--finetune"]
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "comm ~" in text and "~0.00 s" not in text  # before: "comm ~0.00 s vs ~0.00 s"

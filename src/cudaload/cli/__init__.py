@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from ..announce import fitted
 from ..errors import CudaloadError
 from .bench_command import bench_command
 from .doctor_command import doctor_report, remeasure_report
@@ -53,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     `head`, as a process killed by SIGPIPE reports it)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed: its next step repeats it
     debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         if args.command == "doctor":
@@ -76,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "demo":
             from ..demo import run_demo
 
-            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(f"[demo] {line}", sys.stderr)))
+            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(fitted(f"[demo] {line}"), sys.stderr)))
     except OutputClosed as closed:
         silence(closed.stream)
         return 141
@@ -120,7 +122,7 @@ def _report(message: str, args: argparse.Namespace | None = None, exc: BaseExcep
     """The error line on stderr; with --json also a JSON object on stdout, so a script that parses stdout
     reads the error instead of nothing. Nothing more to do when a stream is a closed pipe."""
     try:
-        emit(message, sys.stderr)
+        emit("\n".join(fitted(line) for line in message.splitlines()), sys.stderr)
         if exc is not None and getattr(args, "json", False):
             import json
 

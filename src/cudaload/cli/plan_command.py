@@ -17,7 +17,61 @@ from ..facts.machine import Launch, Machine
 __all__ = ["PARALLEL_OPTIONS", "machine_for", "parallel_overrides", "plan_command", "simulates"]
 
 
+_AS_LAUNCHED: dict[str, tuple[Any, int | None]] = {
+    "auto": ("ddp", None),
+    "ddp": ("ddp", None),
+    "fsdp": ("fsdp", None),
+    "fsdp-hybrid": ("fsdp", None),
+    "deepspeed": ("deepspeed", None),
+    "deepspeed-zero2": ("deepspeed", 2),
+    "deepspeed-zero3": ("deepspeed", 3),
+    "deepspeed-zero3-offload": ("deepspeed", 3),
+}
+"""--parallelism as the launch a rank of an inference plan runs under (tp+fsdp: fine-tuning only)."""
+
+
+def _say_deprecated(args: argparse.Namespace) -> None:
+    """--world-size/--strategy/--zero-stage: still honoured in `plan`, and the line says the one vocabulary."""
+    import sys
+
+    from ..announce import fitted
+    from .output import emit
+
+    old = [f for f, given in (("--world-size", args.world_size > 1), ("--strategy", args.strategy),
+                               ("--zero-stage", args.zero_stage is not None)) if given]  # fmt: skip
+    if old and getattr(args, "command", None) == "plan":
+        emit(
+            fitted(
+                f"cudaload: {', '.join(old)} {'is a deprecated alias' if len(old) == 1 else 'are deprecated aliases'}"
+                ": use --ranks-per-node N (and --nodes M for several machines) and --parallelism "
+                "(ddp, fsdp, deepspeed-zero2, ...): the same job in the flags plan --finetune and launch share"
+            ),
+            sys.stderr,
+        )
+
+
+def _layout_launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
+    """`plan --nodes/--ranks-per-node` without --finetune: each rank's inference plan under that launch."""
+    if getattr(args, "command", None) != "plan" or args.finetune or not (args.nodes or args.ranks_per_node):
+        return None
+    if args.world_size > 1 or args.strategy or args.zero_stage is not None:
+        parser.error("--world-size/--strategy/--zero-stage are the deprecated form of --nodes/--ranks-per-node/"
+                     "--parallelism: pass one set")  # fmt: skip
+    ranks = args.ranks_per_node or 1
+    if args.parallelism not in (None, *_AS_LAUNCHED):
+        parser.error(f"--parallelism {args.parallelism} is planned for fine-tuning: add --finetune")
+    strategy, stage = _AS_LAUNCHED[args.parallelism or "auto"]
+    world = (args.nodes or 1) * ranks
+    if world <= 1:
+        return None
+    return Launch(launcher="torchrun", world_size=world, local_world_size=ranks, strategy=strategy, zero_stage=stage)
+
+
 def _launch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Launch | None:
+    _say_deprecated(args)
+    layout = _layout_launch(args, parser)
+    if layout is not None:
+        return layout
     if args.world_size <= 1:
         if args.strategy or args.zero_stage is not None:
             parser.error("--strategy and --zero-stage describe a distributed launch: add --world-size N (N > 1)")
@@ -138,7 +192,7 @@ def offline_mode(offline: bool) -> Iterator[None]:
             setattr(constants, "HF_HUB_OFFLINE", was)  # noqa: B010
 
 
-def check_model_source(model: str) -> None:
+def check_model_source(model: str, *, local_only: bool = False) -> None:
     """Where MODEL is read from, settled before transformers is imported: a path (`/`, `./`, `~`) that is not
     there fails at once; a Hub id is read from the local cache, or from the Hub when it answers (asked once, in
     at most 3 s), else the error gives the `hf download` command. Said on stderr as it happens."""
@@ -154,7 +208,7 @@ def check_model_source(model: str) -> None:
                 f"{model!r}: no such file or folder (a path; a Hub id has the form owner/name). Check the path."
             )
         return
-    if in_local_cache(model):
+    if local_only or in_local_cache(model):
         return
     if hub_offline():
         raise ModelConfigError(
@@ -182,7 +236,7 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
         parser.error("--context goes with --generate")
     if args.generate:
         overrides |= {"generate": True, "context": args.context}
-    named = ("quantize", "seq-len", "batch-size", *PARALLEL_OPTIONS)
+    named = ("quantize", "seq-len", "batch-size", "interconnect")  # --nodes etc. alone: each rank's inference plan
     given = [f"--{name}" for name in named if getattr(args, name.replace("-", "_"))]
     if given and not args.finetune:
         parser.error(
@@ -198,6 +252,43 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
             **parallel_overrides(args),
         }
     with offline_mode(args.offline):
+        # A path that is not there fails before anything is imported; then the flags' usage errors (as argparse's
+        # own), then the Hub, asked only for an id whose config is not cached.
+        check_model_source(args.model, local_only=True)
+        machine = machine_for(args, parser)
         check_model_source(args.model)
-        result = plan(args.model, machine=machine_for(args, parser), **overrides)
-    return result.to_json() if args.json else result.explain(cli=True)
+        result = plan(args.model, machine=machine, **overrides)
+    if args.json:
+        return result.to_json()
+    from .doctor_command import fit
+
+    return result.explain(cli=True) + (f"\n\n{fit([next_step(args, result)])}" if args.finetune else "")
+
+
+# `cudaload launch` takes the plan's machine, layout and training options, not these (plan-only or output flags).
+_NOT_FOR_LAUNCH = {"plan", "--finetune", "--json", "--generate", "--debug"}
+_NOT_FOR_LAUNCH_WITH_VALUE = {"--attn", "--context", "--gguf-file"}
+
+
+def next_step(args: argparse.Namespace, result: Any) -> str:
+    """What to run after a fine-tuning plan: the load that applies it, and for a job of several ranks the
+    `cudaload launch` command with the same options, which writes its launch files."""
+    import shlex
+
+    load = f"cudaload.load_for_finetune({args.model!r})"
+    parallel = result.finetune.parallelism if result.finetune is not None else None
+    if parallel is None or int(parallel["nodes"]) * int(parallel["ranks_per_node"]) <= 1:
+        return f"Next: in your training script, model = {load} applies this plan; cudaload bench --finetune times it."
+    words: list[str] = []
+    value_follows = False
+    for word in getattr(args, "argv", []):
+        if value_follows:
+            value_follows = False
+        elif word in _NOT_FOR_LAUNCH_WITH_VALUE:
+            value_follows = True
+        elif word not in _NOT_FOR_LAUNCH and word.split("=", 1)[0] not in _NOT_FOR_LAUNCH_WITH_VALUE:
+            words.append(word)
+    return (
+        f"Next: cudaload launch {shlex.join(words)} writes this job's torchrun/accelerate files (--emit deepspeed, "
+        f"--emit slurm too); each rank's script calls {load} and checks it plans the same."
+    )

@@ -235,7 +235,13 @@ class Plan:
             lines += self.generation.explain_lines(width, cli=cli)
         for warning in self.warnings:
             lines += wrap(f"WARNING: {said(warning)}", width, "  ", hang=9)
-        lines.append("  loads as:" if self.finetune is None else "  loads as (then LoRA on top):")
+        device_map = self.kwargs.get("device_map")
+        per_rank = isinstance(device_map, dict) and list(device_map) == [""] and isinstance(device_map[""], int)
+        # A rank's own GPU: what rank 0 passes is shown, and each rank passes its own LOCAL_RANK (issue 46).
+        said_rank = ', on rank 0: each rank passes device_map={"": LOCAL_RANK}' if per_rank else ""
+        then = "then LoRA on top" if self.finetune is not None else ""
+        notes = "; ".join(n for n in (then, said_rank.removeprefix(", ")) if n)
+        lines += wrap(f"loads as{f' ({notes})' if notes else ''}:", width, "  ", hang=6)
         lines += call_lines(f"{self.auto_class}.from_pretrained", self.model, self.kwargs, width, "    ")
         return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from ..plans.checkpoint import CheckpointPlan
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import decide_checkpoint_quantization
-from .current_device import current_gpu_when_training, decide_current_device, decide_rank_device
+from .current_device import as_launched, current_gpu_when_training, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, format_bytes, percent
 from .generation import decide_generation
@@ -167,9 +167,9 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     size = weight_bytes(model, dtype.value, quantize, dequantized_to=dequantized_to)
     quantized = quantize is not None or (checkpoint is not None and dequantized_to is None)
-    where = _placement_section(
-        machine, model, request, size, quantized, section.training_bytes if section is not None else None
-    )
+    placed_on = as_launched(machine, section.plan.parallelism if section is not None else None)
+    training_bytes = section.training_bytes if section is not None else None
+    where = _placement_section(placed_on, model, request, size, quantized, training_bytes)
     decisions += [*where.decisions, use_kernels]
     warnings += where.warnings
     kwargs |= where.kwargs
