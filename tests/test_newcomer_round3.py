@@ -243,3 +243,18 @@ def test_communication_times_read_in_their_unit(
     assert main(argv) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "comm ~" in text and "~0.00 s" not in text  # before: "comm ~0.00 s vs ~0.00 s"
+
+
+def test_the_bench_speed_up_header_names_each_number_under_it() -> None:
+    from cudaload.bench import report
+
+    row = {
+        "ok": True,
+        "finite_logits": True,
+        "plan_speedup": {"load": 1.0, "prefill": 2.0, "decode": 3.0, "end_to_end": 4.0},
+        "plan_speedup_paired": {"load": 1.5, "prefill": 2.5, "decode": 3.5},
+    }
+    medians, paired = report._ratios(row).split("|")
+    header_medians, header_paired = report._SPEEDUP.split("|")
+    for numbers, header in ((medians, header_medians), (paired, header_paired)):
+        assert len(numbers.split("/")) == len(header.split()[-1].split("/")), (numbers, header)  # before: 3 under 4
