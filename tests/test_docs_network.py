@@ -33,9 +33,9 @@ sys.modules["regenerate_docs_network"] = docs_tool
 _spec.loader.exec_module(docs_tool)
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-SNIPPETS = [
-    e for page in PAGES for e in docs_tool.examples(page)[0] if e.kind in ("python", "file") and e.covered_by is None
-]
+SNIPPETS = [e for page in PAGES for e in docs_tool.examples(page)[0] if e.kind == "python" and e.covered_by is None]
+"""The runnable Python blocks. A block that is a script file (`# train.py`) runs under the page's own torchrun
+command (tests/test_docs_examples.py), not alone: its imports follow the same rule (cudaload loads first)."""
 
 # The snippet runs from SNIPPET (argv[1]) after this, in the folder where the docs' tiny model is; the report
 # (hosts asked for, bitsandbytes' CPU answer) goes to REPORT (argv[2]) whatever the snippet does.

@@ -244,8 +244,10 @@ def _finetune_section(
     if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
         # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
         quant_config = QUANT_METHODS[quant.value].build(dtype, True)
+    # A job of several ranks planned outside it gets the flags its ranks get (ddp_find_unused_parameters, ...).
+    launched = as_launched(judged, parallel.as_dict() if parallel is not None else None)
     arguments, training_args = decide_training_arguments(
-        judged, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
+        launched, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
     )
     warnings = (*missing_peft(machine), *warnings, *_launched_precision_warnings(judged, model, dtype))
     warnings = (*warnings, *rank_warnings(model, lora_config))
