@@ -68,7 +68,8 @@ ALLOWED: dict[str, set[str]] = {
     "pipelines": {"facade", "tokenizer", "plans"},
     "smollm2": {"capability", "gguf_checks"},  # the real demo model: found in an installed package, converted
     "gguf_checks": set(),  # what a GGUF conversion checks before sealing (the file, the report, finite weights)
-    "demo": {"facade", "tokenizer", "smollm2", "capability"},  # capability: the cache folder the demo builds in
+    # capability: the cache folder the demo builds in; plans: its report laid out as a plan's (plans/layout.py)
+    "demo": {"facade", "tokenizer", "smollm2", "capability", "plans"},
     "bench": FACADE | {"policy", "demo", "smollm2"},
     "cli": FACADE | {"policy", "demo", "bench", "smollm2", "launch"},
     "__main__": {"cli"},

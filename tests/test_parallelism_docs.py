@@ -52,9 +52,9 @@ def test_cli_plan_decides_the_parallelism(llama70b: Path, capsys: pytest.Capture
     decision = next(d for d in plan["decisions"] if d["setting"] == "parallelism")
     assert decision["value"] == "fsdp-hybrid"
     assert plan["extras"]["parallelism"]["interconnect"] == "infiniband-ndr"
-    with pytest.raises(SystemExit):
-        main(["plan", str(llama70b), "--gpu", "H100", "--nodes", "2"])  # --nodes without --finetune
-    assert "--nodes describes a fine-tuning plan: add --finetune" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --nodes alone plans each rank's inference (issue 46); a link is training's
+        main(["plan", str(llama70b), "--gpu", "H100", "--nodes", "2", "--interconnect", "infiniband-ndr"])
+    assert "--interconnect describes a fine-tuning plan: add --finetune" in capsys.readouterr().err
 
 
 def test_cli_launch_writes_the_files(llama70b: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

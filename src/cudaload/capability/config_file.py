@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import MissingPackageError, ModelConfigError, RemoteCodeError, describe_error
+from .hub_access import download_command
 from .per_layer import layer_values
 
 __all__ = ["check_sizes", "load_config", "text_config"]
@@ -93,7 +94,7 @@ def load_config(
         raise ModelConfigError(
             f"Could not read the config of {name!r}: it is not a local folder with a config.json and "
             "could not be fetched from the Hub (offline, not cached, or a wrong id). Pass a local path, "
-            f"or download it first while online. Cause: {exc}"
+            f"or download it first where there is a network: {download_command(name)}. Cause: {exc}"
         ) from exc
 
 

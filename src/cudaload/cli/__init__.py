@@ -15,13 +15,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ..announce import fitted
 from ..errors import CudaloadError
 from .bench_command import bench_command
 from .doctor_command import doctor_report, remeasure_report
 from .launch_command import launch_command
 from .output import OutputClosed, OutputFailed, emit, silence
 from .parser import DEBUG_ENV, build_parser
-from .plan_command import plan_command
+from .plan_command import plan_command, simulates
 
 __all__ = ["main"]
 
@@ -63,7 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # warnings (pytest.warns, catch_warnings(record=True)) still gets them.
     formatwarning, warnings.formatwarning = warnings.formatwarning, _format_warning
     try:
-        return _run(parser, parser.parse_args(argv))
+        args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed: its next step repeats it
+        return _run(parser, args)
     finally:
         warnings.formatwarning = formatwarning
 
@@ -92,7 +95,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         elif args.command == "demo":
             from ..demo import run_demo
 
-            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(f"[demo] {line}", sys.stderr)))
+            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(fitted(f"[demo] {line}"), sys.stderr)))
     except OutputClosed as closed:
         silence(closed.stream)
         return 141
@@ -110,9 +113,11 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         _report(f"cudaload: interrupted (Ctrl-C){nothing}")
         return 130
     except CudaloadError as exc:  # the library's message, its hints in the CLI's flags (--dtype float16)
+        from ..facts.simulated import TESTED_VERSIONS
         from ..plans.layout import cli_hints
 
-        _report(f"cudaload: error: {cli_hints(str(exc))}", args, exc)
+        simulated = TESTED_VERSIONS if args.command == "plan" and simulates(args) else None
+        _report(f"cudaload: error: {cli_hints(str(exc), simulated)}", args, exc)
         return 2
     except OSError as exc:  # a file that cannot be read or written: the message names it
         if debug:
@@ -170,7 +175,7 @@ def _report(message: str, args: argparse.Namespace | None = None, exc: BaseExcep
     """The error line on stderr; with --json also a JSON object on stdout, so a script that parses stdout
     reads the error instead of nothing. Nothing more to do when a stream is a closed pipe."""
     try:
-        emit(message, sys.stderr)
+        emit("\n".join(fitted(line) for line in message.splitlines()), sys.stderr)
         if exc is not None and getattr(args, "json", False):
             text = message.removeprefix("cudaload: error: ")
             emit(json.dumps({"error": {"type": type(exc).__name__, "message": text}}, indent=2))

@@ -82,6 +82,30 @@ def _probe_lines(machine: Machine) -> list[str]:
     return lines
 
 
+def _bitsandbytes_fetch(machine: Machine) -> list[str]:
+    """bitsandbytes (0.48 to 0.50.2) fetches a Hub kernel when it is imported on an AVX512-BF16 CPU with `kernels`
+    installed (upstream_imports.py): say what a script must do, on the CPUs where it matters."""
+    sw = machine.software
+    if "avx512_bf16" not in machine.cpu.flags or not (sw.has("bitsandbytes") and sw.has("kernels")):
+        return []
+    return [
+        "  bitsandbytes asks the Hub for kernels-community/quantization-bitsandbytes when imported on this CPU "
+        "(AVX512-BF16): in your scripts call cudaload.load_for_finetune() (or cudaload.load()) before importing "
+        "peft, trl or transformers' Trainer, or set HF_HUB_OFFLINE=1"
+    ]
+
+
+def _platform_lines() -> list[str]:
+    """Python, the OS and the C library first, as `transformers env` opens (what a bug report needs first)."""
+    import platform
+
+    libc, libc_version = platform.libc_ver()
+    return [
+        f"Python {platform.python_version()} ({platform.python_implementation()}), {platform.platform(terse=True)}, "
+        f"{platform.machine()}, {f'{libc} {libc_version}' if libc else 'libc: unknown'}"
+    ]
+
+
 def _probe_verdict(probe: DtypeProbe) -> str:
     ratios = [
         f"{(timing('float32') or 0) / (timing('bfloat16') or 1):.2f}x at {phase}"
@@ -155,7 +179,7 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
             indent=2,
         )
     sw = machine.software
-    lines = ["cudaload doctor", "", "GPUs (as this process sees them):"]
+    lines = ["cudaload doctor", "", *_platform_lines(), "", "GPUs (as this process sees them):"]
     if not machine.gpus:
         lines.append("  none" + (f"  ({'; '.join(machine.gpu_notes)})" if machine.gpu_notes else ""))
     for g in machine.gpus:
@@ -182,6 +206,7 @@ def doctor_report(machine: Machine, as_json: bool, check_hub: bool = False, widt
         lines.append(f"  {torchao}")
     lines += ["", f"Hub: {'offline (HF_HUB_OFFLINE)' if machine.hub.offline else 'online mode'}"]
     lines += [f"  {k.repo} v{k.version}: {k.detail}" for k in machine.hub.kernels]
+    lines += _bitsandbytes_fetch(machine)
     if reachable is None:
         lines.append("  (not asked whether they can be fetched now: cudaload doctor --check-hub)")
     else:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import Any, cast
 
 from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS
 from ..facts.quant_methods import QUANT_METHODS
@@ -10,7 +12,10 @@ from ..policy import PARALLELISM_CHOICES
 
 __all__ = ["DEBUG_ENV", "build_parser"]
 
-DESCRIPTION = "`cudaload doctor | plan | bench | demo` (also `python -m cudaload`)."
+DESCRIPTION = (
+    "Load a Transformers model the right way for the machine it runs on, and say why. Commands: doctor, plan, "
+    "launch, bench, demo, probe (also `python -m cudaload`); `cudaload COMMAND --help` for each."
+)
 """The parser's description (the text `cudaload --help` prints under its usage line)."""
 DEBUG_ENV = "CUDALOAD_DEBUG"
 """Set to 1 (or pass --debug) to see the traceback of an unexpected error instead of one line."""
@@ -36,15 +41,53 @@ def _version() -> str:
     return f"{__version__} (transformers {transformers or 'not installed'})"
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching (`--finetun` is a typo, not --finetune), whose unknown options are
+    reported by the subcommand that got them (its usage line) with the closest option it has."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = self._subcommand(getattr(parsed, "command", None)) or self
+            sub.error(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(sub, extras)}")
+        return parsed
+
+    def _subcommand(self, name: str | None) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                return action.choices[name]  # type: ignore[no-any-return]
+        return None
+
+
+def did_you_mean(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """ " (did you mean --finetune?)" for the first unknown option close to one `parser` has; "" when none is."""
+    import difflib
+
+    options = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+    for word in unknown:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudaload", description=DESCRIPTION)
+    parser = Parser(prog="cudaload", description=DESCRIPTION)
     debug_help = f"show the traceback of an unexpected error (also {DEBUG_ENV}=1)"
     parser.add_argument("--debug", action="store_true", help=debug_help)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     # --debug is accepted after the command too; SUPPRESS keeps the subcommand from resetting it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser),
+    )
     _add_doctor(sub, common)
     _add_plan(sub, common)
     _add_launch(sub, common)
@@ -72,39 +115,53 @@ def _add_doctor(sub: argparse._SubParsersAction[argparse.ArgumentParser], common
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
-    """`cudaload plan`: the machine it plans for (here or simulated), then what it plans."""
+    """`cudaload plan`: its options in groups (machine, model, fine-tuning, layout), the layout in one vocabulary."""
     plan = sub.add_parser(
         "plan", parents=[common], help="the from_pretrained plan for a model, here or on a simulated machine"
     )
     plan.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
-    _add_simulated_machine(plan)
-    plan.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
-    plan.add_argument(
-        "--quantize",
-        choices=[*QUANT_METHODS, "none", "auto"],
-        help=f"with --finetune: {', '.join(QUANT_METHODS)}, none or auto (default)",
-    )
-    plan.add_argument(
-        "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
-    )
-    plan.add_argument("--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)")
-    plan.add_argument("--dtype", help="your dtype (bfloat16, float16, float32): validated and kept, never changed")
-    plan.add_argument(
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json())")
+    machine = plan.add_argument_group("the machine (default: this one; any of these simulates one)")
+    _add_simulated_machine(machine, legacy_launch=False)
+    model = plan.add_argument_group("the model and how it loads")
+    model.add_argument("--dtype", help="your dtype (bfloat16, float16, float32): validated and kept, never changed")
+    model.add_argument(
         "--attn",
         dest="attn_implementation",
         help="your attention (sdpa, eager, flash_attention_2, ..., or a Hub kernel repo): validated and kept",
     )
-    plan.add_argument(
+    model.add_argument(
+        "--gguf-file", help="the GGUF file to read in MODEL's folder (e.g. model.Q4_1.gguf): transformers converts it"
+    )
+    model.add_argument(
         "--generate",
         action="store_true",
         help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
     )
-    plan.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
-    add_parallel_options(plan)
-    plan.add_argument(
-        "--gguf-file", help="the GGUF file to read in MODEL's folder (e.g. model.Q4_1.gguf): transformers converts it"
+    model.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
+    finetune = plan.add_argument_group("fine-tuning")
+    finetune.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
+    finetune.add_argument(
+        "--quantize",
+        choices=[*QUANT_METHODS, "none", "auto"],
+        help=f"with --finetune: {', '.join(QUANT_METHODS)}, none or auto (default)",
     )
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json())")
+    finetune.add_argument(
+        "--seq-len", type=_positive, help="with --finetune: sequence length for the estimate (default 2048)"
+    )
+    finetune.add_argument(
+        "--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)"
+    )
+    layout = plan.add_argument_group(
+        "the job's layout (without --finetune: each rank's inference plan, as under torchrun)"
+    )
+    add_parallel_options(layout)
+    deprecated = "deprecated alias (it says so when used)"
+    layout.add_argument("--world-size", type=_positive, default=1, help=f"{deprecated}: use --ranks-per-node N")
+    layout.add_argument("--strategy", choices=["ddp", "fsdp", "deepspeed"], help=f"{deprecated}: use --parallelism")
+    layout.add_argument(
+        "--zero-stage", type=int, choices=[1, 2, 3], help=f"{deprecated}: use --parallelism deepspeed-zero2|3"
+    )
 
 
 def _add_launch(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -162,29 +219,29 @@ def _finite(text: str) -> float:
     return value
 
 
-def add_parallel_options(parser: argparse.ArgumentParser) -> None:
+def add_parallel_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """The training job's layout: nodes, ranks per node, the link between nodes, the parallelism asked."""
-    parser.add_argument(
-        "--nodes", type=_positive, help="with --finetune: machines in the job, each like this one (plans parallelism)"
-    )
-    parser.add_argument(
-        "--ranks-per-node", type=_positive, help="with --finetune: processes per node (default: one per GPU; 1 on CPU)"
-    )
+    parser.add_argument("--nodes", type=_positive, help="machines in the job, each like this one (plans parallelism)")
+    parser.add_argument("--ranks-per-node", type=_positive, help="processes per node (default: one per GPU; 1 on CPU)")
     parser.add_argument(
         "--interconnect",
         choices=sorted(INTERCONNECTS),
-        help=f"with --finetune: the link between nodes (default {DEFAULT_INTERCONNECT}, the slow assumption)",
+        metavar="LINK",
+        help=f"with --finetune: the link between nodes, one of {', '.join(sorted(INTERCONNECTS))} (default "
+        f"{DEFAULT_INTERCONNECT}, the slow assumption)",
     )
     parser.add_argument(
         "--parallelism",
         choices=PARALLELISM_CHOICES,
-        help="with --finetune: auto (default), deepspeed, or one strategy, validated and kept",
+        metavar="STRATEGY",
+        help=f"auto (default), deepspeed (its cheapest stage that fits), or one strategy, validated and kept: "
+        f"{', '.join(PARALLELISM_CHOICES[2:])}",
     )
 
 
-def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
+def _add_simulated_machine(plan: argparse.ArgumentParser | argparse._ArgumentGroup, legacy_launch: bool = True) -> None:
     """`cudaload plan`'s options that describe a machine other than this one (GPUs, packages,
-    Hub access, CPU flags, a distributed launch)."""
+    Hub access, CPU flags, and with `legacy_launch` the --world-size/--strategy/--zero-stage launch)."""
     plan.add_argument(
         "--gpu",
         help="simulate this GPU: a name as nvidia-smi prints it or an alias (T4, A100-SXM4-80GB, 'H100 PCIe', "
@@ -212,7 +269,9 @@ def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
         help="start the simulated machine from torch 2.13.0, transformers 5.22.2 and accelerate 1.16.0 (plus "
         "--with) instead of the packages installed here",
     )
-    plan.add_argument("--offline", action="store_true", help="simulate HF_HUB_OFFLINE=1")
+    plan.add_argument(
+        "--offline", action="store_true", help="HF_HUB_OFFLINE=1: read nothing from the network (the local cache only)"
+    )
     plan.add_argument(
         "--hub-kernels",
         action="store_true",
@@ -226,6 +285,8 @@ def _add_simulated_machine(plan: argparse.ArgumentParser) -> None:
         help="a Hub kernel repo the simulated machine has cached",
     )
     plan.add_argument("--cpu-flags", help="simulated CPU flags, e.g. avx2,amx_bf16")
+    if not legacy_launch:
+        return
     plan.add_argument("--world-size", type=_positive, default=1, help="simulate a torchrun launch")
     plan.add_argument(
         "--strategy", choices=["ddp", "fsdp", "deepspeed"], help="with --world-size: the parallelism (default ddp)"

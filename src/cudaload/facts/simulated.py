@@ -21,6 +21,8 @@ __all__ = [
 
 SIMULATED_DEFAULTS = {"torch": "2.13.0", "transformers": "5.22.2", "accelerate": "1.16.0"}
 """What a simulated machine has when neither this machine nor `packages=` says otherwise (the tested set)."""
+TESTED_VERSIONS = {**SIMULATED_DEFAULTS, "peft": "0.21.2", "bitsandbytes": "0.50.2", "kernels": "0.17.2"}
+"""The tested set (constraints/tested.txt): `cudaload plan`'s `--with PKG==VERSION` advice on a simulated machine."""
 
 
 def simulated_packages(told: Mapping[str, str | None], installed: bool) -> tuple[dict[str, str], str]:

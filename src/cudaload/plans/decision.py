@@ -160,15 +160,17 @@ def decision_lines(
     mark_yours: bool = False,
     width: int | None = None,
     cli: bool = False,
+    simulated: Mapping[str, str] | None = None,
 ) -> list[str]:
     """`explain()`'s rows: one per decision (setting, value, reason), its rejected options below it
     marked "x"; `mark_yours` adds "(set by you)" to the caller's own choices. Laid out for `width`
     columns (None: the terminal's), reasons hanging under their column, values whole. `cli`: hints
-    name the CLI's flags (--dtype float16), not Python's arguments (dtype='float16')."""
+    name the CLI's flags (--dtype float16), not Python's arguments (dtype='float16'); with `simulated` (versions
+    to suggest) a package is given to the simulated machine with --with, not installed."""
     from .layout import cli_hints, columns, terminal_width
 
     def said(reason: str) -> str:
-        return cli_hints(reason) if cli else reason
+        return cli_hints(reason, simulated) if cli else reason
 
     rows: list[tuple[str, str, str]] = []
     for d in decisions:

@@ -131,13 +131,29 @@ _FLAGS = {
 _PYTHON_ARGUMENT = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|'[^']*'|\"[^\"]*\")")
 
 
-def cli_hints(text: str) -> str:
+def cli_hints(text: str, simulated: Mapping[str, str] | None = None) -> str:
     """`text` with the Python arguments it suggests (hub_kernels=True, dtype='float16') written as the CLI's
-    flags (--hub-kernels, --dtype float16), for a hint printed by `cudaload`."""
+    flags (--hub-kernels, --dtype float16), for a hint printed by `cudaload`. For a simulated machine
+    (`simulated`: versions to suggest), an install command becomes the flag that gives it the package:
+    `--with PKG==VERSION`."""
 
     def flag(found: re.Match[str]) -> str:
         name, value = found.group(1), found.group(2)
         return _FLAGS[name] if value == "True" else f"{_FLAGS[name]} {value[1:-1]}"
 
+    def with_flags(found: re.Match[str]) -> str:
+        assert simulated is not None
+        flags = []
+        for spec in (found.group(1) + found.group(2)).split():
+            name, _, low = re.sub(r"[<,].*", "", spec.strip("'")).partition(">=")
+            flags.append(f"--with {name}=={low or simulated.get(name, 'VERSION')}")
+        return " ".join(flags)
+
     # The CLI has no use_kernels flag: "--hub-kernels (or use_kernels=True)" names only what it can take.
-    return _PYTHON_ARGUMENT.sub(flag, text).replace("--hub-kernels (or use_kernels=True)", "--hub-kernels")
+    text = _PYTHON_ARGUMENT.sub(flag, text).replace("--hub-kernels (or use_kernels=True)", "--hub-kernels")
+    text = text.replace("use_kernels=True", "--hub-kernels")
+    if simulated is None:
+        return text
+    # "pip install bitsandbytes peft": a second name is taken only when it is a package (not "pip install x or").
+    more = "|".join(re.escape(name) for name in simulated)
+    return re.sub(rf"\bpip install[ ]('[^']+'|[A-Za-z][\w.-]*\w)((?: (?:{more})(?![\w-]|\.\w))*)", with_flags, text)

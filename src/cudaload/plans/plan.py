@@ -203,15 +203,20 @@ class Plan:
 
         width = terminal_width(width)
 
+        from ..facts.simulated import TESTED_VERSIONS
+
+        # On a simulated machine the CLI's way to have a package is --with PKG==VERSION, not pip install.
+        simulated = TESTED_VERSIONS if self.assumed_packages is not None else None
+
         def said(text: str) -> str:
-            return cli_hints(text) if cli else text
+            return cli_hints(text, simulated) if cli else text
 
         # Every continuation line hangs 6 or more in, below any row's start: a reader (and the docs' check)
         # tells a wrapped line from the next row by its indentation.
         lines = wrap(f"cudaload plan for {self.model} on {self.machine}", width, hang=6)
         if self.assumed_packages is not None:
             lines += wrap(f"simulated machine's packages, {self.assumed_packages}", width, "  ", hang=6)
-        lines += decision_lines(self.decisions, width=width, cli=cli)
+        lines += decision_lines(self.decisions, width=width, cli=cli, simulated=simulated)
         estimate = self.finetune.memory_estimate if self.finetune is not None else None
         if estimate:
             assumes = estimate["assumes"]
@@ -231,7 +236,13 @@ class Plan:
             lines += self.generation.explain_lines(width, cli=cli)
         for warning in self.warnings:
             lines += wrap(f"WARNING: {said(warning)}", width, "  ", hang=9)
-        lines.append("  loads as:" if self.finetune is None else "  loads as (then LoRA on top):")
+        device_map = self.kwargs.get("device_map")
+        per_rank = isinstance(device_map, dict) and list(device_map) == [""] and isinstance(device_map[""], int)
+        # A rank's own GPU: what rank 0 passes is shown, and each rank passes its own LOCAL_RANK (issue 46).
+        said_rank = ', on rank 0: each rank passes device_map={"": LOCAL_RANK}' if per_rank else ""
+        then = "then LoRA on top" if self.finetune is not None else ""
+        notes = "; ".join(n for n in (then, said_rank.removeprefix(", ")) if n)
+        lines += wrap(f"loads as{f' ({notes})' if notes else ''}:", width, "  ", hang=6)
         lines += call_lines(f"{self.auto_class}.from_pretrained", self.model, self.kwargs, width, "    ")
         return "\n".join(lines)
 

@@ -20,7 +20,7 @@ from ..plans.checkpoint import CheckpointPlan
 from ..request import Request, TrainingRequest, Workload
 from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import decide_checkpoint_quantization
-from .current_device import current_gpu_when_training, decide_current_device, decide_rank_device
+from .current_device import as_launched, current_gpu_when_training, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, format_bytes, percent
 from .generation import decide_generation
@@ -35,7 +35,7 @@ from .settle import settle_placement
 from .stored_dtype import decide_stored_dtype
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
-from .training import decide_lora, decide_training_arguments
+from .training import decide_lora, decide_training_arguments, missing_peft
 from .tuning import tune_on_gpu
 
 # The edge (cli, bench) takes these too: the strategies --parallelism names, the usable machine doctor reports,
@@ -176,9 +176,9 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
     size = weight_bytes(model, dtype.value, quantize, dequantized_to=dequantized_to)
     quantized = quantize is not None or (checkpoint is not None and dequantized_to is None)
-    where = _placement_section(
-        machine, model, request, size, quantized, section.training_bytes if section is not None else None
-    )
+    placed_on = as_launched(machine, section.plan.parallelism if section is not None else None)
+    training_bytes = section.training_bytes if section is not None else None
+    where = _placement_section(placed_on, model, request, size, quantized, training_bytes)
     decisions += [*where.decisions, use_kernels]
     warnings += where.warnings
     kwargs |= where.kwargs
@@ -253,10 +253,13 @@ def _finetune_section(
     if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
         # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
         quant_config = QUANT_METHODS[quant.value].build(dtype, True)
+    # A job of several ranks planned outside it gets the flags its ranks get (ddp_find_unused_parameters, ...).
+    launched = as_launched(judged, parallel.as_dict() if parallel is not None else None)
     arguments, training_args = decide_training_arguments(
-        judged, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
+        launched, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
     )
-    warnings = (*warnings, *_launched_precision_warnings(judged, model, dtype), *rank_warnings(model, lora_config))
+    warnings = (*missing_peft(machine), *warnings, *_launched_precision_warnings(judged, model, dtype))
+    warnings = (*warnings, *rank_warnings(model, lora_config))
     use_cache = _training_cache(training.gradient_checkpointing)
     plan = FinetunePlan(
         lora=lora_config,

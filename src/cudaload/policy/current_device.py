@@ -7,11 +7,12 @@ device current before they load, because transformers' quantizers read `torch.cu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from ..errors import PlacementError
-from ..facts.machine import Gpu, Launch, Machine
+from ..facts.machine import Gpu, Launch, Machine, Strategy
 from ..facts.model import ModelFacts
 from ..facts.placer import Landing
 from ..plans import Decision, Plan, Rejected
@@ -163,3 +164,21 @@ def current_gpu_when_training(machine: Machine) -> Gpu | None:
     there): the launcher's LOCAL_RANK, else cuda:0 (torch's default)."""
     index = machine.launch.local_rank or 0
     return machine.gpus[index] if index < len(machine.gpus) else None
+
+
+def as_launched(machine: Machine, parallel: Mapping[str, Any] | None) -> Machine:
+    """A training plan for nodes x ranks (`parallel`: FinetunePlan.parallelism) made outside the job is placed as
+    the job's rank 0 places it (each rank passes its own LOCAL_RANK, a sharding strategy no device_map), not as
+    one process on this machine (issue 46: "cuda:0" for a 16-rank DDP job)."""
+    if parallel is None or machine.launch.distributed or not machine.gpus:
+        return machine
+    chosen, ranks = str(parallel["strategy"]), int(parallel["ranks_per_node"])
+    world = int(parallel["nodes"]) * ranks
+    stage = next((int(c) for c in chosen.removeprefix("deepspeed-zero")[:1] if c.isdigit()), None)
+    strategy: Strategy | None = (
+        "ddp" if chosen == "ddp" else "fsdp" if chosen.startswith("fsdp") else "deepspeed" if stage else None
+    )
+    if world <= 1 or strategy is None:  # one rank, or tensor parallelism: placed as planned
+        return machine
+    launch = Launch(world_size=world, local_world_size=ranks, strategy=strategy, zero_stage=stage)
+    return replace(machine, launch=launch)

@@ -310,12 +310,12 @@ def _parts(size: RankSize) -> str:
 
 
 def _numbers(size: RankSize, budget: int) -> str:
-    step = f", step ~{size.step_s:.2f} s" if size.step_s is not None else ""
+    step = f", step ~{seconds(size.step_s)}" if size.step_s is not None else ""
     offload = f" (+{format_bytes(size.cpu_offloaded)} in CPU RAM)" if size.cpu_offloaded else ""
     moved = format_bytes(size.comm_bytes)
     return (
         f"{format_bytes(size.total)} a rank of {format_bytes(budget)}{offload} ({_parts(size)}); {moved} sent per "
-        f"rank per step ({format_bytes(size.cross_node_bytes)} across nodes), comm ~{size.comm_s:.2f} s{step}"
+        f"rank per step ({format_bytes(size.cross_node_bytes)} across nodes), comm ~{seconds(size.comm_s)}{step}"
     )
 
 
@@ -336,7 +336,7 @@ def _rejection(
         return "fits"
     mine = sizes[chosen]
     if size.comm_s > mine.comm_s:
-        comm = f"comm ~{size.comm_s:.2f} s vs ~{mine.comm_s:.2f} s"
+        comm = f"comm ~{seconds(size.comm_s)} vs ~{seconds(mine.comm_s)}"
         return f"fits ({format_bytes(size.total)} a rank) but moves more: {comm}"
     return f"fits ({format_bytes(size.total)} a rank), but {chosen} comes first when both fit"
 
@@ -401,3 +401,12 @@ def parallel_section(
     )
     decision, choice = decide_parallelism(machine, model, layout, shape, training.parallelism, training.batch_size)
     return (decision,), choice
+
+
+def seconds(value: float) -> str:
+    """A time as read at a glance: "1.23 s" from a second up, "4.2 ms" / "37 us" below (never "0.00 s")."""
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} us" if value > 0 else "0 s"

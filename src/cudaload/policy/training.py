@@ -159,6 +159,15 @@ def decide_lora(model: ModelFacts, overrides: Mapping[str, Any] | None) -> tuple
     return Decision("lora", config, reason, rejected, source="user" if yours else "auto"), config
 
 
+def missing_peft(machine: Machine) -> tuple[str, ...]:
+    """A fine-tuning plan for a machine without peft: load_for_finetune there raises, so the plan says it (as a
+    quantize that needs a missing package raises) instead of looking ready."""
+    if machine.software.has("peft"):
+        return ()
+    where = "the simulated machine has no peft" if machine.source == "simulated" else "peft is not installed"
+    return (f"{where}: load_for_finetune needs it to add the LoRA adapters ({install_hint('peft')}).",)
+
+
 def checkpointing_argument(machine: Machine) -> str:
     """TrainingArguments' name for checkpointing: transformers 5.23 renamed `gradient_checkpointing`
     (and `_kwargs`) to `activation_checkpointing`; the old names still work but warn (FutureWarning)."""
