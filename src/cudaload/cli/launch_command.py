@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ..announce import fitted
 from .plan_command import machine_for, parallel_overrides
 
 __all__ = ["launch_command", "lora_overrides"]
@@ -56,9 +57,5 @@ def launch_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     written = files.write(args.out, force=args.force)
     strategy = files.plan.decision("parallelism").value
     steps = files.commands(args.out)
-    return (
-        f"{strategy}: wrote "
-        + ", ".join(str(p) for p in written)
-        + "\nCopy the folder to every node (the same path), then run:\n  "
-        + "\n  ".join(steps)
-    )
+    wrote = f"{strategy}: wrote {len(written)} files into {args.out}: " + ", ".join(p.name for p in written)
+    return fitted(wrote) + "\nCopy the folder to every node (the same path), then run:\n  " + "\n  ".join(steps)
