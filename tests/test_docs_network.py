@@ -89,7 +89,7 @@ def test_a_snippet_reaches_no_network_host(snippet: Any, avx512bf16: bool, docs_
     code, report = tmp_path / "snippet.py", tmp_path / "report.json"
     code.write_text(snippet.code)
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}  # as a user runs it
-    env["CUDALOAD_CACHE"] = str(tmp_path / "cache")
+    env["CUDALOAD_CACHE"] = str(docs_folder / "cache")  # one cache for all: the CPU's dtypes measured once
     argv = [sys.executable, "-c", _GUARD, str(code), str(report), str(TESTS), "1" if avx512bf16 else "0"]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=docs_folder, env=env, timeout=600)
     seen = json.loads(report.read_text())

