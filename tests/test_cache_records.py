@@ -5,6 +5,7 @@ are written into a test cache folder; every reader goes through `cache.read_json
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -272,3 +273,19 @@ def test_read_regular_file_reads_only_small_regular_files(tmp_path: Path) -> Non
     )
     assert out.splitlines() == ["None None None", "b'12345' None", "None None"]
     assert read_regular_file(tmp_path / "small") == b"12345"
+
+
+def test_read_regular_says_why_it_refuses_and_can_refuse_a_link(tmp_path: Path) -> None:
+    from cudaload.regular_file import read_regular, read_regular_or_none
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "small").write_bytes(b"12345")
+    (tmp_path / "link").symlink_to(tmp_path / "small")
+    reasons = {}
+    for name, limit in (("fifo", 10), ("small", 4), ("missing", 10)):
+        with pytest.raises(OSError) as refused:
+            read_regular(tmp_path / name, limit)
+        reasons[name] = refused.value.errno
+    assert reasons == {"fifo": errno.EINVAL, "small": errno.EFBIG, "missing": errno.ENOENT}
+    assert read_regular(tmp_path / "link", 5) == b"12345"
+    assert read_regular_or_none(tmp_path / "link", 5, follow_symlinks=False) is None  # O_NOFOLLOW: ELOOP

@@ -31,6 +31,7 @@ ANYONE = {
     "version",
     "installed",
     "announce",
+    "regular_file",
 }
 """Import nothing of cudaload but each other (exceptions, tables of upstream facts, transformers' first import under
 a lock, the version string, the installed distributions' names and versions, the announcement of a long step) and

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CudaloadWarning
+from ..regular_file import read_regular_or_none
 
 __all__ = [
     "MAX_READ_BYTES",
@@ -103,34 +104,9 @@ def cache_key(value: str | Mapping[str, Any]) -> str:
 
 
 def read_regular_file(path: str | os.PathLike[str], limit: int = MAX_READ_BYTES) -> bytes | None:
-    """The bytes of `path` when it is a regular file of at most `limit` bytes, else None.
-
-    A FIFO, a device (a symlink to /dev/zero), a folder or a larger file is never read: the file is
-    opened non-blocking (so a FIFO without a writer does not block the open) and checked with
-    fstat on the opened descriptor (so it cannot be swapped between the check and the read).
-    """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        chunks: list[bytes] = []
-        size = 0
-        while size <= limit:
-            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks) if size <= limit else None  # grew past the limit while read
+    """The bytes of `path` when it is a regular file of at most `limit` bytes, else None (regular_file.py: a FIFO,
+    a device, a folder or a larger file is never read)."""
+    return read_regular_or_none(path, limit)
 
 
 class Positive:

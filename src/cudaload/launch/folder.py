@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..errors import SettingError
+from ..regular_file import read_regular_or_none
 from .job import MANIFEST
 from .manifest import MAX_BYTES, sha256
 
@@ -24,18 +25,11 @@ _EXECUTABLE = (".sh", ".sbatch")
 
 def _listed(folder: Path) -> dict[str, str] | None:
     """The digests the folder's own manifest lists (its files, by name), or None when it has no readable one."""
+    raw = read_regular_or_none(folder / MANIFEST, MAX_BYTES, follow_symlinks=False)
     try:
-        fd = os.open(folder / MANIFEST, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        manifest = json.loads(raw) if raw is not None else None
+    except (ValueError, RecursionError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        manifest = json.loads(os.read(fd, MAX_BYTES + 1))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
 

@@ -4,17 +4,15 @@ bounded regular file and checked against its schema (`read_manifest`)."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
-import os
-import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import LaunchManifestError
 from ..plans import Plan
+from ..regular_file import read_regular
 from .job import LAUNCH_ENV, MANIFEST
 
 __all__ = [
@@ -70,24 +68,6 @@ def model_identity(plan: Plan) -> dict[str, Any]:
     return identity
 
 
-def _read_bounded(path: str) -> bytes:
-    """The bytes of `path`, a regular file of at most MAX_BYTES; opened without blocking, so that a FIFO is
-    refused instead of waited on, and its type checked on the open descriptor (no race with a rename)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or folder)")
-        if info.st_size > MAX_BYTES:
-            raise OSError(errno.EFBIG, f"{info.st_size} bytes, more than a manifest's {MAX_BYTES}")
-        data = os.read(fd, MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            raise OSError(errno.EFBIG, f"more than a manifest's {MAX_BYTES} bytes")
-        return data
-    finally:
-        os.close(fd)
-
-
 _SCHEMA: dict[str, tuple[type, ...]] = {
     "model": (str,),
     "nodes": (int,),
@@ -128,7 +108,7 @@ def read_manifest(env: Mapping[str, str]) -> dict[str, Any] | None:
         return None
     again = f"Copy the {MANIFEST} of the launch files to every node at that path, or unset {LAUNCH_ENV}."
     try:
-        manifest = json.loads(_read_bounded(where))
+        manifest = json.loads(read_regular(where, MAX_BYTES))
     except (OSError, ValueError) as exc:
         raise LaunchManifestError(
             f"{LAUNCH_ENV}={where!r} names the plan this launch was written from, but it cannot be read ({exc}). "

@@ -18,7 +18,6 @@ import hashlib
 import json
 import os
 import socket
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from ..errors import SettingError
 from ..installed import dist_version, installed_versions
+from ..regular_file import read_regular_or_none
 from ..upstream_flash import FLASH_DISTRIBUTIONS
 
 __all__ = [
@@ -145,30 +145,12 @@ def _stat_row(name: str, info: os.stat_result) -> tuple[str, int, int, int, int,
 
 def _shards(index: Path) -> set[str]:
     """The files a weights index's `weight_map` names (empty when it cannot be read)."""
-    raw = _read_small(index, _MAX_INDEX_BYTES)
+    raw = read_regular_or_none(index, _MAX_INDEX_BYTES)
     try:
         weight_map = json.loads(raw or b"{}").get("weight_map") or {}
     except (ValueError, AttributeError, RecursionError):
         return set()
     return {v for v in weight_map.values() if isinstance(v, str)} if isinstance(weight_map, dict) else set()
-
-
-def _read_small(path: Path, limit: int) -> bytes | None:
-    """The bytes of `path` when it is a regular file of at most `limit` bytes owned by this user, else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            return handle.read(limit + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _runtime_versions() -> dict[str, str]:
@@ -191,7 +173,7 @@ def judge(proof: CheckProof) -> Judged:
             sort_keys=True,
         ).encode()
     ).hexdigest()[:32]
-    raw = _read_small(Path(proof.path), _MAX_RECORD_BYTES)
+    raw = read_regular_or_none(Path(proof.path), _MAX_RECORD_BYTES)
     try:
         record = json.loads(raw) if raw is not None else None
     except (ValueError, RecursionError):
