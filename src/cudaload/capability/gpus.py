@@ -12,12 +12,21 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..facts.machine import Gpu
 from .visible import RawDevice, RawMigSlice, visible_gpus
 
-__all__ = ["GpuProbe", "GpuReport", "NvmlProbe", "ProbeFailed", "TorchProbe", "late_visibility_warning", "probe_gpus"]
+__all__ = [
+    "GpuProbe",
+    "GpuReport",
+    "NvmlProbe",
+    "ProbeFailed",
+    "TorchProbe",
+    "TorchRuntimeProbe",
+    "late_visibility_warning",
+    "probe_gpus",
+]
 
 
 class ProbeFailed(Exception):
@@ -183,7 +192,24 @@ class NvmlProbe:
             raise ProbeFailed(f"NVML failed while listing GPUs: {exc}") from exc
 
 
-class TorchProbe:
+_P = TypeVar("_P", bound="TorchRuntimeProbe")
+
+
+class TorchRuntimeProbe:
+    """What the probes that ask torch's own runtime (CUDA, ROCm, XPU, MPS) share: nothing to open or close (a
+    runtime, once started, lives as long as the process) and no driver version torch reports."""
+
+    def __enter__(self: _P) -> _P:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def driver_version(self) -> str | None:
+        return None
+
+
+class TorchProbe(TorchRuntimeProbe):
     """Fallback when NVML cannot answer. torch.cuda applies CUDA_VISIBLE_DEVICES itself and
     initialises CUDA in this process, so it is used only when NVML failed."""
 
@@ -200,15 +226,6 @@ class TorchProbe:
         if not torch.cuda.is_available():
             raise ProbeFailed("torch sees no CUDA device")
         self._torch: Any = torch
-
-    def __enter__(self) -> TorchProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None  # a CUDA context, once created, lives as long as the process
-
-    def driver_version(self) -> str | None:
-        return None
 
     def devices(self) -> list[RawDevice]:
         cuda = self._torch.cuda

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..facts.catalog import gfx_capability
 from ..facts.hardware import Gpu
-from .gpus import ProbeFailed
+from .gpus import ProbeFailed, TorchRuntimeProbe
 from .software import torch_hip_version
 from .visible import RawDevice, as_visible_gpus, select_visible
 
@@ -150,7 +150,7 @@ class AmdSmiProbe:
             raise ProbeFailed(f"amdsmi failed while listing GPUs: {type(exc).__name__}: {exc}") from exc
 
 
-class RocmTorchProbe:
+class RocmTorchProbe(TorchRuntimeProbe):
     """Fallback when amdsmi cannot answer: a ROCm torch's own device properties (name, gcnArchName,
     total_memory). On ROCm `torch.cuda.get_device_properties` starts HIP in this process (a context, as CUDA's
     torch fallback does), so it is asked only after amdsmi; it launches no kernel. HIP applies
@@ -175,15 +175,6 @@ class RocmTorchProbe:
         if not torch.cuda.is_available():
             raise ProbeFailed("torch (ROCm) sees no GPU")
         self._torch: Any = torch
-
-    def __enter__(self) -> RocmTorchProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def driver_version(self) -> str | None:
-        return None
 
     def devices(self) -> list[RawDevice]:
         cuda = self._torch.cuda

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .gpus import ProbeFailed
+from .gpus import ProbeFailed, TorchRuntimeProbe
 from .visible import RawDevice
 
 __all__ = ["MpsProbe", "XpuTorchProbe", "apple_chip", "intel_arch", "torch_mps_built", "torch_xpu_version"]
@@ -62,7 +62,7 @@ def apple_chip(name: str) -> str:
     return f"m{match.group(1)}" if match else "apple"
 
 
-class XpuTorchProbe:
+class XpuTorchProbe(TorchRuntimeProbe):
     """Intel GPUs through an XPU torch: counted without starting the runtime, then read (which starts it)."""
 
     name = "xpu-torch"
@@ -78,15 +78,6 @@ class XpuTorchProbe:
         if torch.xpu.device_count() < 1:
             raise ProbeFailed("torch (XPU) sees no GPU")
         self._torch: Any = torch
-
-    def __enter__(self) -> XpuTorchProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def driver_version(self) -> str | None:
-        return None
 
     def devices(self) -> list[RawDevice]:
         xpu = self._torch.xpu
@@ -109,7 +100,7 @@ class XpuTorchProbe:
         return found
 
 
-class MpsProbe:
+class MpsProbe(TorchRuntimeProbe):
     """The Apple GPU through torch's Metal backend: one device, "mps", sharing the Mac's memory."""
 
     name = "mps-torch"
@@ -123,15 +114,6 @@ class MpsProbe:
         if not torch.backends.mps.is_available():
             raise ProbeFailed("torch.backends.mps.is_available() is False")
         self._torch: Any = torch
-
-    def __enter__(self) -> MpsProbe:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-    def driver_version(self) -> str | None:
-        return None
 
     def devices(self) -> list[RawDevice]:
         mps = self._torch.backends.mps
