@@ -151,9 +151,10 @@ def test_torchrun_two_nodes_ddp_as_written(lora_model: Path, tmp_path: Path) -> 
         assert report["world"] == 4 and report["layout"] == [2, 2] and report["parallelism"] == "ddp"
         assert report["invariants"] == planned
         assert report["manifest"] == str(tmp_path / "cudaload-launch.json")
-        # Not bitwise: DDP averages the ranks' gradients in another order than one process sums them, and AdamW's
-        # first steps (~lr x sign of the gradient) carry that rounding on; seen up to 1.3e-6 relative by step 3.
-        assert report["losses"] == pytest.approx(reference, rel=1e-5, abs=0)
+        # Not bitwise: DDP averages the ranks' gradients in another order than one process sums them (and each
+        # torchrun rank computes on one thread, the reference on two), and AdamW's first steps (~lr x sign of the
+        # gradient) carry that rounding on: 1.3e-6 relative by step 3 in one run, 2.0e-5 in a CI run.
+        assert report["losses"] == pytest.approx(reference, rel=1e-4, abs=0)
     _assert_memory(reports)
 
 
