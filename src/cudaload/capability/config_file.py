@@ -62,8 +62,9 @@ def load_config(
     except RuntimeError as exc:
         if type(exc).__name__ != "AmbiguousGlobalPerLayerAttributeError":
             raise
-        # transformers 5.25 integrations/heterogeneity/configuration_utils.py: a per-layer attribute that differs
-        # between layers cannot be read globally, and this config class's own validation reads it so.
+        # transformers 5.25 integrations/heterogeneity/configuration_utils.py: AmbiguousGlobalPerLayerAttributeError
+        # (5.22 too), raised when a per-layer attribute that differs between layers is read globally, as this
+        # config class's own validation reads it.
         raise ModelConfigError(
             f"transformers cannot build the config of {name!r}: its per_layer_config gives layers different values "
             f"of an attribute its config class reads for the whole model ({str(exc).splitlines()[0].rstrip('.')}), "
