@@ -20,10 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from ..upstream import version_at_least
+
 if TYPE_CHECKING:
     from .software import Software
 
-__all__ = ["Platform", "PlatformGpu", "Tf32"]
+__all__ = ["Platform", "PlatformGpu", "Tf32", "bitsandbytes_since"]
 
 
 class PlatformGpu(Protocol):
@@ -117,3 +119,19 @@ class Platform:
     flash_arch_rules: bool = True
     min_driver: Mapping[int, str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()
+
+
+def bitsandbytes_since(minimum: str, runtime: str) -> Callable[[str, Software], str | None]:
+    """A `Platform.quant_installed` rule: bitsandbytes older than `minimum`, the first release planned on
+    `runtime` ("XPU", "Metal"), cannot run there; other packages and an absent bitsandbytes pass."""
+
+    def rule(package: str, software: Software) -> str | None:
+        version = software.version(package)
+        if package != "bitsandbytes" or version is None or version_at_least(version, minimum):
+            return None
+        return (
+            f"bitsandbytes {version} is older than {minimum}, the first release planned on {runtime} "
+            f"(pip install 'bitsandbytes>={minimum}')"
+        )
+
+    return rule

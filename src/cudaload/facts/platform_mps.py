@@ -22,8 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..upstream import version_at_least
-from .platform import Platform, PlatformGpu, Tf32
+from .platform import Platform, PlatformGpu, Tf32, bitsandbytes_since
 
 if TYPE_CHECKING:
     from .software import Software
@@ -59,16 +58,6 @@ BITSANDBYTES_SINCE = "0.50.2"
 Metal; older releases are not checked here."""
 
 
-def _quant_installed(package: str, software: Software) -> str | None:
-    version = software.version(package)
-    if package != "bitsandbytes" or version is None or version_at_least(version, BITSANDBYTES_SINCE):
-        return None
-    return (
-        f"bitsandbytes {version} is older than {BITSANDBYTES_SINCE}, the first release planned on Metal "
-        f"(pip install 'bitsandbytes>={BITSANDBYTES_SINCE}')"
-    )
-
-
 def _simulate(software: Software) -> Software:
     return replace(software, torch_mps=True)
 
@@ -92,7 +81,7 @@ APPLE = Platform(
         "has nothing to page to: fused AdamW"
     ),
     quant_backend=_quant_backend,
-    quant_installed=_quant_installed,
+    quant_installed=bitsandbytes_since(BITSANDBYTES_SINCE, "Metal"),
     flash_order=lambda gpu: ("flash_attention_2", "flash_attention_3", "flash_attention_4"),
     flash_generation=_flash_generation,
     flash_arch_rules=False,

@@ -21,8 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..upstream import version_at_least
-from .platform import Platform, PlatformGpu, Tf32
+from .platform import Platform, PlatformGpu, Tf32, bitsandbytes_since
 
 if TYPE_CHECKING:
     from .software import Software
@@ -64,16 +63,6 @@ BITSANDBYTES_SINCE = "0.48.0"
 officially supported platforms; 0.50.2 ships libbitsandbytes_xpu*.so."""
 
 
-def _quant_installed(package: str, software: Software) -> str | None:
-    version = software.version(package)
-    if package != "bitsandbytes" or version is None or version_at_least(version, BITSANDBYTES_SINCE):
-        return None
-    return (
-        f"bitsandbytes {version} is older than {BITSANDBYTES_SINCE}, the first release planned on XPU "
-        f"(pip install 'bitsandbytes>={BITSANDBYTES_SINCE}')"
-    )
-
-
 def _simulate(software: Software) -> Software:
     # torch's xpu wheels report their oneAPI release as torch.version.xpu ("20250101" style): a simulated build.
     return replace(software, torch_xpu="20250101")
@@ -95,7 +84,7 @@ INTEL = Platform(
     tf32=_tf32,
     paged_optimizers=None,  # bitsandbytes 0.50.2 XpuBNBNativeLibrary: cget_managed_ptr (SYCL USM)
     quant_backend=_quant_backend,
-    quant_installed=_quant_installed,
+    quant_installed=bitsandbytes_since(BITSANDBYTES_SINCE, "XPU"),
     flash_order=lambda gpu: ("flash_attention_2", "flash_attention_3", "flash_attention_4"),
     flash_generation=_flash_generation,
     flash_arch_rules=False,
