@@ -263,3 +263,13 @@ def test_a_rank_that_plans_otherwise_names_both_values(tmp_path: Path) -> None:
     with pytest.raises(LaunchMismatchError, match="cannot be read"):
         read_manifest({"CUDALOAD_LAUNCH": str(tmp_path / "broken.json")})
     assert read_manifest({}) is None
+
+
+def test_the_sized_micro_batch_reaches_trainingarguments() -> None:
+    # TrainingArguments' default (8 a rank) is not what the ranks were sized for: the plan carries the micro-batch.
+    plan = _plan(L7, nodes=2, batch_size=3)
+    decision = plan.decision("training.per_device_train_batch_size")
+    assert decision.value == 3 == plan.finetune.parallelism["sizes"]["ddp"]["micro_batch"]
+    assert cudaload.training_arguments(plan, output_dir="o")["per_device_train_batch_size"] == 3
+    one_process = cudaload.plan(L7, machine=H100, finetune=True)
+    assert "per_device_train_batch_size" not in one_process.finetune.training_arguments

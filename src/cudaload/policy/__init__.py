@@ -22,6 +22,7 @@ from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import decide_checkpoint_quantization
 from .current_device import as_launched, current_gpu_when_training, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
+from .engine_arguments import engine_arguments
 from .fit import HEADROOM, format_bytes, percent
 from .generation import decide_generation
 from .kernels import decide_use_kernels
@@ -258,6 +259,9 @@ def _finetune_section(
     arguments, training_args = decide_training_arguments(
         launched, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
     )
+    engine = engine_arguments(parallel, training)
+    arguments = (*arguments, *engine)
+    training_args = {**training_args, **{d.setting.removeprefix("training."): d.value for d in engine}}
     warnings = (*missing_peft(machine), *warnings, *_launched_precision_warnings(judged, model, dtype))
     warnings = (*warnings, *rank_warnings(model, lora_config))
     use_cache = _training_cache(training.gradient_checkpointing)
