@@ -14,7 +14,7 @@ from pathlib import Path
 from packaging.version import Version
 
 SRC = Path(__file__).parents[1] / "src" / "cudaload"
-PACKAGES = ("transformers", "peft", "bitsandbytes", "accelerate", "kernels", "torchao", "torch")
+PACKAGES = ("transformers", "peft", "bitsandbytes", "accelerate", "kernels", "torchao", "torch", "deepspeed")
 _VERSION = r"\d+\.\d+(?:\.\d+)?"
 CITATION = re.compile(
     rf"(?:\b(?P<package>{'|'.join(PACKAGES)}) )?(?P<low>{_VERSION})(?:-(?P<high>{_VERSION}))? "

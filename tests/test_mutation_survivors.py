@@ -1123,27 +1123,32 @@ def test_bitsandbytes_older_than_transformers_accepts_is_refused_on_any_device(
             cudaload.plan(LLAMA_SHAPES["7B"], machine=machine, finetune=True, quantize="4bit")
 
 
-def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_root_too() -> None:
-    """policy/rank_sizing.py (its docstring): FSDP2 full shard and ZeRO-3 hold two layers unsharded on each
-    rank, the one running and the one prefetched; FSDP2 also its root module's own parameters (embeddings,
-    lm_head), hybrid shard the same; ZeRO-3 partitions those too."""
+def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_tail_too() -> None:
+    """policy/rank_sizing.py (its docstring): FSDP2 full shard holds two layers unsharded on each rank, the one
+    running and the one prefetched, and the tail unit accelerate's fsdp2_prepare_model keeps whole (final norm +
+    lm_head; the input embeddings are their own unit), hybrid shard the same; ZeRO-3 gathers 4 bytes a parameter
+    of the largest layer (DeepSpeed's estimator) and stages its one reduce bucket; ZeRO-2 keeps whole weights
+    (nothing gathered) but its fp32 gradient partition and two reduce buckets."""
     from cudaload.facts.interconnect import ParallelLayout, interconnect
     from cudaload.facts.shapes import LLAMA_SHAPES
     from cudaload.policy.parallelism import full_training_shape
     from cudaload.policy.rank_sizing import size_rank
 
-    shape = full_training_shape(LLAMA_SHAPES["7B"], dtype="bfloat16", seq_len=2048, checkpointing=True)
+    model = LLAMA_SHAPES["7B"]
+    shape = full_training_shape(model, dtype="bfloat16", seq_len=2048, checkpointing=True)
     layout = ParallelLayout(2, 8, interconnect(None))
-    assert shape.layer_bytes > 0 and shape.root_bytes > 0
+    assert shape.layer_bytes > 0 and shape.root_bytes > shape.tail > 0
     buffers = {
         strategy: size_rank(strategy, shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0).buffers
         for strategy in ("fsdp", "fsdp-hybrid", "deepspeed-zero3", "deepspeed-zero3-offload")
     }
-    two_layers = 2 * shape.layer_bytes
-    assert buffers["fsdp"] == buffers["fsdp-hybrid"] == two_layers + shape.root_bytes
-    assert buffers["deepspeed-zero3"] == buffers["deepspeed-zero3-offload"] == two_layers
+    assert buffers["fsdp"] == buffers["fsdp-hybrid"] == 2 * shape.layer_bytes + shape.tail
+    bucket = 500_000_000 * 2
+    largest = 4 * model.vocab_size * model.hidden_size
+    assert buffers["deepspeed-zero3-offload"] == largest + bucket
+    assert buffers["deepspeed-zero3"] == largest + bucket + 2 * model.parameters // 16
     zero2 = size_rank("deepspeed-zero2", shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0)
-    assert zero2.buffers == 0 and zero2.cpu_offloaded == 0  # ZeRO-2 keeps whole weights: nothing gathered
+    assert zero2.buffers == 2 * bucket + 4 * model.parameters // 16 and zero2.cpu_offloaded == 0
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, cast
 
-from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS
+from ..errors import SettingError
+from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, interconnect
 from ..facts.quant_methods import QUANT_METHODS
 from ..policy import PARALLELISM_CHOICES
 
@@ -30,6 +31,15 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a whole number of at least 1")
     return value
+
+
+def _link(text: str) -> str:
+    """An argparse type: a known link, optionally with the NICs a node has ("ethernet-100g:2"), kept as given."""
+    try:
+        interconnect(text)
+    except SettingError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
 
 
 def _version() -> str:
@@ -225,10 +235,11 @@ def add_parallel_options(parser: argparse.ArgumentParser | argparse._ArgumentGro
     parser.add_argument("--ranks-per-node", type=_positive, help="processes per node (default: one per GPU; 1 on CPU)")
     parser.add_argument(
         "--interconnect",
-        choices=sorted(INTERCONNECTS),
-        metavar="LINK",
-        help=f"with --finetune: the link between nodes, one of {', '.join(sorted(INTERCONNECTS))} (default "
-        f"{DEFAULT_INTERCONNECT}, the slow assumption)",
+        type=_link,
+        metavar="LINK[:NICS]",
+        help=f"with --finetune: the link between nodes, one of {', '.join(sorted(INTERCONNECTS))}, optionally with "
+        "the NICs a node has after a colon (default: one per GPU for infiniband/roce/nvlink, one for ethernet; "
+        f"e.g. ethernet-100g:2) (default {DEFAULT_INTERCONNECT}, the slow assumption)",
     )
     parser.add_argument(
         "--parallelism",

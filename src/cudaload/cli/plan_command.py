@@ -23,6 +23,7 @@ _AS_LAUNCHED: dict[str, tuple[Any, int | None]] = {
     "fsdp": ("fsdp", None),
     "fsdp-hybrid": ("fsdp", None),
     "deepspeed": ("deepspeed", None),
+    "deepspeed-zero1": ("deepspeed", 1),
     "deepspeed-zero2": ("deepspeed", 2),
     "deepspeed-zero3": ("deepspeed", 3),
     "deepspeed-zero3-offload": ("deepspeed", 3),

@@ -3,11 +3,16 @@ plan's step-time estimate divides by. Plain data, each figure with its source.
 
 Bandwidths are per direction, at line rate. A collective reaches less (NCCL's bus bandwidth is
 typically 80-90 % of line rate in nccl-tests), so the estimate multiplies by `LINK_EFFICIENCY`.
+
+A node's NICs work in parallel: NCCL builds its rings and trees per rail (one channel per NIC, GPU n of each node
+on NIC n), so what crosses between nodes is carried by all of a node's NICs at once. `--interconnect` names the
+link and, after a colon, the NICs a node has: "infiniband-ndr" (one NIC per GPU, as DGX nodes are built),
+"infiniband-ndr:4", "ethernet-100g:2".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SettingError
 
@@ -15,6 +20,7 @@ __all__ = [
     "DEFAULT_INTERCONNECT",
     "INTERCONNECTS",
     "LINK_EFFICIENCY",
+    "MAX_NICS",
     "Interconnect",
     "ParallelLayout",
     "gpu_link",
@@ -65,7 +71,8 @@ class Interconnect:
         return self.gbit_per_port * 1e9 / 8 * (self.ports_per_node or gpus_per_node)
 
     def per_gpu_bytes_per_s(self, gpus_per_node: int) -> float:
-        """Each GPU's share of the node's link when all of them talk across nodes at once."""
+        """Each GPU's share of the node's NICs when all of them talk across nodes at once: its own rail where a
+        node has a NIC per GPU, a share of a NIC where it has fewer."""
         return self.node_bytes_per_s(gpus_per_node) / max(gpus_per_node, 1)
 
 
@@ -81,6 +88,9 @@ INTERCONNECTS: dict[str, Interconnect] = {
     )
 }
 
+MAX_NICS = 64
+"""The most NICs a node may be said to have (`--interconnect NAME:NICS`): more is a typo."""
+
 DEFAULT_INTERCONNECT = "ethernet-100g"
 """Assumed when you say nothing: one 100 GbE NIC per node. A plan that assumed a fabric you do not have would
 pick full sharding across nodes and then run at the network's pace; assuming the slow link costs at most a
@@ -88,14 +98,28 @@ less aggressive (hybrid) sharding. Pass `--interconnect` for yours."""
 
 
 def interconnect(name: str | None) -> Interconnect:
-    """The link called `name` (None: the default); an unknown name raises, listing the known ones."""
-    key = DEFAULT_INTERCONNECT if name is None else str(name).lower().replace("_", "-")
+    """The link called `name` (None: the default), "NAME" or "NAME:NICS" (the NICs a node has, each at the link's
+    rate); an unknown name or a bad NIC count raises, saying what is accepted."""
+    text = DEFAULT_INTERCONNECT if name is None else str(name).strip().lower().replace("_", "-")
+    key, colon, count = text.partition(":")
     if key not in INTERCONNECTS:
         raise SettingError(
-            f"interconnect={name!r} is not a link cudaload knows. Pass one of {sorted(INTERCONNECTS)}, or leave it "
-            f"unset for {DEFAULT_INTERCONNECT} (the slow default)."
+            f"interconnect={name!r} is not a link cudaload knows. Pass one of {sorted(INTERCONNECTS)}, optionally "
+            f"with the NICs a node has after a colon (e.g. 'ethernet-100g:2'), or leave it unset for "
+            f"{DEFAULT_INTERCONNECT} (the slow default)."
         )
-    return INTERCONNECTS[key]
+    link = INTERCONNECTS[key]
+    if not colon:
+        return link
+    if not count.isdigit() or not 1 <= int(count) <= MAX_NICS:
+        raise SettingError(
+            f"interconnect={name!r}: {count!r} is not a NIC count. After the colon put the NICs each node has, a "
+            f"whole number from 1 to {MAX_NICS} (e.g. '{key}:2'), or leave it out for {link.label}."
+        )
+    nics = int(count)
+    rate = f"{link.gbit_per_port:g} Gb/s"
+    label = f"{link.label.split(' (')[0]} ({nics} x {rate} NIC{'s' if nics > 1 else ''} a node)"
+    return replace(link, name=f"{key}:{nics}", ports_per_node=nics, label=label)
 
 
 # Per GPU, per direction: (bytes/s, what). NVLink-connected (SXM) parts by their NVML names, NVLink-bridged (NVL)

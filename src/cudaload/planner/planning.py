@@ -89,9 +89,11 @@ def plan(
             `parallelism` and sizes each rank. Default None: only under a multi-rank launch.
         ranks_per_node: Fine-tuning only: processes per node (default None: one per GPU; 1 on a CPU).
         interconnect: Fine-tuning only: the link between nodes, one of
-            `cudaload.facts.interconnect.INTERCONNECTS` (default None: "ethernet-100g", the slow one).
+            `cudaload.facts.interconnect.INTERCONNECTS`, optionally with the NICs a node has after a colon
+            ("ethernet-100g:2"; default None: "ethernet-100g", the slow one).
         parallelism: Fine-tuning only: "auto" (default), "deepspeed" or one strategy ("ddp", "fsdp",
-            "fsdp-hybrid", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload", "tp+fsdp").
+            "fsdp-hybrid", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload",
+            "tp+fsdp").
         **overrides: from_pretrained keyword arguments. cudaload's own settings (`attn_implementation`,
             `dtype` or its old name `torch_dtype`, `device_map`, `max_memory`, `use_kernels`) are validated
             and honoured; any other is passed through untouched (those that choose the files, e.g.

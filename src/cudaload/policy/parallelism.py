@@ -1,5 +1,5 @@
 """The parallelism of a training job on `nodes` x `ranks_per_node`: DDP, FSDP2 (full or hybrid shard),
-DeepSpeed ZeRO-2/3 (with CPU offload), or tensor parallel inside a node; sized by rank_sizing.py.
+DeepSpeed ZeRO-1/2/3 (with CPU offload), or tensor parallel inside a node; sized by rank_sizing.py.
 
 The rule, in order: DDP when a whole training state fits each GPU (the least communication: one gradient
 all-reduce); else FSDP2 sharding, hybrid (shard inside a node, replicate across nodes) when its shard fits
@@ -53,6 +53,7 @@ _WHAT = {
     "ddp": "DDP: a whole copy per rank, gradients all-reduced",
     "fsdp": "FSDP2 full shard: weights, gradients and optimizer states split over every rank",
     "fsdp-hybrid": "FSDP2 hybrid shard: split inside a node, replicated across nodes",
+    "deepspeed-zero1": "DeepSpeed ZeRO-1: optimizer states split, weights and gradients whole",
     "deepspeed-zero2": "DeepSpeed ZeRO-2: gradients and optimizer states split, weights whole",
     "deepspeed-zero3": "DeepSpeed ZeRO-3: weights, gradients and optimizer states split",
     "deepspeed-zero3-offload": "DeepSpeed ZeRO-3 with the optimizer in CPU RAM",
@@ -93,13 +94,18 @@ def training_shape(
     tokens: int,
     checkpointing: bool,
     lora_bytes: int | None = None,
+    quantized: bool = False,
 ) -> TrainingShape:
     """The sizing inputs from the model's facts and the plan's numbers."""
     layers = model.num_layers or 1
     hidden = model.hidden_size or 0
-    embeddings = (model.vocab_size or 0) * hidden * 2  # input embeddings and lm_head (counted apart if untied)
+    vocab = model.vocab_size or 0
+    embeddings = vocab * hidden * 2  # input embeddings and lm_head (counted apart if untied)
     per_layer = max((model.parameters - embeddings) // layers, model.parameters // (2 * layers))
     scale = weight_bytes / max(model.parameters, 1)  # bytes per weight as loaded (quantized or not)
+    # DeepSpeed's largest layer (runtime/zero/stage3.py: model_to_params): one module's own parameters, the
+    # embeddings (vocab x hidden) or the widest projection.
+    largest = max([vocab * hidden, *(fan_in * fan_out for _, fan_in, fan_out, _ in model.linear_shapes)])
     return TrainingShape(
         parameters=model.parameters,
         weight_bytes=weight_bytes,
@@ -112,11 +118,15 @@ def training_shape(
         tokens_per_sample=tokens,
         checkpointing=checkpointing,
         lora_bytes=lora_bytes,
+        largest_module=largest,
+        # FSDP2's tail unit, gathered in the compute dtype (lm_head is never quantized): lm_head + the final norm.
+        tail_bytes=(vocab * hidden + hidden) * BYTES[dtype] if vocab and hidden else None,
+        quantized=quantized,
     )
 
 
 def full_training_shape(model: ModelFacts, *, dtype: str, seq_len: int, checkpointing: bool) -> TrainingShape:
-    """Full training (every weight trained, mixed-precision AdamW) of `model`: activations per sequence from
+    """Full training (every weight trained, loaded in `dtype`) of `model`: activations per sequence from
     Korthikanti et al. 2022 (34·h bytes a token and layer in 16 bit, without the attention-scores term that
     fused attention never stores), each layer's input kept under checkpointing, and the loss's logits."""
     hidden, layers, d = model.hidden_size or 0, model.num_layers or 1, BYTES[dtype]
@@ -242,7 +252,9 @@ def largest_micro_batch(
     """The most sequences per rank that fit `budget` (activations grow linearly with the micro-batch)."""
     one = size_rank(strategy, shape, layout, micro_batch=1, gpu_link=link, tflops=tflops, overhead=over)
     per = max(one.activations, 1)
-    room = budget - (one.total - one.activations)
+    if one.load_gpu + one.overhead > budget:
+        return 0  # loading alone does not fit
+    room = budget - (one.training - one.activations)
     return max(0, min(MAX_MICRO_BATCH, room // per))
 
 
@@ -306,7 +318,8 @@ def _refuse(requested: str, sizes: dict[str, RankSize], strategy: str) -> None:
 def _parts(size: RankSize) -> str:
     parts = [("weights", size.weights), ("gradients", size.gradients), ("optimizer", size.states)]
     parts += [("activations", size.activations), ("buffers", size.buffers)]
-    return ", ".join(f"{name} {format_bytes(n)}" for name, n in parts if n)
+    text = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts if n)
+    return text + (f"; {format_bytes(size.load_gpu)} while loading" if size.load_gpu > size.training else "")
 
 
 def _numbers(size: RankSize, budget: int) -> str:
@@ -398,6 +411,7 @@ def parallel_section(
         tokens=training.seq_len,
         checkpointing=training.gradient_checkpointing,
         lora_bytes=estimate.lora,
+        quantized=quantize is not None,
     )
     decision, choice = decide_parallelism(machine, model, layout, shape, training.parallelism, training.batch_size)
     return (decision,), choice
