@@ -74,18 +74,19 @@ def test_full_shard_when_a_node_cannot_hold_the_model() -> None:
     assert {r.value: r.reason for r in decision.rejected}["fsdp-hybrid"].startswith("does not fit")
 
 
-def test_tensor_parallel_inside_a_node_when_sharding_alone_does_not_fit() -> None:
-    decision, choice = _full(L70, 4, checkpointing=False)
-    assert decision.value == "tp+fsdp"
-    assert choice.sizes["fsdp"].total > choice.budget and choice.sizes["fsdp-hybrid"].total > choice.budget
-    # Without a tp_plan transformers cannot shard the layers: TP is not an option, and the reason says why.
-    decision, _ = _full(replace(L70, tp_plan=False), 4, checkpointing=False)
+def test_tensor_parallel_is_never_the_training_choice_even_when_sharding_alone_does_not_fit() -> None:
+    decision, choice = _full(L70, 2)
     assert decision.value != "tp+fsdp"
+    assert choice.sizes["fsdp"].total > choice.budget and choice.sizes["fsdp-hybrid"].total > choice.budget
+    assert "not offered for training" in {r.value: r.reason for r in decision.rejected}["tp+fsdp"]
+    # Without a tp_plan transformers cannot shard the layers: that reason comes first.
+    decision, _ = _full(replace(L70, tp_plan=False), 2)
     assert "base_model_tp_plan" in {r.value: r.reason for r in decision.rejected}["tp+fsdp"]
 
 
 def test_zero3_offload_when_only_offload_fits_and_nothing_when_nothing_does() -> None:
-    decision, choice = _full(L70, 1, link=None)
+    roomy = cudaload.Machine.simulated("H100", count=8, cpu_memory_gib=2048)  # the node's RAM holds the offload
+    decision, choice = _full(L70, 1, machine=roomy, link=None)
     assert decision.value == "deepspeed-zero3-offload"
     size = choice.sizes["deepspeed-zero3-offload"]
     assert size.cpu_offloaded > 0 and size.states == 0
@@ -95,7 +96,7 @@ def test_zero3_offload_when_only_offload_fits_and_nothing_when_nothing_does() ->
 
 def test_deepspeed_asked_gets_its_cheapest_stage_that_fits() -> None:
     assert _plan(L7, nodes=2, parallelism="deepspeed").decision("parallelism").value == "deepspeed-zero1"
-    decision = _plan(L70, nodes=2, parallelism="deepspeed").decision("parallelism")
+    decision = _plan(L70, nodes=2, quantize=None, parallelism="deepspeed").decision("parallelism")
     assert decision.value == "deepspeed-zero3" and decision.source == "user"
 
 

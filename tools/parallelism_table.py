@@ -27,6 +27,9 @@ MACHINES = (
     ("H100", 16, "infiniband-ndr"),
     ("A100-40GB", 4, "infiniband-hdr"),
 )
+NODE_RAM_GIB = {"H100": 2048, "A100-40GB": 1024}
+"""Each node's RAM, which ZeRO-3 offload's CPU state must fit: a DGX H100's 2 TB and a DGX A100's 1 TB (the
+NVIDIA DGX user guides' system memory), in GiB."""
 SEQ = 2048
 
 
@@ -55,7 +58,11 @@ def rows() -> list[str]:
     ]
     for gpu, nodes, link in MACHINES:
         machine = cudaload.Machine.simulated(
-            gpu, count=8, installed_packages=False, packages={"bitsandbytes": "0.50.2"}
+            gpu,
+            count=8,
+            installed_packages=False,
+            packages={"bitsandbytes": "0.50.2"},
+            cpu_memory_gib=NODE_RAM_GIB[gpu],
         )
         where = f"{nodes}x8 {gpu}" + (f", {link}" if link else "")
         for name, model in LLAMA_SHAPES.items():

@@ -169,6 +169,9 @@ class TrainingRequest:
     """The link between nodes (facts/interconnect.py INTERCONNECTS); None: the documented default."""
     parallelism: str = "auto"
     """"auto", "deepspeed" or one strategy of policy/rank_sizing.py STRATEGIES."""
+    node_memory: int | None = None
+    """Each node's RAM in bytes (`--node-memory`), which ZeRO-3 offload's CPU state must fit; None: this
+    machine's (a simulated machine's as simulated)."""
 
 
 @dataclass(frozen=True)

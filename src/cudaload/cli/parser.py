@@ -242,6 +242,12 @@ def add_parallel_options(parser: argparse.ArgumentParser | argparse._ArgumentGro
         f"e.g. ethernet-100g:2) (default {DEFAULT_INTERCONNECT}, the slow assumption)",
     )
     parser.add_argument(
+        "--node-memory",
+        metavar="SIZE",
+        help="with --finetune: each node's RAM, e.g. 512GiB or 2TB (default: this machine's; a simulated --gpu "
+        "machine's is assumed 64 GiB), which ZeRO-3 offload's CPU state must fit",
+    )
+    parser.add_argument(
         "--parallelism",
         choices=PARALLELISM_CHOICES,
         metavar="STRATEGY",

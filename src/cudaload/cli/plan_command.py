@@ -156,11 +156,12 @@ def machine_for(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ma
     )
 
 
-PARALLEL_OPTIONS = ("nodes", "ranks-per-node", "interconnect", "parallelism")
+PARALLEL_OPTIONS = ("nodes", "ranks-per-node", "interconnect", "node-memory", "parallelism")
 
 
 def parallel_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """plan()'s layout arguments from --nodes, --ranks-per-node, --interconnect and --parallelism (those given)."""
+    """plan()'s layout arguments from --nodes, --ranks-per-node, --interconnect, --node-memory and --parallelism
+    (those given)."""
     names = [name.replace("-", "_") for name in PARALLEL_OPTIONS]
     return {name: getattr(args, name) for name in names if getattr(args, name) is not None}
 
@@ -239,7 +240,13 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
         parser.error("--context goes with --generate")
     if args.generate:
         overrides |= {"generate": True, "context": args.context}
-    named = ("quantize", "seq-len", "batch-size", "interconnect")  # --nodes etc. alone: each rank's inference plan
+    named = (
+        "quantize",
+        "seq-len",
+        "batch-size",
+        "interconnect",
+        "node-memory",
+    )  # --nodes etc. alone: each rank's inference plan
     given = [f"--{name}" for name in named if getattr(args, name.replace("-", "_"))]
     if given and not args.finetune:
         parser.error(

@@ -89,6 +89,7 @@ def launch_files(
     ranks_per_node: int | None = None,
     interconnect: str | None = None,
     parallelism: str | None = None,
+    node_memory: int | str | None = None,
     emit: Iterable[str] = EMITTERS,
     script: str = "train.py",
     script_args: Sequence[str] = (),
@@ -114,6 +115,8 @@ def launch_files(
         ranks_per_node: Processes per node (default None: one per GPU; 1 on a CPU).
         interconnect: The link between nodes (`--interconnect`; default None: "ethernet-100g").
         parallelism: "auto" (default None), "deepspeed" or one strategy, validated and kept.
+        node_memory: Each node's RAM (`--node-memory`), bytes or a size such as "512GiB" (default None: this
+            machine's); ZeRO-3 offload's CPU state must fit it.
         emit: Which launches to write: "torchrun" (a script per node), "accelerate" (config + script),
             "deepspeed" (ds_config.json; needs a DeepSpeed plan), "slurm" (an sbatch script). Default: all
             that apply.
@@ -129,7 +132,8 @@ def launch_files(
         `LaunchFiles`: the plan, the manifest and every file's text; `.write(folder)` writes them.
 
     Raises:
-        PlacementError: nothing fits the ranks, or the strategy asked for does not fit.
+        PlacementError: nothing fits the ranks (or the nodes' RAM), or the strategy asked for does not fit or
+            cannot be applied (tensor parallel for training).
         SettingError: an unknown `emit`, interconnect or strategy, "deepspeed" for a plan that is not, or an
             address, port, script or script arguments that are not one.
 
@@ -163,6 +167,7 @@ def launch_files(
         ranks_per_node=ranks_per_node,
         interconnect=interconnect,
         parallelism=parallelism,
+        node_memory=node_memory,
         **plan_kwargs,
     )
     section = the_plan.finetune

@@ -19,6 +19,7 @@ from ..errors import (
 )
 from ..facts.interconnect import interconnect as known_link
 from ..facts.model import ModelFacts
+from ..policy.node_memory import parse_node_memory
 from ..policy.parallelism import PARALLELISM_CHOICES
 from ..request import GenerationRequest, Request, TrainingRequest, check_count, check_flag
 from ..upstream_imports import import_transformers
@@ -229,10 +230,12 @@ def parallel_request(
     ranks_per_node: int | None,
     interconnect: str | None,
     parallelism: str | None,
+    node_memory: int | str | None = None,
 ) -> TrainingRequest | None:
-    """The fine-tuning request with the job's layout (`nodes`, `ranks_per_node`, `interconnect`) and the
-    parallelism asked for; giving any of them to an inference plan is an error."""
+    """The fine-tuning request with the job's layout (`nodes`, `ranks_per_node`, `interconnect`, `node_memory`)
+    and the parallelism asked for; giving any of them to an inference plan is an error."""
     given = {"nodes": nodes, "ranks_per_node": ranks_per_node, "interconnect": interconnect, "parallelism": parallelism}
+    given["node_memory"] = node_memory
     if training is None:
         if any(v is not None for v in given.values()):
             named = ", ".join(f"{k}={v!r}" for k, v in given.items() if v is not None)
@@ -252,4 +255,5 @@ def parallel_request(
         ranks_per_node=ranks_per_node,
         interconnect=interconnect,
         parallelism=parallelism or "auto",
+        node_memory=parse_node_memory(node_memory),
     )

@@ -49,6 +49,7 @@ def plan(
     ranks_per_node: int | None = None,
     interconnect: str | None = None,
     parallelism: str | None = None,
+    node_memory: int | str | None = None,
     **overrides: Any,
 ) -> Plan:
     """The from_pretrained settings for `model` on `machine` (default: this one), each with its reason.
@@ -92,8 +93,11 @@ def plan(
             `cudaload.facts.interconnect.INTERCONNECTS`, optionally with the NICs a node has after a colon
             ("ethernet-100g:2"; default None: "ethernet-100g", the slow one).
         parallelism: Fine-tuning only: "auto" (default), "deepspeed" or one strategy ("ddp", "fsdp",
-            "fsdp-hybrid", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload",
-            "tp+fsdp").
+            "fsdp-hybrid", "deepspeed-zero1", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload";
+            "tp+fsdp", tensor parallel, is refused for training).
+        node_memory: Fine-tuning only: each node's RAM, bytes or a size such as "512GiB" (default None: this
+            machine's; a simulated machine's as simulated, 64 GiB unless told). ZeRO-3 offload's CPU state must
+            fit it.
         **overrides: from_pretrained keyword arguments. cudaload's own settings (`attn_implementation`,
             `dtype` or its old name `torch_dtype`, `device_map`, `max_memory`, `use_kernels`) are validated
             and honoured; any other is passed through untouched (those that choose the files, e.g.
@@ -114,7 +118,9 @@ def plan(
         QuantizationError: an unknown `quantize`, or a quantization that cannot apply to this checkpoint.
         DtypeUnsupportedError: a `dtype` this machine cannot run (bfloat16 before sm80, an unknown name).
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
-        PlacementError: a `device_map`/`max_memory` that cannot work here, or invalid launch variables.
+        PlacementError: a `device_map`/`max_memory` that cannot work here, invalid launch variables, or a
+            `parallelism` that does not fit the ranks or the nodes' RAM, or that this launch's engine or
+            training cannot apply (tensor parallel).
         MissingPackageError: `use_kernels=True` or a 4-/8-bit `quantize` without its package.
 
     Examples:
@@ -131,7 +137,7 @@ def plan(
     check_model(model)
     check_flag("probe", probe, allow_none=False)
     training = training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
-    training = parallel_request(training, nodes, ranks_per_node, interconnect, parallelism)
+    training = parallel_request(training, nodes, ranks_per_node, interconnect, parallelism, node_memory)
     # A quantization_config transformers would not build as given (a string, another method's dict, a typo) is
     # refused here, before any weight is read, not after loading as 4-bit bitsandbytes.
     check_quantization_config(overrides.get("quantization_config"), str(getattr(model, "source", model)))

@@ -28,11 +28,12 @@ from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .lora_targets import lora_leaves, rank_warnings
 from .memory import TrainingMemory, estimate_training_memory, lora_parameters, weight_bytes
-from .parallelism import PARALLELISM_CHOICES, SHARDS_WEIGHTS, parallel_section, sixteen_bit_when_sharded
+from .parallelism import PARALLELISM_CHOICES, SHARDS_WEIGHTS, parallel_section
 from .placement import decide_placement
 from .precision import decide_dtype
 from .quantization import decide_quantization
 from .settle import settle_placement
+from .sharded_quantization import quantize_across_ranks
 from .stored_dtype import decide_stored_dtype
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
@@ -247,9 +248,9 @@ def _finetune_section(
     quant, quant_config, warnings = decide_quantization(
         machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
     )
-    sixteen = sixteen_bit_when_sharded(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
-    if sixteen is not None:
-        quant, quant_config = sixteen, None
+    across = quantize_across_ranks(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
+    if across is not None:
+        quant, quant_config = across, quant_config if across.value is not None else None
     parallelism, parallel = parallel_section(machine, model, training, dtype, quant.value, estimates, lora_config)
     if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
         # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
@@ -257,7 +258,12 @@ def _finetune_section(
     # A job of several ranks planned outside it gets the flags its ranks get (ddp_find_unused_parameters, ...).
     launched = as_launched(judged, parallel.as_dict() if parallel is not None else None)
     arguments, training_args = decide_training_arguments(
-        launched, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
+        launched,
+        dtype,
+        quant.value or False,
+        training.gradient_checkpointing,
+        current_gpu_when_training(machine),
+        strategy=parallel.chosen if parallel is not None else None,
     )
     engine = engine_arguments(parallel, training)
     arguments = (*arguments, *engine)

@@ -1,12 +1,19 @@
-"""The parallelism of a training job on `nodes` x `ranks_per_node`: DDP, FSDP2 (full or hybrid shard),
-DeepSpeed ZeRO-1/2/3 (with CPU offload), or tensor parallel inside a node; sized by rank_sizing.py.
+"""The parallelism of a training job on `nodes` x `ranks_per_node`: DDP, FSDP2 (full or hybrid shard) or
+DeepSpeed ZeRO-1/2/3 (with CPU offload); sized by rank_sizing.py.
 
 The rule, in order: DDP when a whole training state fits each GPU (the least communication: one gradient
 all-reduce); else FSDP2 sharding, hybrid (shard inside a node, replicate across nodes) when its shard fits
-and its step is not slower than full sharding over the network; else tensor parallel inside the node
-(transformers' `base_model_tp_plan`) when sharding alone does not fit; else ZeRO-3 with its optimizer in
-CPU RAM. You may ask for DeepSpeed (the cheapest ZeRO stage that fits) or for one strategy by name: it is
-validated and kept, and refused with the numbers when it cannot fit.
+and its step is not slower than full sharding over the network; else ZeRO-3 with its optimizer in CPU RAM,
+when that fits the node's RAM too (`node_memory`). You may ask for DeepSpeed (the cheapest ZeRO stage that
+fits) or for one strategy by name: it is validated and kept, and refused with the numbers when it cannot fit.
+
+Tensor parallel ("tp+fsdp") is never chosen for training, and refused when asked: transformers' tensor-parallel
+plans gather the logits on every rank and have no sequence parallelism, accelerate prepares TP only for a
+model loaded with a `tp_plan`, and no tensor-parallel training has been run with cudaload.
+
+A launched rank plans only the strategies its launcher's engine applies: an FSDP launch FSDP, a DeepSpeed
+launch its ZeRO stage, an accelerate launch without either DDP (launch_engine.py); plain torchrun names no
+engine, so the plan's own choice stands.
 
 The budget is each GPU's total memory (not its free memory), so a plan made before the launch and the
 plans the launched ranks make agree.
@@ -24,23 +31,25 @@ from ..facts.interconnect import ParallelLayout, gpu_link, gpu_tflops, interconn
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
-from ..plans.checkpoint import CheckpointPlan
 from ..request import TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
+from .launch_engine import LaunchEngine, launch_engine, zero_stage
 from .lora_targets import lora_leaves
 from .memory import CUDA_OVERHEAD, TrainingMemory, logits_bytes_per_element, lora_parameters
+from .node_memory import NodeMemory, cpu_ram_problem, node_memory
+from .parallel_reasons import ParallelOptions, cpu_bytes_per_node, not_an_option, numbers, refuse, rejection
 from .rank_sizing import STRATEGIES, RankSize, TrainingShape, size_rank
 
 __all__ = [
     "PARALLELISM_CHOICES",
     "SHARDS_WEIGHTS",
+    "TP_NOT_FOR_TRAINING",
     "ParallelChoice",
     "decide_parallelism",
     "full_training_shape",
     "parallel_section",
     "planned_layout",
     "rank_budget",
-    "sixteen_bit_when_sharded",
     "training_shape",
 ]
 
@@ -60,6 +69,18 @@ _WHAT = {
     "tp+fsdp": "tensor parallel inside a node (tp_plan), FSDP2 across nodes",
 }
 
+# transformers 5.22-5.25 models/llama/modeling_llama.py: LlamaForCausalLM._tp_plan is {"lm_head":
+# "colwise_gather_output"} (every rank holds the whole logits) and the base plan splits no sequence;
+# accelerate 1.16 accelerator.py: Accelerator._prepare_tp skips a model whose parameters are not DTensors
+# ("we skip the TP preparation"), i.e. one not loaded with a tp_plan; measured on 2x2 ranks (issue 45),
+# "tp+fsdp" then sharded over nodes only.
+TP_NOT_FOR_TRAINING = (
+    "tensor parallel is not offered for training: transformers' tp_plan gathers the logits on every rank and "
+    "splits no sequence (no sequence parallelism), accelerate skips TP preparation for a model not loaded with a "
+    "tp_plan, and no tensor-parallel training has been run with cudaload"
+)
+"""Why "tp+fsdp" is never a training plan's strategy."""
+
 
 @dataclass(frozen=True)
 class ParallelChoice:
@@ -69,6 +90,7 @@ class ParallelChoice:
     budget: int
     sizes: dict[str, RankSize]
     chosen: str | None
+    node_memory: NodeMemory | None = None
 
     def as_dict(self) -> dict[str, Any]:
         link = self.layout.interconnect
@@ -78,9 +100,17 @@ class ParallelChoice:
             "interconnect": link.name,
             "interconnect_assumed": not self.layout.interconnect_given,
             "budget_per_rank": self.budget,
+            **(self.node_memory.as_dict() if self.node_memory is not None else {}),
             "strategy": self.chosen,
             "sizes": {name: size.as_dict() for name, size in self.sizes.items()},
         }
+
+    def tokens_per_s(self, tokens_per_sample: int) -> float | None:
+        """The job's estimated training throughput with the chosen strategy (None: nothing chosen, or no step
+        time: a CPU, or a GPU without a throughput figure)."""
+        size = self.sizes.get(self.chosen or "")
+        step = size.step_s if size is not None else None
+        return None if size is None or not step else size.sequences * tokens_per_sample / step
 
 
 def training_shape(
@@ -204,9 +234,16 @@ def rank_budget(machine: Machine, layout: ParallelLayout) -> int:
 
 
 def decide_parallelism(
-    machine: Machine, model: ModelFacts, layout: ParallelLayout, shape: TrainingShape, requested: str, batch: int
+    machine: Machine,
+    model: ModelFacts,
+    layout: ParallelLayout,
+    shape: TrainingShape,
+    requested: str,
+    batch: int,
+    node: NodeMemory | None = None,
 ) -> tuple[Decision, ParallelChoice]:
-    """The `parallelism` decision for `shape` on `layout`, with every strategy's numbers at `batch`."""
+    """The `parallelism` decision for `shape` on `layout`, with every strategy's numbers at `batch`. `node`: each
+    node's RAM (default: this machine's, as `node_memory` gives it)."""
     if requested not in PARALLELISM_CHOICES:
         raise SettingError(
             f"parallelism={requested!r} is not a strategy cudaload plans. Pass one of {list(PARALLELISM_CHOICES)}."
@@ -216,25 +253,33 @@ def decide_parallelism(
     tflops = gpu_tflops(gpu.name) if gpu else None
     overhead = CUDA_OVERHEAD if gpu is not None else 0
     budget = rank_budget(machine, layout)
-    candidates = [s for s in STRATEGIES if _applies(s, model, layout) is None]
+    node = node if node is not None else node_memory(machine, None)
+    engine = launch_engine(machine.launch)
+    candidates = [s for s in STRATEGIES if _applies(s, model, layout, engine) is None]
     sizes = {
         s: size_rank(s, shape, layout, micro_batch=batch, gpu_link=link, tflops=tflops, overhead=overhead)
         for s in candidates
     }
-    fits = {s for s, size in sizes.items() if size.total <= budget}
-    chosen, why = _choose(requested, fits, sizes, layout, model)
-    choice = ParallelChoice(layout, budget, sizes, chosen)
+    cpu = {s: why for s, size in sizes.items() if (why := cpu_ram_problem(cpu_bytes_per_node(size, layout), node))}
+    fits = {s for s, size in sizes.items() if size.total <= budget and s not in cpu}
+    options = ParallelOptions(sizes, fits, cpu, engine)
+    chosen, why = _choose(requested, options, layout, model)
+    choice = ParallelChoice(layout, budget, sizes, chosen, node)
     where = f"{layout.nodes} node{'s' if layout.nodes > 1 else ''} x {layout.ranks_per_node} ranks"
     net = layout.interconnect.label + ("" if layout.interconnect_given else " (assumed: pass --interconnect)")
     context = f"{where}, {format_bytes(budget)} usable per rank; between nodes {net}; inside a node {link_what}"
+    if engine is not None:
+        context += f"; {engine.what}"
     rejected = tuple(
-        Rejected(s, _rejection(s, sizes, budget, chosen, model, layout)) for s in STRATEGIES if s != chosen
+        Rejected(s, rejection(s, options, budget, chosen, str(_applies(s, model, layout, engine))))
+        for s in STRATEGIES
+        if s != chosen
     )
     if chosen is None:
         return Decision("parallelism", None, f"nothing fits: {why}; {context}", rejected), choice
     size = sizes[chosen]
     reason = (
-        f"{_WHAT[chosen]}; {why}: {_numbers(size, budget)}, largest micro-batch "
+        f"{_WHAT[chosen]}; {why}: {numbers(size, budget, layout, node)}, largest micro-batch "
         f"{largest_micro_batch(chosen, shape, layout, budget, link, tflops, overhead)}; {context}"
     )
     return Decision("parallelism", chosen, reason, rejected, source="user" if requested != "auto" else "auto"), choice
@@ -258,35 +303,49 @@ def largest_micro_batch(
     return max(0, min(MAX_MICRO_BATCH, room // per))
 
 
-def _applies(strategy: str, model: ModelFacts, layout: ParallelLayout) -> str | None:
-    """Why `strategy` is not an option for this model and layout (None: it is)."""
-    if strategy == "fsdp-hybrid" and layout.nodes == 1:
-        return "one node: hybrid shard is full shard"
+def _applies(strategy: str, model: ModelFacts, layout: ParallelLayout, engine: LaunchEngine | None) -> str | None:
+    """Why `strategy` is not an option for this model, layout and launch (None: it is)."""
     if strategy == "tp+fsdp":
         heads, kv, local = model.attention_heads, model.kv_heads, layout.ranks_per_node
         if not model.tp_plan:
             return f"{model.model_class} has no base_model_tp_plan: transformers cannot shard its layers"
         if heads is None or kv is None or heads % local or kv % local or local == 1:
             return f"{heads} heads / {kv} key-value heads do not split over {local} ranks of a node"
+        return TP_NOT_FOR_TRAINING
+    if engine is not None and strategy not in engine.strategies:
+        return engine.refusal()
+    if strategy == "fsdp-hybrid" and layout.nodes == 1:
+        return "one node: hybrid shard is full shard"
     return None
 
 
 def _choose(
-    requested: str, fits: set[str], sizes: dict[str, RankSize], layout: ParallelLayout, model: ModelFacts
+    requested: str, options: ParallelOptions, layout: ParallelLayout, model: ModelFacts
 ) -> tuple[str | None, str]:
-    if requested == "deepspeed":
-        stage = next((s for s in STRATEGIES if s.startswith("deepspeed") and s in fits), None)
+    sizes, fits, engine = options.sizes, options.fits, options.engine
+    deepspeed_launch = engine is not None and all(zero_stage(s) is not None for s in engine.strategies)
+    if requested == "deepspeed" or (requested == "auto" and deepspeed_launch):
+        stages = [s for s in STRATEGIES if zero_stage(s) is not None and s in sizes]
+        stage = next((s for s in stages if s in fits), None)
+        if requested == "auto":  # a DeepSpeed launch: its stage, the cheapest that fits
+            if stage is not None:
+                return stage, "the launch runs DeepSpeed: its cheapest ZeRO stage that fits"
+            return None, _smallest(options) if stages else engine.refusal() if engine else "no ZeRO stage applies"
+        if not stages:
+            raise PlacementError(
+                f"parallelism={requested!r} was asked, but {engine.refusal() if engine else 'no ZeRO stage applies'}. "
+                "Pass parallelism='auto' or one of those, or relaunch with DeepSpeed."
+            )
         if stage is None:
-            _refuse(requested, sizes, "deepspeed-zero3-offload")
+            refuse(requested, options, stages[-1])
         return stage, "you asked for DeepSpeed: its cheapest ZeRO stage that fits"
     if requested != "auto":
         if requested not in sizes:
             raise PlacementError(
-                f"parallelism={requested!r} was asked, but {_applies(requested, model, layout)}. Pass 'auto' or "
-                "another strategy."
+                not_an_option(requested, str(_applies(requested, model, layout, engine)), engine, TP_NOT_FOR_TRAINING)
             )
         if requested not in fits:
-            _refuse(requested, sizes, requested)
+            refuse(requested, options, requested)
         return requested, "your choice"
     if "ddp" in fits:
         return "ddp", "a whole training state fits each rank"
@@ -296,95 +355,18 @@ def _choose(
         if best == "fsdp-hybrid":
             return best, "its shard fits one node, so only gradient shards cross the network"
         return best, "a whole copy does not fit one rank; sharded over every rank it does"
-    for strategy, why in (
-        ("tp+fsdp", "sharding alone leaves too little room: tensor parallel splits the layers' activations too"),
-        ("deepspeed-zero3-offload", "only with the optimizer states in CPU RAM does a rank's share fit"),
-    ):
-        if strategy in fits:
-            return strategy, why
-    smallest = min(sizes.values(), key=lambda s: s.total)
-    return None, f"the smallest share, {smallest.strategy}'s, is {format_bytes(smallest.total)} a rank"
+    if "deepspeed-zero3-offload" in fits:
+        return "deepspeed-zero3-offload", "only with the optimizer states in CPU RAM does a rank's share fit"
+    if not sizes:
+        return None, engine.refusal() if engine is not None else "no strategy applies"
+    return None, _smallest(options)
 
 
-def _refuse(requested: str, sizes: dict[str, RankSize], strategy: str) -> None:
-    size = sizes[strategy]
-    raise PlacementError(
-        f"parallelism={requested!r} was asked, but each rank would need {format_bytes(size.total)} "
-        f"({_parts(size)}), more than it has. Pass parallelism='auto', more nodes, quantize='4bit', or a "
-        "shorter seq_len / smaller batch_size."
-    )
-
-
-def _parts(size: RankSize) -> str:
-    parts = [("weights", size.weights), ("gradients", size.gradients), ("optimizer", size.states)]
-    parts += [("activations", size.activations), ("buffers", size.buffers)]
-    text = ", ".join(f"{name} {format_bytes(n)}" for name, n in parts if n)
-    return text + (f"; {format_bytes(size.load_gpu)} while loading" if size.load_gpu > size.training else "")
-
-
-def _numbers(size: RankSize, budget: int) -> str:
-    step = f", step ~{seconds(size.step_s)}" if size.step_s is not None else ""
-    offload = f" (+{format_bytes(size.cpu_offloaded)} in CPU RAM)" if size.cpu_offloaded else ""
-    moved = format_bytes(size.comm_bytes)
-    return (
-        f"{format_bytes(size.total)} a rank of {format_bytes(budget)}{offload} ({_parts(size)}); {moved} sent per "
-        f"rank per step ({format_bytes(size.cross_node_bytes)} across nodes), comm ~{seconds(size.comm_s)}{step}"
-    )
-
-
-def _rejection(
-    strategy: str,
-    sizes: dict[str, RankSize],
-    budget: int,
-    chosen: str | None,
-    model: ModelFacts,
-    layout: ParallelLayout,
-) -> str:
-    if strategy not in sizes:
-        return str(_applies(strategy, model, layout))
-    size = sizes[strategy]
-    if size.total > budget:
-        return f"does not fit: {format_bytes(size.total)} a rank > {format_bytes(budget)} ({_parts(size)})"
-    if chosen is None:
-        return "fits"
-    mine = sizes[chosen]
-    if size.comm_s > mine.comm_s:
-        comm = f"comm ~{seconds(size.comm_s)} vs ~{seconds(mine.comm_s)}"
-        return f"fits ({format_bytes(size.total)} a rank) but moves more: {comm}"
-    return f"fits ({format_bytes(size.total)} a rank), but {chosen} comes first when both fit"
-
-
-def sixteen_bit_when_sharded(
-    machine: Machine,
-    model: ModelFacts,
-    training: TrainingRequest,
-    dtype: str,
-    estimates: dict[str | None, TrainingMemory],
-    lora_config: Mapping[str, Any],
-    quant: Decision,
-    checkpoint: CheckpointPlan | None,
-) -> Decision | None:
-    """quantize="auto" chose a quantized base because 16-bit LoRA does not fit one GPU; across the job's ranks
-    it may: then no quantization (QLoRA trades accuracy for memory). Only where the ranks can shard: planned
-    before the launch, with the layout given, or under an FSDP / ZeRO-3 launch (a DDP launch copies the
-    whole model to every rank)."""
-    if training.quantize != "auto" or checkpoint is not None or quant.value is None:
-        return None
-    launch = machine.launch
-    if launch.distributed and training.nodes is None and not launch.shards_parameters:
-        return None
-    _, choice = parallel_section(machine, model, training, dtype, None, estimates, lora_config)
-    if choice is None or choice.chosen is None:
-        return None
-    size = format_bytes(choice.sizes[choice.chosen].total)
-    world = choice.layout.world_size
-    return Decision(
-        "quantize",
-        None,
-        f"16-bit LoRA does not fit one GPU, but it fits each of the {world} ranks with {choice.chosen} ({size} a "
-        "rank): no quantization needed",
-        (Rejected(quant.value, f"only needed on one GPU; {quant.reason}"),),
-    )
+def _smallest(options: ParallelOptions) -> str:
+    """Why nothing fits: the smallest share a rank, or the node's RAM that a share fitting its GPU exceeds."""
+    smallest = min(options.sizes.values(), key=lambda s: s.total)
+    share = f"the smallest share, {smallest.strategy}'s, is {format_bytes(smallest.total)} a rank"
+    return f"{share}, but {options.cpu[smallest.strategy]}" if smallest.strategy in options.cpu else share
 
 
 def parallel_section(
@@ -413,14 +395,8 @@ def parallel_section(
         lora_bytes=estimate.lora,
         quantized=quantize is not None,
     )
-    decision, choice = decide_parallelism(machine, model, layout, shape, training.parallelism, training.batch_size)
+    node = node_memory(machine, training.node_memory)
+    decision, choice = decide_parallelism(
+        machine, model, layout, shape, training.parallelism, training.batch_size, node
+    )
     return (decision,), choice
-
-
-def seconds(value: float) -> str:
-    """A time as read at a glance: "1.23 s" from a second up, "4.2 ms" / "37 us" below (never "0.00 s")."""
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.3g} ms"
-    return f"{value * 1e6:.3g} us" if value > 0 else "0 s"

@@ -14,6 +14,7 @@ from ..plans import Decision, Rejected
 from ..upstream import CHECKPOINTING_RENAMED_SINCE
 from .lora_targets import check_regex, is_target_regex, lora_leaves, lora_targets
 from .memory import quantized_optimizer
+from .parallelism import SHARDS_WEIGHTS
 
 __all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
 
@@ -250,12 +251,29 @@ def _cpu_optimizer(machine: Machine) -> tuple[str, str, Rejected, Rejected]:
     )
 
 
+def _sharded(machine: Machine, strategy: str | None) -> str | None:
+    """The strategy that shards the parameters this plan trains, planned or launched, in words; None: none."""
+    if strategy in SHARDS_WEIGHTS:
+        return f"the planned {strategy}"
+    launch = machine.launch
+    if launch.distributed and launch.shards_parameters:
+        return "this FSDP launch" if launch.strategy == "fsdp" else f"this DeepSpeed ZeRO-{launch.zero_stage} launch"
+    return None
+
+
 def decide_training_arguments(
-    machine: Machine, dtype: str, quantized: bool | str, checkpointing: bool, current: Gpu | None = None
+    machine: Machine,
+    dtype: str,
+    quantized: bool | str,
+    checkpointing: bool,
+    current: Gpu | None = None,
+    *,
+    strategy: str | None = None,
 ) -> tuple[tuple[Decision, ...], dict[str, Any]]:
     """The TrainingArguments flags. `quantized`: the plan's `quantize` ("4bit", "checkpoint", ...; True: a
-    quantized base of unnamed method) or False/None; a quantized base trains with its method's optimizer.
-    `current`: the GPU that is torch's current device when TrainingArguments is built (it judges tf32 there)."""
+    quantized base of unnamed method) or False/None; a quantized base trains with its method's optimizer, but
+    no 8-bit one where the parameters are sharded. `current`: the GPU that is torch's current device when
+    TrainingArguments is built (it judges tf32 there). `strategy`: the plan's parallelism (None: none)."""
     gpu = machine.weakest_gpu
     decisions: list[Decision] = []
 
@@ -276,7 +294,21 @@ def decide_training_arguments(
         if quantized:
             optim, why = quantized_optimizer(quantized if isinstance(quantized, str) else "checkpoint")
             paged = gpu.platform.paged_optimizers
-            if optim.startswith("paged_") and paged is not None:
+            sharded = _sharded(machine, strategy)
+            if optim.endswith("8bit") and sharded is not None:
+                # bitsandbytes issues 89 ("8-bit optimizers dont work with FSDP") and 1633 (FSDP2): the optimizer
+                # keeps its 8-bit state per local tensor, which under FSDP is a shard (a DTensor under FSDP2).
+                add(
+                    "optim",
+                    "adamw_torch_fused",
+                    f"fused AdamW: {sharded} shards the parameters, which bitsandbytes' 8-bit optimizers do not train",
+                    Rejected(
+                        optim,
+                        f"bitsandbytes' 8-bit optimizers fail on sharded parameters (bitsandbytes issues 89 and 1633: "
+                        f"FSDP, FSDP2), as {sharded} gives them",
+                    ),
+                )
+            elif optim.startswith("paged_") and paged is not None:
                 add(
                     "optim",
                     "adamw_torch_fused",
