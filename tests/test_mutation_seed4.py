@@ -164,7 +164,7 @@ def test_a_model_of_unknown_width_adds_no_kept_layer_inputs() -> None:
 
 
 def test_sharding_never_replaces_a_checkpoints_own_quantization_or_a_16_bit_base() -> None:
-    """cudaload.policy.parallelism `sixteen_bit_when_sharded`: 16-bit across the ranks replaces only the quantized
+    """cudaload.policy.sharded_quantization `quantize_across_ranks`: 16-bit across the ranks replaces only the quantized
     base quantize="auto" chose for one GPU. A pre-quantized checkpoint keeps its own quantization across two
     nodes (it cannot be trained unquantized from its stored weights), and a model whose 16-bit LoRA fits
     one GPU keeps that reason, not "does not fit one GPU"."""

@@ -836,13 +836,13 @@ def test_a_one_node_launch_names_no_main_process_address(tmp_path: Path) -> None
     assert two.num_machines == 2 and two.main_process_ip == "10.0.0.1"
 
 
-def test_tensor_parallel_with_fsdp_shards_data_across_nodes_and_tensors_inside(tmp_path: Path) -> None:
-    """launch/accelerate.py: "tp+fsdp" is tensor parallel inside a node and FSDP2 across nodes, which accelerate
-    1.16 takes as `parallelism_config` (parallelism_config.py `ParallelismConfig`: dp_shard_size x tp_size);
-    plain FSDP shards over every rank and writes none."""
-    files, tp = _launch_files(tmp_path / "tp", nodes=2, parallelism="tp+fsdp")
-    assert files.plan.decision("parallelism").value == "tp+fsdp"
-    assert tp.parallelism_config == {"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 8}
+def test_tensor_parallel_is_not_launched_for_training_and_fsdp_writes_no_parallelism_config(tmp_path: Path) -> None:
+    """launch/accelerate.py: "tp+fsdp" is refused for training (policy/parallelism.py TP_NOT_FOR_TRAINING: a
+    rank would load the whole model and accelerate skip the TP preparation), so no launch of it is written;
+    plain FSDP shards over every rank and writes no `parallelism_config`."""
+    with pytest.raises(cudaload.PlacementError, match="tensor parallel is not offered for training"):
+        _launch_files(tmp_path / "tp", nodes=2, parallelism="tp+fsdp")
+    assert not (tmp_path / "tp").exists() or not any((tmp_path / "tp").iterdir())
     _, fsdp = _launch_files(tmp_path / "fsdp", nodes=2, parallelism="fsdp")
     assert fsdp.distributed_type.value == "FSDP" and not fsdp.parallelism_config
 

@@ -37,7 +37,8 @@ TABLE = [
     ("A100", 1, None, 70, "auto", "4bit", "cuda:0", True, False, True, "paged_adamw_8bit"),  # ~37 GiB in 4-bit
     ("A100", 8, DDP8, 8, "4bit", "4bit", {"": 3}, True, False, True, "paged_adamw_8bit"),
     ("H100", 8, DDP8, 8, None, None, {"": 3}, True, False, True, "adamw_torch_fused"),
-    ("H100", 2, FSDP, 8, "4bit", "4bit", None, True, False, True, "paged_adamw_8bit"),
+    # FSDP shards the parameters, which bitsandbytes' 8-bit optimizers do not train (issues 89, 1633): fused AdamW
+    ("H100", 2, FSDP, 8, "4bit", "4bit", None, True, False, True, "adamw_torch_fused"),
     ("H100", 2, ZERO3, 8, None, None, None, True, False, True, "adamw_torch_fused"),
     (None, 1, None, 8, "auto", None, "cpu", False, False, None, "adamw_torch_fused"),
     (None, 1, None, 1, "4bit", "4bit", "cpu", False, False, None, "adamw_torch_fused"),

@@ -240,13 +240,8 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
         parser.error("--context goes with --generate")
     if args.generate:
         overrides |= {"generate": True, "context": args.context}
-    named = (
-        "quantize",
-        "seq-len",
-        "batch-size",
-        "interconnect",
-        "node-memory",
-    )  # --nodes etc. alone: each rank's inference plan
+    # --nodes etc. alone: each rank's inference plan; these describe a fine-tuning one
+    named = ("quantize", "seq-len", "batch-size", "interconnect", "node-memory")
     given = [f"--{name}" for name in named if getattr(args, name.replace("-", "_"))]
     if given and not args.finetune:
         parser.error(
