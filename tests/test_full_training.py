@@ -198,3 +198,9 @@ def test_launch_files_for_full_training(tiny_models, tmp_path, capsys) -> None:
     assert main([*argv, "--out", str(tmp_path / "job")]) == 0
     written = json.loads((tmp_path / "job" / "cudaload-launch.json").read_text())
     assert written["decisions"]["train"] == "full"
+
+
+def test_load_refuses_a_full_training_plan_saying_what_it_would_not_apply(tiny_models) -> None:
+    plan = cudaload.plan(tiny_models["llama"], finetune=True, train="full", dtype="float32")
+    with pytest.raises(SettingError, match=r"\(full training, quantize=None\).*neither the trainable weights"):
+        cudaload.load(plan)
