@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 import cudaload
-from cudaload.policy.parallel_reasons import cpu_bytes_per_node
 from cudaload.cli import main
 from cudaload.errors import FinetuneConfigError, PlacementError, SettingError
 from cudaload.facts.interconnect import ParallelLayout, interconnect
 from cudaload.facts.machine import GiB, Launch
 from cudaload.facts.shapes import LLAMA_SHAPES
+from cudaload.policy.parallel_reasons import cpu_bytes_per_node
 from cudaload.policy.parallelism import decide_parallelism, full_training_shape
 
 QLORA = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}

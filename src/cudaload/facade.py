@@ -119,10 +119,16 @@ def load(
         if model.finetune is not None:
             # load() applies no LoRA and no k-bit preparation: the model would come back untrainable,
             # with a plan that says it is set up for fine-tuning.
+            lora = model.finetune.lora
+            what, unapplied = (
+                ("full training", "trainable weights nor the planned checkpointing")
+                if lora is None
+                else (f"LoRA r={lora.get('r')}", "adapters nor the k-bit preparation")
+            )
             raise SettingError(
-                f"load(plan) was given a fine-tuning plan (LoRA r={model.finetune.lora.get('r')}, "
-                f"quantize={_planned_quantize(model)!r}): load() applies neither the adapters nor the k-bit "
-                "preparation. Pass it to cudaload.load_for_finetune(plan), or plan for inference "
+                f"load(plan) was given a fine-tuning plan ({what}, "
+                f"quantize={_planned_quantize(model)!r}): load() applies neither the {unapplied}. "
+                "Pass it to cudaload.load_for_finetune(plan), or plan for inference "
                 "(cudaload.plan(model) without finetune=True) to load with load()."
             )
         the_plan = model

@@ -1,5 +1,5 @@
-"""`load_for_finetune()`: a PEFT LoRA model (4-bit QLoRA when planned) ready to train, and
-`training_arguments()`: the TrainingArguments flags of the same plan."""
+"""`load_for_finetune()`: a PEFT LoRA model (4-bit QLoRA when planned), or for full training the model with
+every weight trainable, ready to train, and `training_arguments()`: the TrainingArguments flags of the same plan."""
 
 from __future__ import annotations
 
@@ -49,6 +49,17 @@ def _prepare(model: Any, finetune: FinetunePlan, checkpointing_method: str | Non
     model.config.use_cache = finetune.use_cache
 
 
+def _prepare_full(model: Any, finetune: FinetunePlan, checkpointing_method: str | None) -> None:
+    """Full training: every weight trainable, checkpointing as planned (no input grads to enable: the embeddings
+    are trained, so the checkpointed blocks' inputs already need grads), the planned `use_cache`."""
+    for param in model.parameters():
+        param.requires_grad_(True)
+    if finetune.gradient_checkpointing:
+        name = checkpointing_method or "gradient_checkpointing"
+        getattr(model, f"{name}_enable")(**{f"{name}_kwargs": dict(finetune.checkpointing_kwargs)})
+    model.config.use_cache = finetune.use_cache
+
+
 def _missing_peft(quantize: Any) -> str:
     """peft is missing: the message names every package the asked run needs at once (4-bit also needs
     bitsandbytes), as `plan(finetune=True, quantize="4bit")` does, instead of one round trip per package."""
@@ -75,6 +86,7 @@ def _installed(dist: str) -> bool:
 def load_for_finetune(
     model: str | os.PathLike[str] | Plan,
     *,
+    train: str = "lora",
     quantize: str | None = "auto",
     lora: Mapping[str, Any] | None = None,
     gradient_checkpointing: bool = True,
@@ -85,8 +97,9 @@ def load_for_finetune(
     model_class: str | type | None = None,
     allow_missing_weights: bool = False,
     **overrides: Any,
-) -> PeftModel:
-    """A PEFT model ready to train, with every setting planned and explained like `load()`.
+) -> PeftModel | PreTrainedModel:
+    """A PEFT model ready to train (or with train="full" the model itself, every weight trainable), with every
+    setting planned and explained like `load()`.
 
     quantize: "4bit" (QLoRA: nf4, double quant, compute in the plan's dtype), "8bit", None,
     or "auto" (4-bit only when 16-bit LoRA would not fit the GPU at `seq_len` x `batch_size`).
@@ -102,6 +115,8 @@ def load_for_finetune(
     Args:
         model: A local path or Hub id, or a fine-tuning `Plan` from `plan(..., finetune=True)` (then
             loaded as planned: the planning arguments below and overrides are not accepted).
+        train: "lora" (the default: LoRA adapters on a frozen base) or "full" (every weight trained in the
+            plan's dtype: no adapters, no quantization, peft not needed).
         quantize: "4bit", "8bit", None (full-precision base weights) or "auto" (the default).
         lora: LoraConfig keyword overrides (default None: r=16, lora_alpha=32, lora_dropout=0.05
             on every linear layer of the decoder, planned from the model).
@@ -118,19 +133,20 @@ def load_for_finetune(
             `attn_implementation`, `device_map`, `quantization_config` with `quantize=None`, ...).
 
     Returns:
-        A peft `PeftModel` with trainable LoRA adapters; `model.cudaload_plan` is the
-        `AppliedPlan`, its `plan.finetune.trainable_parameters` the adapters' parameter count.
+        A peft `PeftModel` with trainable LoRA adapters (train="full": the transformers model, every parameter
+        with requires_grad); `model.cudaload_plan` is the `AppliedPlan`, its
+        `plan.finetune.trainable_parameters` the trained parameters' count.
 
     Raises:
-        MissingPackageError: peft is not installed, or `quantize="4bit"`/`"8bit"` without a usable
+        MissingPackageError: peft is not installed (LoRA), or `quantize="4bit"`/`"8bit"` without a usable
             bitsandbytes.
         FinetuneConfigError: LoRA settings that are not valid for this model, or an inference Plan.
         QuantizationError: an unknown `quantize`, a checkpoint that is already quantized, or both
             `quantize` and `quantization_config`.
-        SettingError: generation settings (`generate=True`, `context`, ...), an override of the
-            wrong type, a flag (`gradient_checkpointing`, `strict`, `allow_missing_weights`) that is
-            not a real bool, a `seq_len`/`batch_size` that is not a positive int, or a Plan given
-            with planning arguments.
+        SettingError: generation settings (`generate=True`, `context`, ...), an unknown `train`,
+            train="full" with a quantized base or `lora`, an override of the wrong type, a flag
+            (`gradient_checkpointing`, `strict`, `allow_missing_weights`) that is not a real bool, a
+            `seq_len`/`batch_size` that is not a positive int, or a Plan given with planning arguments.
         ModelConfigError: as `plan()` raises it (a model or config that cannot be read).
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
         DtypeUnsupportedError: a `dtype` this machine cannot run.
@@ -151,7 +167,7 @@ def load_for_finetune(
         >>> args.get("gradient_checkpointing", args.get("activation_checkpointing"))
         True
     """
-    if importlib.util.find_spec("peft") is None:
+    if train != "full" and importlib.util.find_spec("peft") is None:
         raise MissingPackageError(_missing_peft(quantize))
     from .launch import check_launch, check_launched_environment, manifest_plan_arguments, read_manifest
     from .planner import plan
@@ -166,6 +182,7 @@ def load_for_finetune(
         check_launched_environment(manifest, os.environ)
     if isinstance(model, Plan):
         given = {
+            "train": train != "lora",
             "quantize": quantize != "auto",
             "lora": lora is not None,
             "gradient_checkpointing": gradient_checkpointing is not True,
@@ -184,6 +201,7 @@ def load_for_finetune(
             machine=machine,
             model_class=model_class,
             finetune=True,
+            train=train,
             quantize=quantize,
             lora=lora,
             gradient_checkpointing=gradient_checkpointing,
@@ -195,6 +213,8 @@ def load_for_finetune(
         check_launch(the_plan, manifest)
     planned = time.perf_counter() - start
     assert the_plan.finetune is not None  # plan(finetune=True) always has the section
+    if the_plan.finetune.lora is None:  # full training: the model itself, every weight trained
+        return _load_full(the_plan, strict, allow_missing_weights, planned)
     # peft imports bitsandbytes, whose import may fetch Hub code: cudaload imports it first, with the plan's consent.
     import_bitsandbytes(hub_code=the_plan.hub_code)
     from peft import LoraConfig, get_peft_model
@@ -229,6 +249,22 @@ def load_for_finetune(
     return peft_model
 
 
+def _load_full(the_plan: Plan, strict: bool, allow_missing_weights: bool, planned: float) -> PreTrainedModel:
+    """Load as planned and make every weight trainable; `cudaload_plan` records the trained parameters."""
+    assert the_plan.finetune is not None
+    base = apply_plan(the_plan, strict=strict, verify=True, training=True, allow_missing_weights=allow_missing_weights)
+    _prepare_full(base, the_plan.finetune, the_plan.apply_facts.checkpointing_method if the_plan.apply_facts else None)
+    applied = base.cudaload_plan
+    trained = sum(p.numel() for p in base.parameters() if p.requires_grad)
+    base.cudaload_plan = replace(
+        applied,
+        plan=replace(applied.plan, finetune=replace(the_plan.finetune, trainable_parameters=trained)),
+        timings={"plan": planned, **applied.timings},
+    )
+    model: PreTrainedModel = base
+    return model
+
+
 def _verify_adapted(peft_model: Any, the_plan: Plan) -> None:
     """The check forward again on the model that is returned: the base passed it before get_peft_model,
     and the adapters (their scale lora_alpha / r, their init) can still break it."""
@@ -236,7 +272,7 @@ def _verify_adapted(peft_model: Any, the_plan: Plan) -> None:
 
     outcome = verify_forward(peft_model, training=True)
     if outcome.status == "failed":
-        assert the_plan.finetune is not None
+        assert the_plan.finetune is not None and the_plan.finetune.lora is not None
         settings = ", ".join(f"{k}={v!r}" for k, v in the_plan.finetune.lora.items() if k != "target_modules")
         raise LoadFailedError(
             f"{the_plan.model} loaded and passed its test forward, but after get_peft_model the adapted model's "

@@ -10,6 +10,7 @@ from .errors import SettingError, WorkloadError
 
 __all__ = [
     "PADDING_SIDES",
+    "TRAIN_MODES",
     "WORKLOADS",
     "GenerationRequest",
     "Request",
@@ -143,6 +144,11 @@ class GenerationRequest:
             check_padding_side(self.padding_side)
 
 
+TRAIN_MODES = ("lora", "full")
+"""What `train=` (`--train`) accepts: "lora" (the default: LoRA adapters on a frozen base, QLoRA when planned)
+or "full" (every weight trained, no adapters, no quantization)."""
+
+
 @dataclass(frozen=True)
 class TrainingRequest:
     """What a fine-tuning plan was asked (`plan(..., finetune=True)`). Only a fine-tuning Request has
@@ -172,6 +178,8 @@ class TrainingRequest:
     node_memory: int | None = None
     """Each node's RAM in bytes (`--node-memory`), which ZeRO-3 offload's CPU state must fit; None: this
     machine's (a simulated machine's as simulated)."""
+    train: str = "lora"
+    """One of TRAIN_MODES: "lora" (adapters on a frozen base) or "full" (every weight trained)."""
 
 
 @dataclass(frozen=True)

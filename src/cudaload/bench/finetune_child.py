@@ -82,6 +82,7 @@ def _plan_facts(plan: Any, path: str) -> dict[str, Any]:
 
     finetune = plan.finetune
     quantization = plan.decision("quantize").value
+    assert finetune.lora is not None  # the benchmark times LoRA against QLoRA
     lora = dict(finetune.lora)
     estimates = finetune.memory_estimate
     estimate = estimates["16bit" if quantization is None else quantization]
@@ -187,7 +188,7 @@ def _measure(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     model = load_for_finetune(path, quantize=spec["quantize"], seq_len=seq, batch_size=batch, local_files_only=True)
     load_s = time.perf_counter() - started
-    plan = model.cudaload_plan.plan
+    plan = model.cudaload_plan.plan  # type: ignore[union-attr]  # LoRA: a PeftModel, which has the attribute
     facts = _plan_facts(plan, path)
     trainer = _Trainer(torch, model, facts["training_arguments"], batch, seq)
 

@@ -41,6 +41,7 @@ def launch_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         main_address=args.main_address,
         port=args.port,
         manifest_path=args.manifest_path,
+        train=args.train,
         quantize=None if quantize == "none" else quantize,
         seq_len=args.seq_len or 2048,
         batch_size=args.batch_size or 1,

@@ -10,6 +10,7 @@ from ..errors import SettingError
 from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, interconnect
 from ..facts.quant_methods import QUANT_METHODS
 from ..policy import PARALLELISM_CHOICES
+from ..request import TRAIN_MODES
 
 __all__ = ["DEBUG_ENV", "build_parser"]
 
@@ -150,7 +151,10 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     )
     model.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
     finetune = plan.add_argument_group("fine-tuning")
-    finetune.add_argument("--finetune", action="store_true", help="the LoRA/QLoRA fine-tuning plan")
+    finetune.add_argument("--finetune", action="store_true", help="the fine-tuning plan (LoRA/QLoRA, or --train full)")
+    finetune.add_argument(
+        "--train", choices=TRAIN_MODES, help="with --finetune: lora (adapters, the default) or full (every weight)"
+    )
     finetune.add_argument(
         "--quantize",
         choices=[*QUANT_METHODS, "none", "auto"],
@@ -184,6 +188,7 @@ def _add_launch(sub: argparse._SubParsersAction[argparse.ArgumentParser], common
     launch.add_argument("model", help="local path or hub id (config only; nothing is loaded)")
     _add_simulated_machine(launch)
     add_parallel_options(launch)
+    launch.add_argument("--train", choices=TRAIN_MODES, help="lora (adapters, the default) or full (every weight)")
     launch.add_argument("--quantize", choices=[*QUANT_METHODS, "none", "auto"], help="as for plan --finetune")
     launch.add_argument("--seq-len", type=_positive, help="sequence length (default 2048)")
     launch.add_argument("--batch-size", type=_positive, help="sequences per rank (default 1)")

@@ -241,7 +241,7 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
     if args.generate:
         overrides |= {"generate": True, "context": args.context}
     # --nodes etc. alone: each rank's inference plan; these describe a fine-tuning one
-    named = ("quantize", "seq-len", "batch-size", "interconnect", "node-memory")
+    named = ("train", "quantize", "seq-len", "batch-size", "interconnect", "node-memory")
     given = [f"--{name}" for name in named if getattr(args, name.replace("-", "_"))]
     if given and not args.finetune:
         parser.error(
@@ -251,6 +251,7 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
         quantize = args.quantize or "auto"
         overrides |= {
             "finetune": True,
+            "train": args.train,
             "quantize": None if quantize == "none" else quantize,
             "seq_len": args.seq_len or 2048,
             "batch_size": args.batch_size or 1,
@@ -280,7 +281,7 @@ def next_step(args: argparse.Namespace, result: Any) -> str:
     `cudaload launch` command with the same options, which writes its launch files."""
     import shlex
 
-    load = f"cudaload.load_for_finetune({args.model!r})"
+    load = f"cudaload.load_for_finetune({args.model!r}{', train=' + repr(args.train) if args.train else ''})"
     parallel = result.finetune.parallelism if result.finetune is not None else None
     if parallel is None or int(parallel["nodes"]) * int(parallel["ranks_per_node"]) <= 1:
         return f"Next: in your training script, model = {load} applies this plan; cudaload bench --finetune times it."

@@ -126,7 +126,8 @@ def launch_files(
             shell reads where the script runs (default "$MASTER_ADDR").
         port: The rendezvous port, 1-65535 (default 29500).
         manifest_path: Where the ranks read the manifest (default None: beside the launch files).
-        **plan_kwargs: More `plan()` arguments (quantize, lora, seq_len, batch_size, dtype, ...).
+        **plan_kwargs: More `plan()` arguments (train, quantize, lora, seq_len, batch_size, dtype, ...): train="full"
+            launches full training (each rank's `load_for_finetune(..., train="full")` checks it plans the same).
 
     Returns:
         `LaunchFiles`: the plan, the manifest and every file's text; `.write(folder)` writes them.

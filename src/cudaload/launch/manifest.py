@@ -26,7 +26,7 @@ __all__ = [
 
 MANIFEST_VERSION = 2
 """`cudaload_launch` in the manifest: 2 adds the model's identity and the files' digests."""
-INVARIANT_SETTINGS = ("parallelism", "dtype", "attn_implementation", "quantize", "lora", "use_cache")
+INVARIANT_SETTINGS = ("parallelism", "train", "dtype", "attn_implementation", "quantize", "lora", "use_cache")
 """Decisions every rank must share with the plan made before the launch. The device (LOCAL_RANK's) and the
 TrainingArguments flags a launcher sets for its rank differ by design and are not compared."""
 MAX_BYTES = 1 << 20

@@ -35,7 +35,7 @@ def read_back(plan: Plan, model: Any) -> tuple[str, ...]:
 
 def lora_targets_read_back(plan: Plan, peft_model: Any) -> tuple[str, ...]:
     """The LoRA target modules the plan shows, against those peft wrapped (its `targeted_module_names`)."""
-    if plan.finetune is None:
+    if plan.finetune is None or plan.finetune.lora is None:
         return ()
     planned = plan.finetune.lora.get("target_modules")
     wrapped = getattr(peft_model, "targeted_module_names", None)

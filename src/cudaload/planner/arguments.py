@@ -21,7 +21,7 @@ from ..facts.interconnect import interconnect as known_link
 from ..facts.model import ModelFacts
 from ..policy.node_memory import parse_node_memory
 from ..policy.parallelism import PARALLELISM_CHOICES
-from ..request import GenerationRequest, Request, TrainingRequest, check_count, check_flag
+from ..request import TRAIN_MODES, GenerationRequest, Request, TrainingRequest, check_count, check_flag
 from ..upstream_imports import import_transformers
 
 __all__ = ["check_model", "generation_request", "parallel_request", "split_overrides", "training_request"]
@@ -166,10 +166,12 @@ def training_request(
     seq_len: int | None,
     batch_size: int | None,
     overrides: Mapping[str, Any],
+    train: str | None = None,
 ) -> TrainingRequest | None:
     """The fine-tuning section of the request (None for inference, where giving any of it is an error)."""
     if not finetune:
         training_only = {
+            "train": train,
             "lora": lora,
             "gradient_checkpointing": gradient_checkpointing,
             "seq_len": seq_len,
@@ -196,7 +198,9 @@ def training_request(
             "cudaload build the BitsAndBytesConfig, or quantize=None with your own quantization_config."
         )
     own = overrides.get("quantization_config")
+    _check_train(train, quantize, lora, own)
     return TrainingRequest(
+        train=train or "lora",
         own_quantization=_bitsandbytes_bits(own) if own is not None else None,
         quantize=quantize,
         lora=lora,
@@ -204,6 +208,30 @@ def training_request(
         seq_len=2048 if seq_len is None else seq_len,
         batch_size=1 if batch_size is None else batch_size,
     )
+
+
+def _check_train(train: str | None, quantize: str | None, lora: Any, own: Any) -> None:
+    """`train` is one of TRAIN_MODES; full training takes no quantized base (a 4- or 8-bit weight takes no
+    gradient: "quantized weights should be frozen", bitsandbytes 0.50.2 nn/modules.py: Params4bit.__new__) and
+    no LoRA settings (it adds no adapters), rather than ignoring them."""
+    if train is None or train == "lora":
+        return
+    if train not in TRAIN_MODES:
+        raise SettingError(
+            f"train={train!r}: pass 'lora' (adapters on a frozen base, the default) or 'full' (every weight trained)."
+        )
+    if quantize not in (None, "auto") or own is not None:
+        asked = f"quantize={quantize!r}" if own is None else "quantization_config="
+        raise SettingError(
+            f"train='full' with {asked}: full training updates every weight, and a quantized weight cannot be "
+            "trained (it has no gradient). Pass quantize=None or 'auto' (full training plans no quantization), or "
+            "train='lora' to train LoRA adapters on the quantized base (QLoRA)."
+        )
+    if lora is not None:
+        raise SettingError(
+            f"train='full' with lora={lora!r}: full training adds no LoRA adapters, so LoRA settings would be "
+            "ignored. Drop lora=, or pass train='lora'."
+        )
 
 
 def _bitsandbytes_bits(config: Any) -> str:

@@ -33,6 +33,7 @@ def plan(
     machine: Machine | None = None,
     model_class: str | type | None = None,
     finetune: bool = False,
+    train: str | None = None,
     quantize: str | None = "auto",
     lora: Mapping[str, Any] | None = None,
     gradient_checkpointing: bool | None = None,
@@ -67,9 +68,13 @@ def plan(
             Default None: the checkpoint's own architecture (config.json's "architectures").
         finetune: Plan fine-tuning (LoRA, quantization, TrainingArguments, a memory estimate) instead of
             inference (default False).
+        train: Fine-tuning only: "lora" (default None: "lora", adapters on a frozen base) or "full" (every
+            weight trained in the plan's dtype, no adapters, no quantization; the estimate counts each weight's
+            gradient and AdamW's two moments in that dtype).
         quantize: Fine-tuning only: "4bit", "8bit", None or "auto" (the default: 4-bit only when 16-bit LoRA
-            would not fit at `seq_len` x `batch_size`).
-        lora: Fine-tuning only: LoraConfig keyword overrides (default None: planned from the model).
+            would not fit at `seq_len` x `batch_size`; with train="full" none, and "4bit"/"8bit" are refused).
+        lora: Fine-tuning only: LoraConfig keyword overrides (default None: planned from the model; not with
+            train="full").
         gradient_checkpointing: Fine-tuning only: trade compute for activation memory (default None: True).
         seq_len: Fine-tuning only: the sequence length the memory estimate assumes (default None: 2048).
         batch_size: Fine-tuning only: the batch size the memory estimate assumes (default None: 1).
@@ -109,12 +114,13 @@ def plan(
 
     Raises:
         SettingError: a flag that is not a real bool, a size that is not a positive int, a setting given where
-            it does not apply (generation settings without `generate=True`), or an impossible generation setting.
+            it does not apply (generation settings without `generate=True`), an impossible generation setting,
+            an unknown `train`, or train="full" with a quantized base or `lora`.
         WorkloadError: an unknown `workload`.
         ModelConfigError: a `model` of another type or whose config cannot be read (the message says what the
             folder holds instead), or `generate=True` for a model without a KV-cache layout.
         RemoteCodeError: the model needs `trust_remote_code=True` and it was not given.
-        FinetuneConfigError: `lora` without `finetune=True`, or LoRA settings not valid for this model.
+        FinetuneConfigError: `lora` or `train` without `finetune=True`, or LoRA settings not valid for this model.
         QuantizationError: an unknown `quantize`, or a quantization that cannot apply to this checkpoint.
         DtypeUnsupportedError: a `dtype` this machine cannot run (bfloat16 before sm80, an unknown name).
         AttentionUnavailableError: an `attn_implementation` this machine or model cannot run.
@@ -136,7 +142,7 @@ def plan(
     generation = generation_request(generate, finetune, context, cache_implementation, padding_side)
     check_model(model)
     check_flag("probe", probe, allow_none=False)
-    training = training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides)
+    training = training_request(finetune, quantize, lora, gradient_checkpointing, seq_len, batch_size, overrides, train)
     training = parallel_request(training, nodes, ranks_per_node, interconnect, parallelism, node_memory)
     # A quantization_config transformers would not build as given (a string, another method's dict, a typo) is
     # refused here, before any weight is read, not after loading as 4-bit bitsandbytes.
@@ -163,7 +169,7 @@ def plan(
     # Where transformers itself places a spread depends on the dtype the policy picks: a fact the policy asks for.
     placer = None if isinstance(model, ModelFacts) else upstream_placer(model, facts, overrides)
     result = decide_plan(machine, facts, request, placer=placer)
-    if result.finetune is not None:
+    if result.finetune is not None and result.finetune.lora is not None:
         from ..capability.transformers_api import check_lora_settings
 
         check_lora_settings(result.finetune.lora, lora)  # peft's own check, here, before any weight is read

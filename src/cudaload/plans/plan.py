@@ -225,10 +225,12 @@ class Plan:
                 f"checkpointing {'on' if assumes['gradient_checkpointing'] else 'off'}):"
             )
             pad = max(5, *(len(option) for option in estimate if option != "assumes"))  # "torchao-int8" is 12
+            full = self.finetune is not None and self.finetune.train == "full"
             for option, parts in estimate.items():
                 if option != "assumes":
                     detail = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in parts.items() if k != "total")
-                    row = f"{option:<{pad}} LoRA  {parts['total'] / 2**30:7.2f} GiB  ({detail})"
+                    label = f"{'full':<{pad + 5}}" if full else f"{option:<{pad}} LoRA"  # full: unquantized only
+                    row = f"{label}  {parts['total'] / 2**30:7.2f} GiB  ({detail})"
                     lines += wrap(row, width, "    ", 17 + pad)
         if len(self.attention_chain) > 1:
             lines += wrap(f"attention fallback chain: {' -> '.join(self.attention_chain)}", width, "  ", hang=6)
@@ -240,7 +242,7 @@ class Plan:
         per_rank = isinstance(device_map, dict) and list(device_map) == [""] and isinstance(device_map[""], int)
         # A rank's own GPU: what rank 0 passes is shown, and each rank passes its own LOCAL_RANK (issue 46).
         said_rank = ', on rank 0: each rank passes device_map={"": LOCAL_RANK}' if per_rank else ""
-        then = "then LoRA on top" if self.finetune is not None else ""
+        then = "" if self.finetune is None else "then LoRA on top" if self.finetune.lora is not None else "then trained"
         notes = "; ".join(n for n in (then, said_rank.removeprefix(", ")) if n)
         lines += wrap(f"loads as{f' ({notes})' if notes else ''}:", width, "  ", hang=6)
         lines += call_lines(f"{self.auto_class}.from_pretrained", self.model, self.kwargs, width, "    ")

@@ -21,21 +21,23 @@ class FinetunePlan:
     """The fine-tuning section of a Plan (`plan.finetune`): what `load_for_finetune()` applies.
 
     Attributes:
-        lora: `peft.LoraConfig` keyword arguments (the "lora" decision's value).
+        lora: `peft.LoraConfig` keyword arguments (the "lora" decision's value); None for full training.
         training_arguments: `TrainingArguments` keyword arguments (`training_arguments()` returns
             them, with yours on top).
         memory_estimate: The training-memory estimate per quantization option ("16bit" and each
             method's choice: "4bit", "8bit", "torchao-int8"; each a dict of bytes with a "total"), and
-            under "assumes" the sequence length, batch size and checkpointing it assumes.
+            under "assumes" the sequence length, batch size and checkpointing it assumes. Full training has
+            "16bit" only (unquantized, whatever the dtype), with "gradients" and "optimizer" instead of "lora".
         gradient_checkpointing: Activation checkpointing is on.
         checkpointing_kwargs: The keyword arguments checkpointing is enabled with on the model
             (the planned `..._checkpointing_kwargs` training argument).
         use_cache: The model's `config.use_cache` while training (the "use_cache" decision).
-        trainable_parameters: The adapters' parameter count, known once `load_for_finetune()`
-            has added them; None in a plan that loaded nothing.
+        trainable_parameters: The trained parameters' count (the adapters', or every weight's in full
+            training), known once `load_for_finetune()` has loaded the model; None in a plan that loaded nothing.
         parallelism: For a job of several ranks (`nodes=`, or planned inside a launch): the layout, each
             rank's budget and every strategy's per-rank bytes, bytes sent per step and time estimates
             (the "parallelism" decision's numbers); None for one process.
+        train: "lora" (adapters on a frozen base) or "full" (every weight trained): the "train" decision.
 
     Examples:
         >>> import tempfile, cudaload
@@ -51,7 +53,7 @@ class FinetunePlan:
         True
     """
 
-    lora: Mapping[str, Any]
+    lora: Mapping[str, Any] | None
     training_arguments: Mapping[str, Any]
     memory_estimate: Mapping[str, Any]
     gradient_checkpointing: bool
@@ -59,10 +61,13 @@ class FinetunePlan:
     use_cache: bool = False
     trainable_parameters: int | None = None
     parallelism: Mapping[str, Any] | None = None
+    train: str = "lora"
 
     def to_dict(self) -> dict[str, Any]:
-        """The section as the fine-tuning keys of `Plan.to_dict()["extras"]` (stable since 0.1)."""
+        """The section as the fine-tuning keys of `Plan.to_dict()["extras"]` (stable since 0.1; "train" since
+        full training: "lora" is then None)."""
         out: dict[str, Any] = {
+            "train": self.train,
             "lora": jsonable(self.lora),
             "training_arguments": jsonable(self.training_arguments),
             "memory_estimate": jsonable(self.memory_estimate),

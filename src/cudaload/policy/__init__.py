@@ -24,10 +24,11 @@ from .current_device import as_launched, current_gpu_when_training, decide_curre
 from .devices import check_max_memory, usable_machine
 from .engine_arguments import engine_arguments
 from .fit import HEADROOM, format_bytes, percent
+from .full_training import decide_train, full_training_estimate, full_training_quantize
 from .generation import decide_generation
 from .kernels import decide_use_kernels
 from .lora_targets import lora_leaves, rank_warnings
-from .memory import TrainingMemory, estimate_training_memory, lora_parameters, weight_bytes
+from .memory import TrainingMemory, lora_estimates, lora_parameters, weight_bytes
 from .parallelism import PARALLELISM_CHOICES, SHARDS_WEIGHTS, parallel_section
 from .placement import decide_placement
 from .precision import decide_dtype
@@ -224,33 +225,31 @@ def _finetune_section(
     dtype: str,
     checkpoint: CheckpointPlan | None,
 ) -> _FinetuneSection:
-    """LoRA, quantization (from the training-memory estimate of each option), k-bit preparation, the
-    model's cache and the TrainingArguments flags."""
+    """LoRA or full training, quantization (from the training-memory estimate of each option), k-bit
+    preparation, the model's cache, the parallelism and the TrainingArguments flags."""
     dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
-    lora, lora_config = decide_lora(model, training.lora)
-    # A quantized checkpoint is trained as stored ("checkpoint") or dequantized (None), never requantized.
-    options = (None, *QUANT_METHODS) if checkpoint is None else (None if dequantized_to else "checkpoint",)
-    estimates = {
-        q: estimate_training_memory(
-            model,
-            dtype=dtype,
-            quantize=q,
-            r=int(lora_config["r"]),
-            targets=lora_leaves(model, lora_config["target_modules"]),
-            seq_len=training.seq_len,
-            batch=training.batch_size,
-            checkpointing=training.gradient_checkpointing,
-            on_gpu=bool(machine.gpus),
-            dequantized_to=dequantized_to,
+    train = decide_train(training, dtype)
+    adapters: tuple[Decision, ...] = ()  # LoRA's: the adapters and the base's preparation
+    warnings: tuple[str, ...]
+    if training.train == "full":  # every weight trained: no adapters, no quantization (policy/full_training.py)
+        lora_config = None
+        estimates = full_training_estimate(machine, model, training, dtype, dequantized_to)
+        quant, quant_config, warnings = full_training_quantize(training, checkpoint, model.source), None, ()
+    else:
+        lora, lora_config = decide_lora(model, training.lora)
+        targets = lora_leaves(model, lora_config["target_modules"])
+        estimates = lora_estimates(
+            model, dtype=dtype, r=int(lora_config["r"]), targets=targets, seq_len=training.seq_len,
+            batch=training.batch_size, checkpointing=training.gradient_checkpointing, on_gpu=bool(machine.gpus),
+            checkpoint=checkpoint,
+        )  # fmt: skip
+        quant, quant_config, warnings = decide_quantization(
+            machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
         )
-        for q in options
-    }
-    quant, quant_config, warnings = decide_quantization(
-        machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
-    )
-    across = quantize_across_ranks(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
-    if across is not None:
-        quant, quant_config = across, quant_config if across.value is not None else None
+        across = quantize_across_ranks(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
+        if across is not None:
+            quant, quant_config = across, quant_config if across.value is not None else None
+        adapters = (lora, _kbit_preparation(quant.value))
     parallelism, parallel = parallel_section(machine, model, training, dtype, quant.value, estimates, lora_config)
     if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
         # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
@@ -268,8 +267,9 @@ def _finetune_section(
     engine = engine_arguments(parallel, training)
     arguments = (*arguments, *engine)
     training_args = {**training_args, **{d.setting.removeprefix("training."): d.value for d in engine}}
-    warnings = (*missing_peft(machine), *warnings, *_launched_precision_warnings(judged, model, dtype))
-    warnings = (*warnings, *rank_warnings(model, lora_config))
+    peft = missing_peft(machine) if lora_config is not None else ()  # full training needs no peft
+    warnings = (*peft, *warnings, *_launched_precision_warnings(judged, model, dtype))
+    warnings = (*warnings, *(rank_warnings(model, lora_config) if lora_config is not None else ()))
     use_cache = _training_cache(training.gradient_checkpointing)
     plan = FinetunePlan(
         lora=lora_config,
@@ -279,10 +279,11 @@ def _finetune_section(
         checkpointing_kwargs=next((d.value for d in arguments if d.setting.endswith("checkpointing_kwargs")), {}),
         use_cache=use_cache.value,
         parallelism=parallel.as_dict() if parallel is not None else None,
+        train=training.train,
     )
     return _FinetuneSection(
         plan=plan,
-        decisions=(quant, lora, _kbit_preparation(quant.value), use_cache, *arguments, *parallelism),
+        decisions=(train, quant, *adapters, use_cache, *arguments, *parallelism),
         quantize=quant.value,
         quantization_config=quant_config,
         training_bytes=estimates[quant.value].total,
@@ -339,6 +340,7 @@ def _placement_section(
         tensor_parallel=tensor_parallel,
         tp_requested=tp_requested,
         caps=caps,
+        trained="gradients" if request.training is not None and request.training.train == "full" else "LoRA",
     )
     decisions = [placement, *([tensor_parallel] if tensor_parallel is not None else [])]
     kwargs: dict[str, Any] = {}

@@ -1,5 +1,7 @@
 """Training-memory estimates for LoRA / QLoRA: weights + LoRA (weights, grads, optimizer state) +
-activations (checkpointed layer inputs, one layer's saved tensors, the loss's logits) + overhead.
+activations (checkpointed layer inputs, one layer's saved tensors, the loss's logits) + overhead; and for
+full training (`estimate_full_training_memory`): weights + every weight's gradient + AdamW's state +
+activations + overhead.
 
 Rough by design: the question is "does 16-bit LoRA fit, or is 4-bit needed?", not a byte-exact
 forecast. Every term is derived from the code that allocates it (the versions tested here:
@@ -40,6 +42,14 @@ activations
     and one layer is recomputed at a time during the backward, after the logits' buffers are
     freed: kept + max(one layer, logits). Without it every layer's saved tensors stay until the
     backward reaches them: layers x layer + logits.
+full training
+    Every weight trained in the dtype it is loaded in: its gradient (`param.grad`) has the parameter's dtype,
+    and torch's AdamW keeps exp_avg and exp_avg_sq as `torch.zeros_like(p)`, in the parameter's dtype too
+    (torch 2.13 optim/adam.py: Adam._init_group; AdamW subclasses Adam), plus a 0-d fp32 `step` per tensor
+    (not counted). A model loaded in bf16 holds 2 (weight) + 2 (gradient) + 4 (moments) = 8 bytes a parameter,
+    in fp32 4 + 4 + 8 = 16. Each trained linear layer also saves its input for its weight's gradient: the
+    norms' outputs (shared by q/k/v and by gate/up), the attention output and the MLP product (d x (2h + q + I)
+    per token in a Llama-style layer), as LLM.int8's MatMul8bitLt does for a frozen one.
 overhead
     1 GiB on a GPU (CUDA context and allocator slack); nothing on CPU.
 """
@@ -51,12 +61,16 @@ from dataclasses import dataclass
 from ..facts.dtypes import BYTES
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import CHECKPOINT_OPTIMIZER, QUANT_METHODS
+from ..plans.checkpoint import CheckpointPlan
 
 __all__ = [
     "TrainingMemory",
+    "adamw_state_bytes",
+    "estimate_full_training_memory",
     "estimate_training_memory",
     "layer_bytes_per_token",
     "logits_bytes_per_element",
+    "lora_estimates",
     "lora_parameters",
     "lora_tensor_bytes",
     "planned_optimizer",
@@ -173,7 +187,13 @@ def logits_bytes_per_element(dtype: str, *, outputs_kept: bool = False, softcapp
 
 
 def layer_bytes_per_token(
-    model: ModelFacts, dtype: str, quantize: str | None, targets: tuple[str, ...], on_gpu: bool
+    model: ModelFacts,
+    dtype: str,
+    quantize: str | None,
+    targets: tuple[str, ...],
+    on_gpu: bool,
+    *,
+    trained: bool = False,
 ) -> int:
     """Bytes one decoder layer saves for the backward, per token (frozen base, LoRA on `targets`).
 
@@ -197,6 +217,8 @@ def layer_bytes_per_token(
       the compute dtype; fp32 without autocast): (m + d) x fan_in per adapter. The plan's default
       lora_dropout is 0.05; with 0 there is no mask and no copy in 16-bit.
 
+    `trained`: full training, every linear layer's weight gets a gradient, so each saves its input.
+
     Other layer shapes fall back to Korthikanti et al. 2022 (34·h bytes in 16-bit, scaled by d/2)
     plus the adapters' inputs. Not counted: Qwen3's q/k norms (4 x (q + kv), ~4% of a layer),
     the rotary cos/sin and softmax statistics (per token, not per channel).
@@ -216,11 +238,23 @@ def layer_bytes_per_token(
     inter = shapes["up_proj"][1]
     base = 2 * FP32 * hidden + 4 * d * attention + 3 * d * inter
     method = QUANT_METHODS.get(quantize or "")
-    if method is not None and method.saves_input:
-        # A matmul that saves its input (MatMul8bitLt): the norms' outputs (shared by q/k/v and by
-        # gate/up), the attention output and the MLP product.
+    if trained or (method is not None and method.saves_input):
+        # A matmul that saves its input (a trained weight's, or MatMul8bitLt's): the norms' outputs (shared by
+        # q/k/v and by gate/up), the attention output and the MLP product.
         base += d * (2 * hidden + attention + inter)
     return base + lora
+
+
+def _step_activations(model: ModelFacts, dtype: str, layer: int, tokens: int, checkpointing: bool) -> int:
+    """A step's activation peak from one layer's saved bytes (`layer`, for `tokens` tokens) and the loss's logits."""
+    layers = model.num_layers or 0
+    logits = logits_bytes_per_element(dtype, softcapped=bool(model.final_softcap)) * tokens * (model.vocab_size or 0)
+    if checkpointing:
+        # Non-reentrant checkpointing keeps each layer's input; the backward frees the logits'
+        # buffers (lm_head and the loss come first) before it recomputes the last layer.
+        kept = layers * tokens * (model.hidden_size or 0) * BYTES[dtype]
+        return kept + max(layer, logits)
+    return layers * layer + logits
 
 
 @dataclass(frozen=True)
@@ -228,18 +262,25 @@ class TrainingMemory:
     weights: int
     lora: int
     """LoRA weights and gradients (fp32) and the optimizer's state: 16 bytes per parameter with
-    AdamW in fp32, ~10 with paged 8-bit AdamW."""
+    AdamW in fp32, ~10 with paged 8-bit AdamW. 0 in full training."""
     activations: int
     overhead: int
+    gradients: int = 0
+    """Full training: every weight's gradient, in the weights' dtype (0 for LoRA, counted in `lora`)."""
+    optimizer: int = 0
+    """Full training: AdamW's two moments for every weight, in the weights' dtype (`adamw_state_bytes`)."""
+    full: bool = False
+    """Full training (every weight trained): `as_dict` shows gradients and optimizer instead of lora."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.lora + self.activations + self.overhead
+        return self.weights + self.lora + self.gradients + self.optimizer + self.activations + self.overhead
 
     def as_dict(self) -> dict[str, int]:
+        trained = {"gradients": self.gradients, "optimizer": self.optimizer} if self.full else {"lora": self.lora}
         return {
             "weights": self.weights,
-            "lora": self.lora,
+            **trained,
             "activations": self.activations,
             "overhead": self.overhead,
             "total": self.total,
@@ -264,16 +305,8 @@ def estimate_training_memory(
     means the one the plan chooses (`planned_optimizer`)."""
     optim = optim or planned_optimizer(quantize, on_gpu)
     tokens = seq_len * batch
-    layers = model.num_layers or 0
     layer = layer_bytes_per_token(model, dtype, quantize, targets, on_gpu) * tokens
-    logits = logits_bytes_per_element(dtype, softcapped=bool(model.final_softcap)) * tokens * (model.vocab_size or 0)
-    if checkpointing:
-        # Non-reentrant checkpointing keeps each layer's input; the backward frees the logits'
-        # buffers (lm_head and the loss come first) before it recomputes the last layer.
-        kept = layers * tokens * (model.hidden_size or 0) * BYTES[dtype]
-        activations = kept + max(layer, logits)
-    else:
-        activations = layers * layer + logits
+    activations = _step_activations(model, dtype, layer, tokens, checkpointing)
     lora = sum(
         (lora_tensor_bytes(r * fan_in, optim) + lora_tensor_bytes(r * fan_out, optim)) * count
         for fan_in, fan_out, count in adapted_shapes(model, targets)
@@ -283,4 +316,69 @@ def estimate_training_memory(
         lora=int(lora),
         activations=activations,
         overhead=CUDA_OVERHEAD if on_gpu else 0,
+    )
+
+
+def lora_estimates(
+    model: ModelFacts,
+    *,
+    dtype: str,
+    r: int,
+    targets: tuple[str, ...],
+    seq_len: int,
+    batch: int,
+    checkpointing: bool,
+    on_gpu: bool,
+    checkpoint: CheckpointPlan | None,
+) -> dict[str | None, TrainingMemory]:
+    """LoRA's estimate for each quantization option a plan weighs (None: 16-bit). A quantized checkpoint is
+    trained as stored ("checkpoint") or dequantized (None), never requantized."""
+    dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
+    options = (None, *QUANT_METHODS) if checkpoint is None else (None if dequantized_to else "checkpoint",)
+    return {
+        q: estimate_training_memory(
+            model,
+            dtype=dtype,
+            quantize=q,
+            r=r,
+            targets=targets,
+            seq_len=seq_len,
+            batch=batch,
+            checkpointing=checkpointing,
+            on_gpu=on_gpu,
+            dequantized_to=dequantized_to,
+        )
+        for q in options
+    }
+
+
+def adamw_state_bytes(parameters: int, dtype: str) -> int:
+    """torch AdamW's exp_avg + exp_avg_sq for `parameters` weights held in `dtype`: `torch.zeros_like(p)` keeps
+    the parameter's dtype (torch 2.13 optim/adam.py: Adam._init_group), so 2 x 2 bytes a bf16 weight."""
+    return 2 * parameters * BYTES[dtype]
+
+
+def estimate_full_training_memory(
+    model: ModelFacts,
+    *,
+    dtype: str,
+    seq_len: int = 2048,
+    batch: int = 1,
+    checkpointing: bool = True,
+    on_gpu: bool = True,
+    dequantized_to: str | None = None,
+) -> TrainingMemory:
+    """Peak memory of one full-training step (every weight trained in `dtype`, torch AdamW): the weights, a
+    gradient per weight in `dtype`, AdamW's two moments in `dtype`, the activations of trained layers (each
+    linear saves its input) and the device's overhead."""
+    tokens = seq_len * batch
+    layer = layer_bytes_per_token(model, dtype, None, (), on_gpu, trained=True) * tokens
+    return TrainingMemory(
+        weights=weight_bytes(model, dtype, None, dequantized_to=dequantized_to),
+        lora=0,
+        activations=_step_activations(model, dtype, layer, tokens, checkpointing),
+        overhead=CUDA_OVERHEAD if on_gpu else 0,
+        gradients=model.parameters * BYTES[dtype],
+        optimizer=adamw_state_bytes(model.parameters, dtype),
+        full=True,
     )

@@ -376,23 +376,28 @@ def parallel_section(
     dtype: str,
     quantize: str | None,
     estimates: dict[str | None, TrainingMemory],
-    lora_config: Mapping[str, Any],
+    lora_config: Mapping[str, Any] | None,
 ) -> tuple[tuple[Decision, ...], ParallelChoice | None]:
-    """The `parallelism` decision for the job's ranks (none for one process with no layout asked)."""
+    """The `parallelism` decision for the job's ranks (none for one process with no layout asked); `lora_config`
+    None: full training (every weight trained)."""
     layout = planned_layout(machine, training)
     if layout is None:
         return (), None
     estimate = estimates[quantize]
+    full = lora_config is None
+    trained = model.parameters
+    if lora_config is not None:
+        trained = lora_parameters(model, int(lora_config["r"]), lora_leaves(model, lora_config["target_modules"]))
     shape = training_shape(
         model,
         dtype=dtype,
         weight_bytes=estimate.weights,
-        trained=lora_parameters(model, int(lora_config["r"]), lora_leaves(model, lora_config["target_modules"])),
-        full=False,
+        trained=trained,
+        full=full,
         activations_per_sample=estimate.activations // training.batch_size,
         tokens=training.seq_len,
         checkpointing=training.gradient_checkpointing,
-        lora_bytes=estimate.lora,
+        lora_bytes=None if full else estimate.lora,
         quantized=quantize is not None,
     )
     node = node_memory(machine, training.node_memory)

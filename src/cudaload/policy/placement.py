@@ -43,8 +43,10 @@ def decide_placement(
     tensor_parallel: Decision | None = None,
     tp_requested: bool = False,
     caps: Mapping[Any, Any] | None = None,
+    trained: str = "LoRA",
 ) -> tuple[Decision, dict[Any, str] | None, tuple[str, ...]]:
-    """(device_map decision, max_memory or None, warnings).
+    """(device_map decision, max_memory or None, warnings). `trained`: what training adds beside the weights and
+    AdamW, as the reasons name it ("LoRA", or "gradients" in full training).
 
     `caps` is your max_memory (checked by devices.py `check_max_memory`): a single process places the model
     within them (`_capped_placement`), and a device_map of one device with them is refused (transformers would
@@ -73,7 +75,7 @@ def decide_placement(
         return _rank_placement(machine), None, ()
     if not machine.gpus:
         return _cpu_placement(machine, weight_bytes)
-    return _gpu_placement(machine, weights, training_bytes, quantized)
+    return _gpu_placement(machine, weights, training_bytes, quantized, trained)
 
 
 # transformers reads max_memory only to infer a device_map from one of these strategies (integrations/accelerate.py
@@ -242,14 +244,16 @@ def _cpu_placement(machine: Machine, weight_bytes: int) -> _Placement:
     return Decision("device_map", "cpu", f"no CUDA GPU: {size} in RAM"), None, warnings
 
 
-def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, quantized: bool) -> _Placement:
+def _gpu_placement(
+    machine: Machine, weights: Fit, training_bytes: int | None, quantized: bool, trained: str = "LoRA"
+) -> _Placement:
     """One process with GPUs: one GPU when the copy (or the training run) fits it, else a spread."""
     if training_bytes is None:
         fit, what = weights, weights_phrase(weights.need)
     else:
         # The same judgement quantize="auto" made (quantization.py), on the same GPU.
         fit = judge_fit(machine, training_bytes, TRAINING_SHARE)
-        what = f"~{format_bytes(training_bytes)} to train (weights, LoRA + AdamW, activations)"
+        what = f"~{format_bytes(training_bytes)} to train (weights, {trained} + AdamW, activations)"
     if fit.fits and fit.gpu is not None:
         return _one_gpu_placement(fit.gpu, what), None, ()
     if (
@@ -258,7 +262,7 @@ def _gpu_placement(machine: Machine, weights: Fit, training_bytes: int | None, q
         and weights.gpu is not None
         and training_bytes > sum(fit.spread.values())
     ):
-        return _training_overflow_placement(weights.gpu, weights.need, fit)
+        return _training_overflow_placement(weights.gpu, weights.need, fit, trained)
     if weights.fits_spread:
         return _spread_placement(weights, what), _gpu_max_memory(weights), ()
     if training_bytes is not None and quantized:
@@ -283,7 +287,7 @@ def _one_gpu_placement(gpu: Gpu, what: str) -> Decision:
     )
 
 
-def _training_overflow_placement(gpu: Gpu, weight_bytes: int, training: Fit) -> _Placement:
+def _training_overflow_placement(gpu: Gpu, weight_bytes: int, training: Fit, trained: str) -> _Placement:
     """The weights fit `gpu`, but the training run does not fit even all GPUs together."""
     # What does not fit is the rest of training (mostly activations at seq_len x batch_size):
     # spreading the weights would not help, so keep them on one GPU and say what to change.
@@ -291,7 +295,7 @@ def _training_overflow_placement(gpu: Gpu, weight_bytes: int, training: Fit) -> 
     excess = (
         f"~{format_bytes(training.need)} to train exceeds {gpu.name} ({gpu.device}, "
         f"{format_bytes(training.budget)} usable for training): the weights (~{format_bytes(weight_bytes)}) fit, "
-        f"the other ~{format_bytes(rest)} (activations at this seq_len x batch_size, LoRA and AdamW state) do not"
+        f"the other ~{format_bytes(rest)} (activations at this seq_len x batch_size, {trained} and AdamW state) do not"
     )
     decision = Decision(
         "device_map",
