@@ -129,6 +129,8 @@ def test_every_emitter_quotes_every_hostile_value(tmp_path: Path, tiny_models: d
         "launch", "--config_file", str(out / "accelerate-config.yaml"), "--machine_rank", "1",
         "--main_process_ip", hostile_address, *tail,
     ]  # fmt: skip
+    Path(manifest_path).parent.mkdir(parents=True)  # the sbatch script stops before srun where it is missing
+    shutil.copy(out / MANIFEST, manifest_path)
     srun, torchrun = _run(out / "launch.sbatch", tmp_path, SLURM_JOB_NODELIST="node-[a-b]", SLURM_SUBMIT_DIR=str(out))
     assert srun["argv"][:2] == ["bash", "-c"]
     assert torchrun["launch"] == manifest_path and torchrun["env"]["MASTER_ADDR"] == "node-a"

@@ -1,12 +1,13 @@
 """The SLURM launch: an sbatch script that starts one torchrun per node with `srun`. The torchrun line runs
 inside `bash -c` (so that each node expands its own $SLURM_NODEID): it is quoted once as a line of values
-(`shell_line`) and once more as the single argument of `bash -c`."""
+(`shell_line`) and once more as the single argument of `bash -c`. Run under a real one-host SLURM 22.05
+(Debian 12's slurm-wlm) by tests/test_launch_slurm.py."""
 
 from __future__ import annotations
 
 import shlex
 
-from .job import LAUNCH_ENV, Job, Word, shell_line
+from .job import LAUNCH_ENV, MANIFEST, Job, Word, shell_line
 from .torchrun import torchrun_argv
 
 __all__ = ["slurm_files"]
@@ -17,6 +18,14 @@ def _sbatch(job: Job) -> str:
     per_node = "exec " + shell_line(torchrun_argv(job, node))
     manifest = job.manifest_word('"$SLURM_SUBMIT_DIR"')
     address = job.address_variable
+    # Checked on the batch host before srun starts a rank: each rank would raise it later, one by one.
+    hint = (
+        f"submit launch.sbatch from the folder it was written to (cd FOLDER && sbatch launch.sbatch): the ranks "
+        f"read {MANIFEST} from the folder sbatch was run in."
+        if job.manifest is None
+        else f"copy {MANIFEST} of the launch files there (manifest_path / --manifest-path)."
+    )
+    stop = f'"launch.sbatch: no launch manifest at ${LAUNCH_ENV}:" {shlex.quote(hint)}'
     lines = [
         "#!/usr/bin/env bash",
         f"#SBATCH --job-name=cudaload-{job.strategy.replace('+', '-')}",
@@ -24,15 +33,23 @@ def _sbatch(job: Job) -> str:
         "#SBATCH --ntasks-per-node=1",
         *([f"#SBATCH --gpus-per-node={job.ranks}"] if job.gpus else []),
         "#SBATCH --exclusive",
+        # --exclusive gives the job every CPU of its nodes but not their memory where memory is a consumable
+        # resource (SelectTypeParameters=CR_*_Memory): there the job gets DefMemPerCPU x CPUs and the ranks are
+        # killed loading the model (seen under Slurm 22.05: 200 MiB). 0 is "all the memory of each node"
+        # (sbatch --mem); a --mem given to sbatch on its command line still wins over this line.
+        "#SBATCH --mem=0",
         "set -euo pipefail",
         "# One torchrun per node (srun starts one task on each); node 0 is the rendezvous endpoint.",
         *(
-            [f'export {address}="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"']
+            # Assigned apart from `export` so that a failing scontrol stops the script (set -e; `export` would
+            # return 0), and cut in the shell, not by `head` (whose early exit fails scontrol under pipefail).
+            ['hosts="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"', f"export {address}=\"${{hosts%%$'\\n'*}}\""]
             if address is not None
             else []
         ),
         # sbatch runs a spooled copy of this script: the files are where it was submitted from.
         f"export {LAUNCH_ENV}={shell_line([manifest])}",
+        f'[[ -f "${LAUNCH_ENV}" ]] || {{ echo {stop} >&2; exit 1; }}',
         f"srun bash -c {shlex.quote(per_node)}",
         "",
     ]
