@@ -173,6 +173,8 @@ def running(folder: Path) -> Iterator[Cluster]:
         _wait_idle(cluster, procs)
         yield cluster
     finally:
+        if all(p.poll() is None for p in procs.values()) and len(procs) == len(DAEMONS):
+            _cancel_jobs(cluster, steps_before)
         for proc in reversed(procs.values()):
             proc.terminate()
             try:
@@ -185,6 +187,14 @@ def running(folder: Path) -> Iterator[Cluster]:
     steps = _pids("slurmstepd") - steps_before
     if any(left.values()) or steps:
         raise RuntimeError(f"SLURM processes left running: {left}, slurmstepd {sorted(steps)}")
+
+
+def _cancel_jobs(cluster: Cluster, steps_before: set[int]) -> None:
+    """Cancel what is still queued or running (a test that timed out), and wait for its slurmstepd to end."""
+    subprocess.run(["scancel", "--partition", "debug"], env={**os.environ, **cluster.env()}, capture_output=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while _pids("slurmstepd") - steps_before and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[bytes], cluster: Cluster) -> None:
