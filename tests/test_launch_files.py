@@ -50,6 +50,13 @@ with open(os.path.join(os.environ["RECORD_DIR"], "srun-%d.json" % os.getpid()), 
 PY
 SLURM_NODEID=0 exec "$@"
 """
+# scontrol: `show hostnames` lists the job's nodes, `show node --oneliner NAME` gives its NodeAddr (Slurm 22.05)
+SCONTROL = """#!/usr/bin/env bash
+case "$2" in
+  hostnames) echo node-a; echo node-b;;
+  node) echo "NodeName=$4 Arch=x86_64 NodeAddr=$4 NodeHostName=$4";;
+esac
+"""
 
 
 def _fake_bin(where: Path) -> Path:
@@ -60,7 +67,7 @@ def _fake_bin(where: Path) -> Path:
     for name in ("torchrun", "accelerate"):
         (bin_dir / name).write_text(RECORDER.format(python=sys.executable, name=name))
     (bin_dir / "srun").write_text(SRUN.format(python=shlex.quote(sys.executable)))
-    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho node-a\necho node-b\n")
+    (bin_dir / "scontrol").write_text(SCONTROL)
     for path in bin_dir.iterdir():
         path.chmod(0o755)
     return bin_dir

@@ -13,6 +13,23 @@ from .torchrun import torchrun_argv
 __all__ = ["slurm_files"]
 
 
+def _address_lines(variable: str) -> list[str]:
+    """Node 0's address into `variable`: its NodeAddr, the address SLURM itself reaches it at (a node's name,
+    what `scontrol show hostnames` lists, need not resolve: NodeName=gpu001 NodeAddr=10.0.0.1).
+
+    Each value is assigned apart from `export`, so that a failing scontrol stops the script (set -e; `export`
+    would return 0), and the first host is cut in the shell, not by `head`, whose early exit fails scontrol
+    under pipefail."""
+    no_address = shlex.quote("launch.sbatch: no NodeAddr in `scontrol show node` of node 0:")
+    return [
+        'hosts="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"',
+        'node0="$(scontrol show node --oneliner "${hosts%%$' + "'\\n'" + '*}")"',
+        f'[[ "$node0" == *" NodeAddr="* ]] || {{ echo {no_address} "$node0" >&2; exit 1; }}',
+        'node0="${node0#* NodeAddr=}"',
+        f'export {variable}="${{node0%% *}}"',
+    ]
+
+
 def _sbatch(job: Job) -> str:
     node = Word('"$SLURM_NODEID"')  # expanded by the `bash -c` srun starts on each node
     per_node = "exec " + shell_line(torchrun_argv(job, node))
@@ -40,13 +57,7 @@ def _sbatch(job: Job) -> str:
         "#SBATCH --mem=0",
         "set -euo pipefail",
         "# One torchrun per node (srun starts one task on each); node 0 is the rendezvous endpoint.",
-        *(
-            # Assigned apart from `export` so that a failing scontrol stops the script (set -e; `export` would
-            # return 0), and cut in the shell, not by `head` (whose early exit fails scontrol under pipefail).
-            ['hosts="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"', f"export {address}=\"${{hosts%%$'\\n'*}}\""]
-            if address is not None
-            else []
-        ),
+        *(_address_lines(address) if address is not None else []),
         # sbatch runs a spooled copy of this script: the files are where it was submitted from.
         f"export {LAUNCH_ENV}={shell_line([manifest])}",
         f'[[ -f "${LAUNCH_ENV}" ]] || {{ echo {stop} >&2; exit 1; }}',
