@@ -50,6 +50,13 @@ with open(os.path.join(os.environ["RECORD_DIR"], "srun-%d.json" % os.getpid()), 
 PY
 SLURM_NODEID=0 exec "$@"
 """
+# scontrol: `show hostnames` lists the job's nodes, `show node --oneliner NAME` gives its NodeAddr (Slurm 22.05)
+SCONTROL = """#!/usr/bin/env bash
+case "$2" in
+  hostnames) echo node-a; echo node-b;;
+  node) echo "NodeName=$4 Arch=x86_64 NodeAddr=$4 NodeHostName=$4";;
+esac
+"""
 
 
 def _fake_bin(where: Path) -> Path:
@@ -60,7 +67,7 @@ def _fake_bin(where: Path) -> Path:
     for name in ("torchrun", "accelerate"):
         (bin_dir / name).write_text(RECORDER.format(python=sys.executable, name=name))
     (bin_dir / "srun").write_text(SRUN.format(python=shlex.quote(sys.executable)))
-    (bin_dir / "scontrol").write_text("#!/usr/bin/env bash\necho node-a\necho node-b\n")
+    (bin_dir / "scontrol").write_text(SCONTROL)
     for path in bin_dir.iterdir():
         path.chmod(0o755)
     return bin_dir
@@ -129,6 +136,8 @@ def test_every_emitter_quotes_every_hostile_value(tmp_path: Path, tiny_models: d
         "launch", "--config_file", str(out / "accelerate-config.yaml"), "--machine_rank", "1",
         "--main_process_ip", hostile_address, *tail,
     ]  # fmt: skip
+    Path(manifest_path).parent.mkdir(parents=True)  # the sbatch script stops before srun where it is missing
+    shutil.copy(out / MANIFEST, manifest_path)
     srun, torchrun = _run(out / "launch.sbatch", tmp_path, SLURM_JOB_NODELIST="node-[a-b]", SLURM_SUBMIT_DIR=str(out))
     assert srun["argv"][:2] == ["bash", "-c"]
     assert torchrun["launch"] == manifest_path and torchrun["env"]["MASTER_ADDR"] == "node-a"
