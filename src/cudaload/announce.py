@@ -72,9 +72,11 @@ def fitted(line: str) -> str:
         return line
     width = shutil.get_terminal_size((100, 24)).columns
     width = max(width if width > 0 else 100, 40)
-    # The label ("cudaload: error:", "[demo]") keeps its first word beside it, however long that word (a path).
+    # The label ("cudaload: error:", "[demo]") keeps its first word beside it, unless that word (a path) would push
+    # the line past the width: then the word starts the next line.
     label = re.match(r"(?:\[\w+\] |(?:[\w.-]+: )+)\S*", line)
-    glued = line if label is None else label[0].replace(" ", "\xa0") + line[label.end() :]
+    fits = label is not None and len(label[0]) <= width
+    glued = label[0].replace(" ", "\xa0") + line[label.end() :] if label is not None and fits else line
     wrapped = textwrap.wrap(glued, width, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False)
     return "\n".join(wrapped).replace("\xa0", " ") or line
 

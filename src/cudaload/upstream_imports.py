@@ -16,15 +16,23 @@ import importlib.util
 import logging
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .errors import ModelConfigError
 
-__all__ = ["bitsandbytes_hub_kernel_refused", "import_bitsandbytes", "import_transformers", "resolve_auto_class"]
+__all__ = [
+    "before_first_import",
+    "bitsandbytes_hub_kernel_refused",
+    "import_bitsandbytes",
+    "import_transformers",
+    "resolve_auto_class",
+]
 
 _LOCK = threading.Lock()
 _DONE = False
+_notices: list[Callable[[], None]] = []
+"""Called once, just before this process first imports transformers (`before_first_import`)."""
 
 # The lazily exported names cudaload's own code imports from transformers (each resolution imports
 # its submodule: configuration, modeling, tokenization, generation, the Auto mappings).
@@ -48,11 +56,27 @@ def import_transformers() -> None:
     with _LOCK:
         if _DONE:
             return
+        if "transformers" not in sys.modules:
+            while _notices:
+                _notices.pop(0)()
         import transformers
 
         for name in _NAMES:
             getattr(transformers, name)
         _DONE = True
+
+
+@contextlib.contextmanager
+def before_first_import(say: Callable[[], None]) -> Iterator[None]:
+    """Within: `say()` runs once, just before transformers (and torch with it) is first imported in this process,
+    which takes seconds of CPU (7-14 s on a busy 2-core machine, issue 46): the CLI says what it waits on there,
+    and says nothing when the command needs no import (a plan read from cudaload's cache)."""
+    _notices.append(say)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):  # said already
+            _notices.remove(say)
 
 
 def resolve_auto_class(name: str) -> Any:

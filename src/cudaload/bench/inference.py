@@ -26,6 +26,7 @@ from .harness import BenchRun, Measurement, Variant, measure, workload_for
 from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, summarise
 from .rounds import ticking
+from .upstream_messages import captured_messages
 
 __all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench"]
 
@@ -158,7 +159,11 @@ def run_bench(
     machine = detect()
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     default_threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp, ticking(_phase_logger(log, started)) as say:
+    with (
+        tempfile.TemporaryDirectory(prefix="cudaload-bench-") as tmp,
+        ticking(_phase_logger(log, started)) as say,
+        captured_messages() as upstream,
+    ):
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
         phases = _measure_model(
             model,
@@ -175,6 +180,7 @@ def run_bench(
         _run_extras(phases, work, generation=generation, save=save, overhead=with_overhead, say=say)
     threads_used = work.threads or default_threads
     result, rows = _result_of(phases, work, machine, date=date, quick=quick, threads_used=threads_used)
+    result["upstream_messages"] = upstream
     if phases.shape_key:
         saved = _save_record(phases.shape_key, machine, result, rows, threads_used)
         result["tuning_record"] = str(saved) if saved else None

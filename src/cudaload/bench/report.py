@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .upstream_messages import format_messages
+
 __all__ = ["format_generation", "format_report"]
 
 
@@ -27,7 +29,7 @@ def format_report(result: dict[str, Any], width: int | None = None) -> str:
     if result.get("interrupted"):
         lines.append("INTERRUPTED (Ctrl-C): the numbers are what was measured before it; rounds may be missing")
     if result.get("generation"):
-        lines.append(format_generation(result["generation"]))
+        lines.append(format_generation(result["generation"], width))
     if result.get("overhead"):
         from .overhead import format_overhead
 
@@ -35,6 +37,7 @@ def format_report(result: dict[str, Any], width: int | None = None) -> str:
     if result.get("tuning_record"):
         lines.append(f"tuning record saved: {result['tuning_record']} (plans of this model here now use it)")
     lines += _reading_notes(result)
+    lines += format_messages(result.get("upstream_messages") or [])  # after the table, never between its rows
     if "written_to" in result:
         lines.append(f"written to {result['written_to']}")
     lines.append(f"took {result.get('wall_s', 0):.0f} s")
@@ -217,34 +220,66 @@ def _spread_line(variants: list[dict[str, Any]]) -> str:
     )
 
 
-def format_generation(section: dict[str, Any]) -> str:
-    """The generation comparison as a table (from the result dict)."""
-    lines = [
+_GENERATION_COLUMNS = (  # two header lines, so that a row of numbers is 37 characters
+    f"{'decode':>8} {'generate':>8} {'peak':>6} {'KV':>6} {'as':>5}",
+    f"{'tok/s':>8} {'s':>8} {'MiB':>6} {'MiB':>6} {'alone':>5}",
+)
+_OVER_DEFAULT = "over default generate(): decode / generate / memory"
+
+
+def format_generation(section: dict[str, Any], width: int | None = None) -> str:
+    """The generation comparison as a table (from the result dict) laid out for `width` columns (None: the
+    terminal's): the ratios over default generate() beside the numbers when a row fits, else in a table of their
+    own with the same labels, as the variants' speed-ups are (issue 46: the rows ran to 140 columns)."""
+    from ..plans.layout import terminal_width, wrap
+
+    width = terminal_width(width)
+    rows = section["variants"]
+    labels = [row["name"] + (" (= default)" if row["is_plan"] and row["is_default"] else "") for row in rows]
+    caches = [row["generate_kwargs"].get("cache_implementation", "default") for row in rows]
+    cache_width = max([len("cache"), *map(len, caches)])
+    # A label longer than the room beside the numbers takes a line of its own (as in the variants' table).
+    room = width - len(_GENERATION_COLUMNS[0]) - (2 + 1 + cache_width + 1 + len("padding") + 1)
+    label_width = min(max([len("variant"), *map(len, labels)]), max(len("variant"), room))
+    lead = 2 + label_width + 1 + cache_width + 1 + len("padding") + 1
+    whole = lead + len(_GENERATION_COLUMNS[0]) + 3 + len(_OVER_DEFAULT) <= width
+    lines = wrap(
         f"generation: batch {section['batch']} (prompts of {min(section['prompt_lengths'])}-"
         f"{max(section['prompt_lengths'])} tokens, padded) + {section['new_tokens']} new tokens, greedy; "
         f"plan: {section['plan']['generate_kwargs'] or 'no generate() arguments'}, "
         f"padding {section['plan']['padding_side']}",
-        f"  {'variant':<32} {'cache':<10} {'padding':<7} {'decode tok/s':>12} {'generate s':>10} {'peak MiB':>9} "
-        f"{'KV MiB':>8} {'as alone':>8}   over default: decode / generate / memory",
-    ]
-    for row in section["variants"]:
-        label = row["name"] + (" (= default)" if row["is_plan"] and row["is_default"] else "")
-        mark = "*" if row["is_plan"] else " "
-        cache = row["generate_kwargs"].get("cache_implementation", "default")
+        width,
+    )
+    lines.append(f"{'':<{lead}}{_GENERATION_COLUMNS[0]}")
+    lines.append(
+        f"  {'variant':<{label_width}} {'cache':<{cache_width}} {'padding'} {_GENERATION_COLUMNS[1]}"
+        + (f"   {_OVER_DEFAULT}" if whole else "")
+    )
+    ratios: list[tuple[str, str]] = []
+    for row, label, cache in zip(rows, labels, caches, strict=True):
+        head = f"{'*' if row['is_plan'] else ' '} {label:<{label_width}} "
+        if len(label) > label_width:
+            head = f"{head.rstrip()}\n{'':<{label_width + 3}}"
+        start = f"{head}{cache:<{cache_width}} {row['padding_side']:<7} "
         if not row["ok"]:
-            lines.append(f"{mark} {label:<32} {cache:<10} {row['padding_side']:<7} failed: {row['error']}")
+            lines += _cell(start, f"failed: {row['error']}", width)
             continue
         peak = row["peak_memory_bytes"] / 2**20 if row["peak_memory_bytes"] else None
         kv = row["kv_cache_bytes"] / 2**20 if row["kv_cache_bytes"] is not None else None
         s = row["speedup_over_default"]
-        lines.append(
-            f"{mark} {label:<32} {cache:<10} {row['padding_side']:<7} {_fmt(row['decode_tokens_per_s'], '12.1f')} "
-            f"{_fmt(row['generate_s'], '10.3f')} {_fmt(peak, '9.0f')} {_fmt(kv, '8.2f')} "
-            f"{row['matches_unpadded']}/{row['sequences']:<6}   {_fmt(s['decode'], '.2f')} / "
-            f"{_fmt(s['generate'], '.2f')} / {_fmt(row['memory_over_default'], '.2f')}"
+        over = f"{_fmt(s['decode'], '.2f')} / {_fmt(s['generate'], '.2f')} / {_fmt(row['memory_over_default'], '.2f')}"
+        numbers = (
+            f"{_fmt(row['decode_tokens_per_s'], '8.1f')} {_fmt(row['generate_s'], '8.3f')} {_fmt(peak, '6.0f')} "
+            f"{_fmt(kv, '6.2f')} {str(row['matches_unpadded']) + '/' + str(row['sequences']):>5}"
         )
-    lines.append(
-        f"  KV cache the plan estimates for batch x (longest prompt + new tokens - 1, what generate() keeps): "
-        f"{section['kv_cache_bytes_planned'] / 2**20:.2f} MiB; 'as alone': {section['matches_unpadded']}"
+        lines.append(start + numbers + (f"   {over}" if whole else ""))
+        ratios.append((head, over))
+    if not whole and ratios:
+        lines += [f"  {_OVER_DEFAULT}:", *(head + over for head, over in ratios)]
+    lines += wrap(
+        f"KV cache the plan estimates for batch x (longest prompt + new tokens - 1, what generate() keeps): "
+        f"{section['kv_cache_bytes_planned'] / 2**20:.2f} MiB; 'as alone': {section['matches_unpadded']}",
+        width,
+        "  ",
     )
     return "\n".join(lines)

@@ -20,8 +20,10 @@ _DEFAULT_ENDPOINT = "https://huggingface.co"
 
 
 def looks_like_a_path(model: str) -> bool:
-    """`/x`, `./x`, `../x`, `~/x` or an existing folder: a path, never a Hub id (a Hub id is `owner/name`)."""
-    return model.startswith(("/", "./", "../", "~", ".\\")) or model in (".", "..") or os.path.exists(model)
+    """`/x`, `./x`, `../x`, `~/x`, `a/b/c` or an existing folder: a path, never a Hub id (a Hub id is `owner/name`,
+    one slash)."""
+    local = model.startswith(("/", "./", "../", "~", ".\\")) or model in (".", "..") or model.count("/") > 1
+    return local or os.path.exists(model)
 
 
 def in_local_cache(model: str) -> bool:

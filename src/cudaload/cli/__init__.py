@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from ..announce import fitted
 from ..errors import CudaloadError
+from ..upstream_imports import before_first_import
 from .bench_command import bench_command
 from .doctor_command import doctor_report, remeasure_report
 from .launch_command import launch_command
@@ -86,16 +87,21 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             emit(doctor_report(detect(), args.json, args.check_hub))
         elif args.command == "probe":
             emit(remeasure_report(args.model, _to_stderr))
-        elif args.command == "plan":
-            emit(plan_command(args, parser))
-        elif args.command == "launch":
-            emit(launch_command(args, parser))
+        elif args.command in ("plan", "launch"):
+            command = plan_command if args.command == "plan" else launch_command
+            with before_first_import(lambda: _importing(args)):
+                emit(command(args, parser))
         elif args.command == "bench":
             return bench_command(args)
         elif args.command == "demo":
+            from ..bench.rounds import ticking
             from ..demo import run_demo
 
-            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(fitted(f"[demo] {line}"), sys.stderr)))
+            # A step quiet for ~4 s (loading, the answer's 32 tokens on a busy CPU: 18 s seen) repeats its line with
+            # its age, as the bench's phases do (issue 46).
+            with ticking(lambda line: emit(fitted(f"[demo] {line}"), sys.stderr)) as say:
+                text = run_demo(args.dir, tiny=args.tiny, progress=say)
+            emit(text)
     except OutputClosed as closed:
         silence(closed.stream)
         return 141
@@ -163,7 +169,15 @@ def _format_warning(
     """A warning as the CLI's own line, `cudaload: warning: ...`: not Python's raw format with the file, line
     number and source line of the `warnings.warn` call (which mean nothing to a command-line user)."""
     kind = "" if category.__name__ == "CudaloadWarning" else f"{category.__name__}: "
-    return f"cudaload: warning: {kind}{message}\n"
+    return "\n".join(fitted(line) for line in f"cudaload: warning: {kind}{message}".splitlines()) + "\n"
+
+
+def _importing(args: argparse.Namespace) -> None:
+    """The line said before a command's first import of transformers and torch: seconds of CPU, 7-14 s on a busy
+    machine, when the terminal would otherwise stay blank (issue 46)."""
+    from ..announce import announce
+
+    announce("cudaload.cli", f"{_doing(args)}: importing transformers and torch to read it (a few seconds)")
 
 
 def _to_stderr(line: str) -> None:

@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..announce import fitted
 from ..errors import MissingPackageError
 from .output import OutputClosed, emit
 
@@ -76,15 +77,16 @@ def bench_command(args: argparse.Namespace) -> int:
     progress = sys.stderr.isatty()
 
     def log(line: str) -> None:
+        line = fitted(f"[bench] {line}")  # fits the terminal as every other line does (issue 46)
         if not progress:
-            emit(f"[bench] {line}", sys.stderr)
+            emit(line, sys.stderr)
             return
         # A progress bar is drawn on stderr: write above it (tqdm clears and redraws it), never into it
         # ("1.80s/step][" then "bench] 31.1s" on the next line).
         from tqdm import tqdm
 
         try:
-            tqdm.write(f"[bench] {line}", file=sys.stderr)
+            tqdm.write(line, file=sys.stderr)
         except BrokenPipeError as exc:
             raise OutputClosed(sys.stderr) from exc
 
@@ -93,6 +95,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
         check_chart(args.chart)
     kind = ""
+    if "torch" not in sys.modules:  # seconds of CPU before the first phase line, 5-8 s on a busy machine
+        log("importing torch and transformers (a few seconds)")
     if args.finetune:
         from ..bench.finetune_bench import run_finetune_bench
         from ..bench.finetune_report import format_finetune_report

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from ..announce import fitted
-from .plan_command import machine_for, parallel_overrides
+from .plan_command import check_model_source, machine_for, parallel_overrides
 
 __all__ = ["launch_command", "lora_overrides"]
 
@@ -32,9 +32,14 @@ def launch_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     if lora is not None:
         overrides["lora"] = lora
     quantize = args.quantize or "auto"
+    # As plan does: a path that is not there fails before transformers is imported, then the flags' usage errors,
+    # then the Hub, asked only for an id whose config is not cached (issue 46).
+    check_model_source(args.model, local_only=True)
+    machine = machine_for(args, parser)
+    check_model_source(args.model)
     files = launch_files(
         args.model,
-        machine=machine_for(args, parser),
+        machine=machine,
         emit=args.emit or EMITTERS[:2],
         script=args.script,
         script_args=args.script_args,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from ..errors import SettingError
 from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, interconnect
@@ -66,6 +66,16 @@ class Parser(argparse.ArgumentParser):
             sub = self._subcommand(getattr(parsed, "command", None)) or self
             sub.error(f"unrecognized arguments: {' '.join(extras)}{did_you_mean(sub, extras)}")
         return parsed
+
+    def error(self, message: str) -> NoReturn:
+        """argparse's usage error (the usage, then `PROG: error: MESSAGE`), the message wrapped for the terminal
+        as every other error line is (issue 46): argparse wraps its usage and help, never the error."""
+        import sys
+
+        from ..announce import fitted
+
+        self.print_usage(sys.stderr)
+        self.exit(2, fitted(f"{self.prog}: error: {message}") + "\n")
 
     def _subcommand(self, name: str | None) -> argparse.ArgumentParser | None:
         for action in self._actions:
@@ -147,7 +157,8 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     model.add_argument(
         "--generate",
         action="store_true",
-        help="also plan generation: KV cache per token, batch x context that fits, cache, compile, padding side",
+        help="require the generation plan (KV cache per token, batch x context that fits, cache, compile, padding "
+        "side), with --context; without it, planned as load() plans it: for a model that generates",
     )
     model.add_argument("--context", type=_positive, help="with --generate: tokens per sequence (prompt + new)")
     finetune = plan.add_argument_group("fine-tuning")
@@ -166,8 +177,9 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser], common: 
     finetune.add_argument(
         "--batch-size", type=_positive, help="with --finetune: batch size for the estimate (default 1)"
     )
+    # argparse wraps a group's description, never its title: the title stays short enough for 80 columns.
     layout = plan.add_argument_group(
-        "the job's layout (without --finetune: each rank's inference plan, as under torchrun)"
+        "the job's layout", "without --finetune: each rank's inference plan, as under torchrun"
     )
     add_parallel_options(layout)
     deprecated = "deprecated alias (it says so when used)"

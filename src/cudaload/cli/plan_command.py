@@ -225,7 +225,10 @@ def check_model_source(model: str, *, local_only: bool = False) -> None:
             f"{model!r} is not a local folder and not in the Hub cache, and the Hub cannot be reached ({why}). "
             f"Download it first where there is a network: {download_command(model)} (or pass a local folder)"
         )
-    emit(f"cudaload: reading {model}'s config from the Hugging Face Hub (no local folder has that name)", sys.stderr)
+    from ..announce import fitted
+
+    said = f"cudaload: reading {model}'s config from the Hugging Face Hub (no local folder has that name)"
+    emit(fitted(said), sys.stderr)
 
 
 def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
@@ -238,8 +241,11 @@ def plan_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> s
         overrides["gguf_file"] = args.gguf_file
     if args.context is not None and not args.generate:
         parser.error("--context goes with --generate")
+    # Generation is planned as load() plans it (for a model that generates), so the plan shows the generation block
+    # that `model.cudaload_plan.explain()` shows (issue 46); --generate requires it and takes --context.
+    overrides["generate"] = True if args.generate else False if args.finetune else None  # a fine-tuning plan trains
     if args.generate:
-        overrides |= {"generate": True, "context": args.context}
+        overrides["context"] = args.context
     # --nodes etc. alone: each rank's inference plan; these describe a fine-tuning one
     named = ("train", "quantize", "seq-len", "batch-size", "interconnect", "node-memory")
     given = [f"--{name}" for name in named if getattr(args, name.replace("-", "_"))]

@@ -112,24 +112,31 @@ class AppliedPlan:
         models that do not generate."""
         return self.plan.generation
 
-    def explain(self) -> str:
-        """The plan's explanation, then what was applied: fallbacks, offloading, verification, timings."""
-        lines = [self.plan.explain(), "applied:"]
-        lines.append(f"  attn_implementation={self.attn_implementation} dtype={self.dtype} device={self.device}")
-        for fb in self.fallbacks:
-            lines.append(f"  fell back from {fb.option} ({fb.phase}): {fb.error}")
+    def explain(self, width: int | None = None) -> str:
+        """The plan's explanation, then what was applied: fallbacks, offloading, verification, timings.
+
+        Args:
+            width: Columns to fit, as `Plan.explain`'s (None: the terminal's, COLUMNS, else 100); each line of the
+                `applied:` block wraps hanging 4 further in.
+        """
+        from ..plans.layout import terminal_width, wrap
+
+        width = terminal_width(width)
+        said = [f"attn_implementation={self.attn_implementation} dtype={self.dtype} device={self.device}"]
+        said += [f"fell back from {fb.option} ({fb.phase}): {fb.error}" for fb in self.fallbacks]
         if self.offloaded:
-            lines.append(f"  offloaded to CPU/disk: {', '.join(self.offloaded)}")
+            said.append(f"offloaded to CPU/disk: {', '.join(self.offloaded)}")
         if self.missing_weights:
-            lines.append(f"  initialized at random (not in the checkpoint): {listed_keys(self.missing_weights)}")
+            said.append(f"initialized at random (not in the checkpoint): {listed_keys(self.missing_weights)}")
         if self.unexpected_weights:
-            lines.append(f"  checkpoint weights not used: {listed_keys(self.unexpected_weights)}")
+            said.append(f"checkpoint weights not used: {listed_keys(self.unexpected_weights)}")
         verdict = {True: "test forward gave finite logits", None: "not run"}.get(self.verified, "failed")
         if self.check_proven:
-            lines.append(f"  verified: test forward not run again, {self.check_proven} ({FORCE_HINT})")
+            said.append(f"verified: test forward not run again, {self.check_proven} ({FORCE_HINT})")
         else:
-            lines.append(f"  verified: {verdict}" + (f" ({self.verify_note})" if self.verify_note else ""))
-        lines.append("  timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+            said.append(f"verified: {verdict}" + (f" ({self.verify_note})" if self.verify_note else ""))
+        said.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
+        lines = [self.plan.explain(width), "applied:", *(line for text in said for line in wrap(text, width, "  "))]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:

@@ -116,7 +116,10 @@ def call_lines(callee: str, model: str, kwargs: Mapping[str, Any], width: int, i
     text = f"{callee}(" + ", ".join(arguments) + ")"
     # Broken only at the spaces after commas and colons: kwargs' strings (dtypes, devices, module names)
     # hold no spaces, so each line ends outside a string literal and the call stays valid Python.
-    return wrap(text, width, indent)
+    if len(f"{indent}{callee}({arguments[0]},") <= width:
+        return wrap(text, width, indent)
+    # A long model path: the path on a line of its own, not glued to the callee past the width (issue 46).
+    return [f"{indent}{callee}(", *wrap(", ".join(arguments) + ")", width, indent + " " * 4, hang=0)]
 
 
 _FLAGS = {
