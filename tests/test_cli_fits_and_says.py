@@ -104,7 +104,7 @@ def test_the_plan_shows_the_generation_block_the_loaded_model_explains(
     assert main(["plan", path]) == 0
     cli = capsys.readouterr().out
     model: Any = cudaload.load(path)
-    applied = model.cudaload_plan.explain(100)
+    applied = model.cudaload_plan.explain()  # at COLUMNS, as the CLI's
     block = applied[applied.index("  generation (context") : applied.index("  loads as")]
     assert block.count("generation.") >= 5
     assert block in cli  # before: the CLI planned no generation, the loaded model's explanation had 25 lines of it
@@ -115,7 +115,7 @@ def test_the_plan_shows_the_generation_block_the_loaded_model_explains(
 ERROR = "RuntimeError: " + "the offloaded static cache needs a CUDA device; " * 3
 
 
-def test_the_bench_generation_table_fits_and_keeps_each_number() -> None:
+def test_the_bench_generation_table_fits_and_keeps_each_number(monkeypatch: pytest.MonkeyPatch) -> None:
     from cudaload.bench.report import format_generation
 
     def row(name: str, cache: str | None, padding: str, ok: bool = True) -> dict[str, Any]:
@@ -151,7 +151,8 @@ def test_the_bench_generation_table_fits_and_keeps_each_number() -> None:
         "matches_unpadded": "sequences whose greedy continuation equals generating that prompt alone, unpadded",
     }
     for width in WIDTHS:
-        table = format_generation(section, width)
+        monkeypatch.setenv("COLUMNS", str(width))  # the terminal's width, as format_report lays out the rest
+        table = format_generation(section)
         assert _too_long(table, width) == [], table  # before: rows of 128 columns, wrapped mid-row as prose
         rows = [line for line in table.splitlines() if line.startswith(("* plan", "  default generate()"))]
         assert any("334.5" in r and "0.111" in r and "2/2" in r for r in rows)  # a row's numbers on one line
