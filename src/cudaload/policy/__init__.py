@@ -259,7 +259,7 @@ def _finetune_section(
     arguments, training_args = decide_training_arguments(
         launched, dtype, quant.value or False, training.gradient_checkpointing, current_gpu_when_training(machine)
     )
-    engine = engine_arguments(parallel, training)
+    engine = engine_arguments(parallel, training, model)
     arguments = (*arguments, *engine)
     training_args = {**training_args, **{d.setting.removeprefix("training."): d.value for d in engine}}
     warnings = (*missing_peft(machine), *warnings, *_launched_precision_warnings(judged, model, dtype))
