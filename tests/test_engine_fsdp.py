@@ -77,3 +77,18 @@ def test_the_accelerate_yaml_is_written_from_the_plans_values(tiny_models: dict[
         }
     else:
         assert "parallelism_config" not in config
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "fsdp-hybrid"])
+def test_a_torchrun_rank_of_an_fsdp_plan_loads_as_fsdp_loads(tiny_models: dict[str, Path], strategy: str) -> None:
+    """torchrun names no engine (its "ddp" is a default): the plan's strategy places the rank, so an FSDP rank
+    gets no device_map and no DDP flags, where it got the whole model on its GPU (`{"": LOCAL_RANK}`)."""
+    launch = cudaload.Launch(
+        launcher="torchrun", rank=3, local_rank=1, world_size=4, local_world_size=2, strategy="ddp"
+    )
+    machine = cudaload.Machine.simulated("H100", count=2, launch=launch)
+    plan = cudaload.plan(str(tiny_models["llama"]), machine=machine, finetune=True, parallelism=strategy, quantize=None)
+    assert plan.decision("parallelism").value == strategy
+    assert plan.decision("device_map").value is None and "device_map" not in plan.kwargs
+    assert "ddp_find_unused_parameters" not in plan.finetune.training_arguments
+    assert plan.finetune.training_arguments["fsdp"] is True
