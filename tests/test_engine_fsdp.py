@@ -92,3 +92,18 @@ def test_a_torchrun_rank_of_an_fsdp_plan_loads_as_fsdp_loads(tiny_models: dict[s
     assert plan.decision("device_map").value is None and "device_map" not in plan.kwargs
     assert "ddp_find_unused_parameters" not in plan.finetune.training_arguments
     assert plan.finetune.training_arguments["fsdp"] is True
+
+
+def test_an_fsdp_rank_is_told_every_rank_reads_a_whole_copy() -> None:
+    """transformers 5.22-5.25 reads the whole checkpoint on every FSDP rank, cpu_ram_efficient_loading included:
+    creating TrainingArguments before loading (the old advice) changes nothing, so it is not given."""
+    from cudaload.facts.model import reference_model  # a 16-bit model of billions of parameters
+
+    launch = cudaload.Launch(
+        launcher="accelerate", rank=0, local_rank=0, world_size=8, local_world_size=8, strategy="fsdp"
+    )
+    machine = cudaload.Machine.simulated("H100", count=8, launch=launch, cpu_memory_gib=16)
+    plan = cudaload.plan(reference_model(), machine=machine)
+    assert plan.decision("device_map").value is None
+    (note,) = [w for w in plan.warnings if "CPU RAM" in w]
+    assert "reads the whole checkpoint on every rank" in note and "Create TrainingArguments" not in note
