@@ -3,6 +3,7 @@ every weight trainable, ready to train, and `training_arguments()`: the Training
 
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import importlib.util
 import os
@@ -352,7 +353,9 @@ def training_arguments(
             "This plan is not a fine-tuning plan (no training arguments): build it with "
             "cudaload.plan(..., finetune=True) or load the model with load_for_finetune()."
         )
-    planned = dict(the_plan.finetune.training_arguments)
+    # A copy: TrainingArguments normalizes the fsdp_config it is given in place (transformers 5.22-5.25
+    # `TrainingArguments._process_fsdp_args`), which must not change the plan.
+    planned = copy.deepcopy(dict(the_plan.finetune.training_arguments))
     _check_checkpointing_name(the_plan, planned)
     for names in _RENAMED:
         yours = [name for name in names if name in overrides]
@@ -370,6 +373,11 @@ def training_arguments(
                 CudaloadWarning,
                 stacklevel=2,
             )
+    if isinstance(planned.get("parallelism_config"), Mapping) and "parallelism_config" not in overrides:
+        # Hybrid shard's mesh: TrainingArguments takes accelerate's object (it hands it to the Accelerator).
+        from accelerate import ParallelismConfig
+
+        planned["parallelism_config"] = ParallelismConfig(**planned["parallelism_config"])
     return {**planned, **overrides}
 
 

@@ -46,8 +46,9 @@ def _settle() -> None:
 def _warm_up(model_path: str) -> None:
     """Import what loading imports (peft, the model's modules) and run one tiny op of each kind training
     uses, so that the RSS baseline holds the code and the allocator's first arenas, not the model."""
+    import accelerate.utils.fsdp_utils  # noqa: F401  (the FSDP2 preparation, and TrainingArguments' modules)
     import peft  # noqa: F401
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, TrainingArguments  # noqa: F401
 
     config = AutoConfig.from_pretrained(model_path)
     tiny = AutoModelForCausalLM.from_config(
@@ -88,6 +89,44 @@ def _shard(model: torch.nn.Module) -> dict[str, object]:
     }
 
 
+class _CpuAccelerator:
+    """What accelerate 1.16 `fsdp2_prepare_model` reads of its Accelerator, on a CPU: `Accelerator()` there is
+    MULTI_CPU and drops its FSDP plugin (`AcceleratorState`), so the ranks hand accelerate's own preparation the
+    plugin and mesh Trainer would build from the plan's TrainingArguments."""
+
+    def __init__(self, plugin: object, parallelism: object, rank: int) -> None:
+        self.state = type("State", (), {"fsdp_plugin": plugin})()
+        self.parallelism_config = parallelism
+        self.torch_device_mesh = parallelism.build_device_mesh("cpu") if parallelism is not None else None
+        self.mixed_precision = "no"
+        self.is_main_process = rank == 0
+        self.device = torch.device("cpu")
+
+
+def _prepare_fsdp2(model: torch.nn.Module, rank: int, out_dir: str) -> tuple[torch.nn.Module, dict[str, object]]:
+    """FSDP2 as the plan's TrainingArguments say (the torchrun launch): transformers' own TrainingArguments
+    parses them into the plugin's arguments (`fsdp_plugin_args`, what Trainer builds its plugin from), then
+    accelerate's `fsdp2_prepare_model` shards the model (rank 0's weights broadcast to the others)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(**cudaload.training_arguments(model, output_dir=str(Path(out_dir, "trainer"))))
+    plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)
+    prepared = fsdp2_prepare_model(_CpuAccelerator(plugin, args.parallelism_config, rank), model)
+    local = full = 0
+    for param in prepared.parameters():
+        full += param.numel()
+        local += param.to_local().numel() if hasattr(param, "to_local") else param.numel()
+    mesh = args.parallelism_config
+    return prepared, {
+        "plugin_args": args.fsdp_plugin_args,
+        "mesh": None if mesh is None else [mesh.dp_replicate_size, mesh.dp_shard_size],
+        "local_elements": local,
+        "full_elements": full,
+    }
+
+
 def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
     world = int(rows)
     launched = mode != "single"
@@ -114,7 +153,9 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
         wrapped = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False)
     elif mode == "fsdp":
         sharding = _shard(model)
-    params = [p for p in model.parameters() if p.requires_grad]
+    elif mode.startswith("fsdp-"):  # the torchrun launch of an FSDP2 plan (full or hybrid shard)
+        wrapped, sharding = _prepare_fsdp2(model, rank, out_dir)
+    params = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
     batch = torch.randint(2, 256, (world, SEQ), generator=torch.Generator().manual_seed(7))
     mine = batch[rank * world // ranks : (rank + 1) * world // ranks]
@@ -144,6 +185,8 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
         "parallelism": plan.decision("parallelism").value if layout is not None else None,
         "layout": None if layout is None else [layout["nodes"], layout["ranks_per_node"]],
         "estimate": None if layout is None else layout["sizes"][layout["strategy"]],
+        "weight_bytes": plan.weight_bytes,
+        "device_map": plan.kwargs.get("device_map", "none"),
         "invariants": launch_invariants(plan),
         "rss_baseline": baseline,
         "rss_loaded": loaded,

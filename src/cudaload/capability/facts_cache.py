@@ -22,8 +22,9 @@ __all__ = ["FACTS_SCHEMA", "cached_facts", "facts_cache_file", "write_cached_fac
 # Only the checkpoint dtype can change without config.json changing (new weights, no "dtype" in
 # the config): it is then re-read from the safetensors header, which costs no import.
 # 2: ModelFacts.quantization; 3: ModelFacts.generation; 4: ModelFacts.attention_sinks; 5: GenerationFacts.model_type;
-# 6: linear_names without the output embeddings under any name; 7: ModelFacts.sub_model_sdpa; 8: ModelFacts.class_flags
-FACTS_SCHEMA = 8
+# 6: linear_names without the output embeddings under any name; 7: ModelFacts.sub_model_sdpa; 8: ModelFacts.class_flags;
+# 9: ModelFacts.no_split_modules
+FACTS_SCHEMA = 9
 
 
 def facts_cache_file(model: Any, auto_class: str | None) -> Path | None:

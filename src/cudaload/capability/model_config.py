@@ -257,6 +257,7 @@ def _read_model_facts(
         tp_plan=bool(getattr(text_config, "base_model_tp_plan", None)),
         generation=_generation_facts(config, cls, model, revision, config_kwargs) if generates(auto_class) else None,
         # gpt-oss and its kin declare `self.sinks = nn.Parameter(torch.empty(num_attention_heads))` per attention.
+        no_split_modules=tuple(str(n) for n in getattr(cls, "_no_split_modules", None) or ()),
         attention_sinks=any(name.rpartition(".")[2] == "sinks" for name, _ in meta.named_parameters()),
         sub_model_sdpa=_sub_model_sdpa(meta),
         class_flags=tuple((flag, value) for flag, value in flags.items() if flag not in NAMED_FLAGS),

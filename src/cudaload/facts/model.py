@@ -95,6 +95,7 @@ class ModelFacts:
             model class built from it supports SDPA; empty for a model of one part.
         class_flags: (flag, value) of each model-class flag a registered attention backend names beyond the three
             above (`AttentionBackend.class_flag`); read them with `supports(flag)`.
+        no_split_modules: The class's `_no_split_modules`, what FSDP2 wraps one by one.
 
     Examples:
         >>> import tempfile, cudaload
@@ -171,6 +172,9 @@ class ModelFacts:
     class_flags: tuple[tuple[str, bool], ...] = ()
     """(flag, value) of each model-class flag an attention backend's record names beyond supports_flash,
     supports_sdpa and supports_flex (facts/attention_backends.py: AttentionBackend.class_flag)."""
+    no_split_modules: tuple[str, ...] = ()
+    """The class's `_no_split_modules` (its decoder layer classes): what FSDP2 wraps one by one
+    (`fsdp_config["transformer_layer_cls_to_wrap"]`). Empty when the class names none."""
 
     def supports(self, flag: str) -> bool:
         """The model class's attention flag `flag` (e.g. "_supports_sdpa"): a named field for the three

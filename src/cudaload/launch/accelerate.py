@@ -35,6 +35,34 @@ def wrap_classes(model_class: str) -> list[str] | None:
     return [str(n) for n in names] if names else None
 
 
+_YAML_KEYS = {
+    "version": "fsdp_version",
+    "reshard_after_forward": "fsdp_reshard_after_forward",
+    "auto_wrap_policy": "fsdp_auto_wrap_policy",
+    "cpu_ram_efficient_loading": "fsdp_cpu_ram_efficient_loading",
+    "state_dict_type": "fsdp_state_dict_type",
+    "cpu_offload": "fsdp_offload_params",
+    "activation_checkpointing": "fsdp_activation_checkpointing",
+}
+"""The plan's `fsdp_config` keys (TrainingArguments') and the YAML's (accelerate 1.16 `ClusterConfig.fsdp_config`,
+read by `launch_command` into the FSDP_* variables `FullyShardedDataParallelPlugin` reads)."""
+_TP_FSDP = {
+    "version": 2, "reshard_after_forward": True, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+    "cpu_ram_efficient_loading": True, "state_dict_type": "SHARDED_STATE_DICT", "cpu_offload": False,
+    "activation_checkpointing": False,
+}  # fmt: skip
+"""tp+fsdp's (no TrainingArguments of its own: its ranks are sharded at load time)."""
+
+
+def fsdp_yaml(planned: dict[str, Any], wrap: list[str] | None) -> dict[str, Any]:
+    """The YAML's fsdp_config from the plan's `fsdp_config`: the same values under accelerate's names."""
+    fsdp = {_YAML_KEYS[key]: value for key, value in planned.items() if key in _YAML_KEYS}
+    classes = planned.get("transformer_layer_cls_to_wrap") or wrap
+    if classes:
+        fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(classes)
+    return fsdp
+
+
 def accelerate_config(plan: Plan, job: Job, wrap: list[str] | None) -> dict[str, Any]:
     """The accelerate config (`ClusterConfig`'s keys) for the planned strategy."""
     strategy = job.strategy
@@ -62,23 +90,11 @@ def accelerate_config(plan: Plan, job: Job, wrap: list[str] | None) -> dict[str,
         }
     elif strategy in ("fsdp", "fsdp-hybrid", "tp+fsdp"):
         config["distributed_type"] = "FSDP"
-        fsdp: dict[str, Any] = {
-            "fsdp_version": 2,
-            "fsdp_reshard_after_forward": True,
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-            "fsdp_cpu_ram_efficient_loading": True,
-            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
-            "fsdp_offload_params": False,
-            "fsdp_activation_checkpointing": False,
-        }
-        if wrap:
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(wrap)
-        config["fsdp_config"] = fsdp
-        if strategy == "fsdp-hybrid":
-            config["parallelism_config"] = {
-                "parallelism_config_dp_replicate_size": job.nodes,
-                "parallelism_config_dp_shard_size": job.ranks,
-            }
+        planned = plan.finetune.training_arguments if plan.finetune is not None else {}
+        config["fsdp_config"] = fsdp_yaml(planned.get("fsdp_config") or _TP_FSDP, wrap)
+        mesh = planned.get("parallelism_config")
+        if mesh:  # hybrid shard: the plan's mesh, as TrainingArguments gets it
+            config["parallelism_config"] = {f"parallelism_config_{key}": value for key, value in mesh.items()}
         elif strategy == "tp+fsdp":
             config["parallelism_config"] = {
                 "parallelism_config_dp_shard_size": job.nodes,

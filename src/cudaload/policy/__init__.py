@@ -264,7 +264,7 @@ def _finetune_section(
         current_gpu_when_training(machine),
         strategy=parallel.chosen if parallel is not None else None,
     )
-    engine = engine_arguments(parallel, training)
+    engine = engine_arguments(parallel, training, model)
     arguments = (*arguments, *engine)
     training_args = {**training_args, **{d.setting.removeprefix("training."): d.value for d in engine}}
     peft = missing_peft(machine) if lora_config is not None else ()  # full training needs no peft

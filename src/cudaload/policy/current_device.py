@@ -167,18 +167,30 @@ def current_gpu_when_training(machine: Machine) -> Gpu | None:
 
 
 def as_launched(machine: Machine, parallel: Mapping[str, Any] | None) -> Machine:
-    """A training plan for nodes x ranks (`parallel`: FinetunePlan.parallelism) made outside the job is placed as
-    the job's rank 0 places it (each rank passes its own LOCAL_RANK, a sharding strategy no device_map), not as
-    one process on this machine (issue 46: "cuda:0" for a 16-rank DDP job)."""
-    if parallel is None or machine.launch.distributed or not machine.gpus:
+    """A training plan for nodes x ranks (`parallel`: FinetunePlan.parallelism) is placed as the job's ranks place
+    it (each rank passes its own LOCAL_RANK, a sharding strategy no device_map):
+
+    - made outside the job, as the job's rank 0 places it, not as one process on this machine (issue 46:
+      "cuda:0" for a 16-rank DDP job);
+    - inside a rank whose launcher names no engine (torchrun, SLURM, mpirun: their "ddp" is only a default), with
+      the plan's strategy, the one source of it: an FSDP rank under the emitted torchrun scripts loads as FSDP
+      loads (no device_map), not as a DDP rank (issue 45: the 70B fsdp-hybrid rank got the whole model on its
+      GPU). `accelerate launch` names its engine (ACCELERATE_USE_FSDP / DeepSpeed's variables): kept."""
+    if parallel is None:
         return machine
     chosen, ranks = str(parallel["strategy"]), int(parallel["ranks_per_node"])
-    world = int(parallel["nodes"]) * ranks
     stage = next((int(c) for c in chosen.removeprefix("deepspeed-zero")[:1] if c.isdigit()), None)
     strategy: Strategy | None = (
         "ddp" if chosen == "ddp" else "fsdp" if chosen.startswith("fsdp") else "deepspeed" if stage else None
     )
-    if world <= 1 or strategy is None:  # one rank, or tensor parallelism: placed as planned
+    launch = machine.launch
+    if launch.distributed:
+        if launch.launcher == "accelerate" or launch.strategy != "ddp" or strategy in (None, "ddp"):
+            return machine
+        return replace(machine, launch=replace(launch, strategy=strategy, zero_stage=stage))
+    world = int(parallel["nodes"]) * ranks
+    if not machine.gpus or world <= 1 or strategy is None:  # one rank, or tensor parallelism: placed as planned
         return machine
-    launch = Launch(world_size=world, local_world_size=ranks, strategy=strategy, zero_stage=stage)
-    return replace(machine, launch=launch)
+    return replace(
+        machine, launch=Launch(world_size=world, local_world_size=ranks, strategy=strategy, zero_stage=stage)
+    )
