@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..plans import Decision, Rejected
 from ..request import TrainingRequest
+from .engine_deepspeed import deepspeed_decision
 from .parallelism import ParallelChoice
 
 __all__ = ["engine_arguments"]
@@ -30,4 +31,6 @@ def engine_arguments(choice: ParallelChoice | None, training: TrainingRequest) -
         )
     ]
     # Each engine's own settings follow here (one function per engine).
+    if choice.chosen.startswith("deepspeed-zero"):
+        decisions.append(deepspeed_decision(choice.chosen))
     return tuple(decisions)

@@ -162,7 +162,8 @@ def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     cpu_notes: tuple[str, ...] = ()
     ranks = max(machine.launch.local_world_size, 1)
     ram = machine.cpu.memory_available
-    if ram is not None and weight_bytes * ranks > ram * HEADROOM:
+    # A ZeRO-3 rank of a cudaload launch loads its share only (loaders/zero3_loading.py): FSDP's ranks do not.
+    if what == "FSDP" and ram is not None and weight_bytes * ranks > ram * HEADROOM:
         # cudaload loads before TrainingArguments exists (the documented order), so transformers sees no ZeRO-3
         # context (`is_deepspeed_zero3_enabled()` False: no zero.Init partitioning, modeling_utils.py) and FSDP's
         # cpu_ram_efficient_loading never applies: every rank of the node builds a full copy in CPU RAM first.
@@ -173,7 +174,7 @@ def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
             f"against {format_bytes(ram)} of RAM: expect an OOM kill. Create TrainingArguments (with the {what} "
             "config) before loading, or use fewer ranks per node.",
         )
-    if not machine.gpus:
+    if not machine.gpus and what == "FSDP":  # DeepSpeed runs on its CPU accelerator (DS_ACCELERATOR=cpu, gloo)
         # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
         # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
         cpu_notes += (
