@@ -79,6 +79,11 @@ def _check(files: cudaload.LaunchFiles, out: Path, strategy: str, reference: lis
         assert report["share"] == pytest.approx(planned_share, rel=0.02)
         if zero_stage(strategy) == 3:  # partitioned while loading, not after a whole copy
             assert report["share_at_load"] == pytest.approx(planned_share, rel=0.02)
+        grew, estimate = report["rss_peak"] - report["rss_baseline"], report["estimate"]["total"]
+        print(
+            f"{strategy} rank {report['rank']}: share {report['share']:.4f} (plan {planned_share:.4f}), peak RSS "
+            f"grew {grew / 2**20:.1f} MiB (plan {estimate / 2**20:.1f} MiB), losses {report['losses']}"
+        )
     return reports
 
 

@@ -35,10 +35,13 @@ class Rows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _share(model: torch.nn.Module) -> float:
-    """The fraction of the weights this rank holds: ZeRO-3's partition of each parameter, else all of it."""
+def _share(model: torch.nn.Module, base_only: bool = False) -> float:
+    """The fraction of the weights this rank holds: ZeRO-3's partition of each parameter, else all of it (of the
+    base weights only with `base_only`: the LoRA adapters, added after loading, are partitioned by the engine)."""
     held = whole = 0
     for p in model.parameters():
+        if base_only and p.requires_grad:
+            continue
         numel = int(getattr(p, "ds_numel", p.numel()))
         held += int(p.ds_tensor.numel()) if hasattr(p, "ds_tensor") else numel
         whole += numel
@@ -55,7 +58,7 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
         seq_len=SEQ, batch_size=1,
     )  # fmt: skip
     plan = model.cudaload_plan.plan
-    at_load = _share(model)  # ZeRO-3: partitioned by transformers' zero.Init while loading
+    at_load = _share(model, base_only=True)  # ZeRO-3: partitioned by transformers' zero.Init while loading
     loaded = _status("VmHWM")
     extra = {} if launched else {"per_device_train_batch_size": int(rows)}
     kwargs = cudaload.training_arguments(
