@@ -133,7 +133,8 @@ def test_every_emitter_quotes_every_hostile_value(tmp_path: Path, tiny_models: d
     (record,) = _run(out / "accelerate-launch.sh", tmp_path, MASTER_ADDR=hostile_address, NODE_RANK="1")
     assert record["launch"] == manifest_path
     assert record["argv"] == [
-        "launch", "--config_file", str(out / "accelerate-config.yaml"), "--machine_rank", "1",
+        "launch", "--config_file", str(out / "accelerate-config.yaml"),
+        "--deepspeed_config_file", str(out / "ds_config.json"), "--machine_rank", "1",
         "--main_process_ip", hostile_address, *tail,
     ]  # fmt: skip
     Path(manifest_path).parent.mkdir(parents=True)  # the sbatch script stops before srun where it is missing

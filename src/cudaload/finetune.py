@@ -17,6 +17,7 @@ from .errors import CudaloadWarning, FinetuneConfigError, LoadFailedError, Missi
 from .facts.packages import install_hint
 from .loaders import apply_plan
 from .loaders.readback import lora_targets_read_back
+from .loaders.zero3_loading import zero3_loading
 from .plans import FinetunePlan, Plan
 from .upstream_imports import import_bitsandbytes
 
@@ -228,6 +229,7 @@ def load_for_finetune(
             f"{type(exc).__name__}: {exc}. Plan again with LoraConfig keyword arguments it takes (r, lora_alpha, "
             "lora_dropout, target_modules, ...)."
         ) from exc
+    zero3 = zero3_loading(the_plan)  # a ZeRO-3 rank loads its share only, while this lives
     base = apply_plan(the_plan, strict=strict, verify=True, training=True, allow_missing_weights=allow_missing_weights)
     _prepare(base, the_plan.finetune, the_plan.apply_facts.checkpointing_method if the_plan.apply_facts else None)
     with warnings.catch_warnings():
@@ -241,6 +243,8 @@ def load_for_finetune(
     differences = lora_targets_read_back(the_plan, peft_model)
     for difference in differences:
         warnings.warn(difference, CudaloadWarning, stacklevel=2)
+    if zero3 is not None:
+        peft_model.cudaload_zero3_config = zero3  # alive until TrainingArguments makes Trainer's own
     peft_model.cudaload_plan = replace(
         applied,
         plan=replace(applied.plan, finetune=replace(the_plan.finetune, trainable_parameters=trainable)),

@@ -23,6 +23,7 @@ from .job import HERE, LAUNCH_ENV, Job, Word, shell_line
 __all__ = ["accelerate_config", "accelerate_files"]
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "no"}
+DS_CONFIG = "ds_config.json"
 
 
 def wrap_classes(model_class: str) -> list[str] | None:
@@ -84,8 +85,16 @@ def accelerate_config(plan: Plan, job: Job, wrap: list[str] | None) -> dict[str,
         config["main_process_ip"] = job.address
     if strategy.startswith("deepspeed"):
         config["distributed_type"] = "DEEPSPEED"
+        # The precision is ds_config.json's ("auto": TrainingArguments' bf16/fp16): accelerate 1.16
+        # `DeepSpeedPlugin._deepspeed_config_checks` refuses mixed_precision beside deepspeed_config_file.
+        del config["mixed_precision"]
+        # DeepSpeed picks its own accelerator (a CPU plan's script exports DS_ACCELERATOR=cpu); use_cpu would make
+        # every rank's AcceleratorState MULTI_CPU, and Trainer would run DDP instead (seen: accelerate 1.16.0).
+        config["use_cpu"] = False
         config["deepspeed_config"] = {
-            "deepspeed_config_file": "ds_config.json",
+            # Read from the working directory: accelerate-launch.sh passes the one beside it
+            # (--deepspeed_config_file, which wins over the YAML's: `_validate_launch_command`).
+            "deepspeed_config_file": DS_CONFIG,
             "deepspeed_multinode_launcher": "standard",
         }
     elif strategy in ("fsdp", "fsdp-hybrid", "tp+fsdp"):
@@ -107,19 +116,27 @@ def accelerate_argv(job: Job) -> list[str]:
     """`accelerate launch`'s argv in accelerate-launch.sh (shell words for the config path and NODE_RANK)."""
     here = HERE[:-1]  # the folder expression, still inside its double quotes
     main = ["--main_process_ip", job.address_word()] if job.nodes > 1 and job.address_variable else []
+    # The DeepSpeed config beside this script, whatever the working directory.
+    ds = ["--deepspeed_config_file", Word(f'{here}/{DS_CONFIG}"')] if job.strategy.startswith("deepspeed") else []
     return [
-        "accelerate", "launch", "--config_file", Word(f'{here}/accelerate-config.yaml"'),
+        "accelerate", "launch", "--config_file", Word(f'{here}/accelerate-config.yaml"'), *ds,
         "--machine_rank", Word('"${NODE_RANK:-0}"'), *main, *job.command_tail(),
     ]  # fmt: skip
 
 
 def _script(job: Job) -> str:
+    deepspeed = job.strategy.startswith("deepspeed")
     lines = [
         "#!/usr/bin/env bash",
         f"# Run on each of the {job.nodes} node(s) with NODE_RANK set (0 on the main node).",
         "set -euo pipefail",
         f"export {LAUNCH_ENV}={shell_line([job.manifest_word(HERE)])}",
-        *([] if job.gpus else ["export ACCELERATE_USE_CPU=true  # every rank's Accelerator() on the CPU (gloo)"]),
+        *(
+            []
+            if job.gpus or deepspeed
+            else ["export ACCELERATE_USE_CPU=true  # every rank's Accelerator() on the CPU (gloo)"]
+        ),
+        *(["export DS_ACCELERATOR=cpu  # DeepSpeed's CPU accelerator (gloo)"] if deepspeed and not job.gpus else []),
         f"exec {shell_line(accelerate_argv(job))}",
         "",
     ]

@@ -26,10 +26,26 @@ def _script(job: Job, node: int) -> str:
             "# each node on that node). The training script applies the strategy itself.",
             "set -euo pipefail",
             f"export {LAUNCH_ENV}={shell_line([job.manifest_word(HERE)])}",
+            *_engine_exports(job.strategy, job.gpus),
             f"exec {shell_line(torchrun_argv(job, node))}",
             "",
         ]
     )
+
+
+def _engine_exports(strategy: str, gpus: bool) -> list[str]:
+    """What `accelerate launch` sets for a DeepSpeed job (accelerate 1.16 `utils/launch.py`
+    `prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE), so that a torchrun rank
+    is placed as a DeepSpeed rank (ZeRO-3: no device_map, the weights partitioned at load)."""
+    if not strategy.startswith("deepspeed-zero"):
+        return []
+    stage = strategy.removeprefix("deepspeed-zero")[:1]
+    cpu = [] if gpus else ["export DS_ACCELERATOR=cpu  # DeepSpeed's CPU accelerator (gloo)"]
+    return [
+        "export ACCELERATE_USE_DEEPSPEED=true",
+        f"export ACCELERATE_DEEPSPEED_ZERO_STAGE={shell_line([stage])}",
+        *cpu,
+    ]
 
 
 def torchrun_files(job: Job) -> dict[str, str]:

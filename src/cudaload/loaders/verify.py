@@ -240,6 +240,11 @@ def verify_forward(model: Any, training: bool) -> _Verification:
     """
     import torch
 
+    if any(hasattr(p, "ds_id") for p in model.parameters()):  # deepspeed marks each partitioned parameter
+        return _skipped(
+            "skipped: DeepSpeed ZeRO-3 partitioned the weights at load (each rank holds its share); only its engine "
+            "(Trainer's) gathers them for a forward"
+        )
     inputs, why = check_inputs(model)
     if not inputs:
         return _skipped(f"skipped: {why}")

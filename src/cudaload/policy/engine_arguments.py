@@ -10,6 +10,7 @@ from typing import Any
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..request import TrainingRequest
+from .engine_deepspeed import deepspeed_decision
 from .parallelism import ParallelChoice
 
 __all__ = ["FSDP_STRATEGIES", "engine_arguments", "fsdp_arguments"]
@@ -39,6 +40,8 @@ def engine_arguments(
     ]
     # Each engine's own settings follow here (one function per engine).
     decisions += fsdp_arguments(choice, training, model)
+    if choice.chosen.startswith("deepspeed-zero"):
+        decisions.append(deepspeed_decision(choice.chosen))
     return tuple(decisions)
 
 
@@ -84,11 +87,12 @@ def fsdp_arguments(choice: ParallelChoice, training: TrainingRequest, model: Mod
         Decision(
             "training.fsdp_config",
             config,
-            f"FSDP2 (version 2), parameters resharded after each forward (full shard), {wrapped}; rank 0 of each "
-            "node reads the weights and the others load on meta (cpu_ram_efficient_loading: one CPU copy a node); "
+            f"FSDP2 (version 2), parameters resharded after each forward (full shard), {wrapped}; with "
+            "cpu_ram_efficient_loading accelerate syncs rank 0's weights to the others when it shards (transformers "
+            "5.22-5.25 still reads a whole copy on every rank while loading); "
             f"sharded checkpoints; FSDP's activation checkpointing off: {checkpointing}",
             (
-                Rejected(False, "cpu_ram_efficient_loading off: every rank reads a whole copy into CPU RAM"),
+                Rejected(False, "cpu_ram_efficient_loading off: each rank keeps its own loaded copy until it shards"),
                 Rejected("FULL_STATE_DICT", "gathers the whole model on rank 0 at each save"),
             ),
         ),

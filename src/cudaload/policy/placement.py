@@ -164,30 +164,19 @@ def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     cpu_notes: tuple[str, ...] = ()
     ranks = max(machine.launch.local_world_size, 1)
     ram = machine.cpu.memory_available
-    if ram is not None and weight_bytes * ranks > ram * HEADROOM:
-        if machine.launch.strategy == "fsdp":
-            # transformers 5.22-5.25 `PreTrainedModel._load_pretrained_model` reads the whole checkpoint on every
-            # rank, FSDP's cpu_ram_efficient_loading included (`_move_missing_keys_from_meta_to_device` then zeroes
-            # the copy of ranks other than local rank 0 in 5.22, keeps it in 5.25); accelerate 1.16
-            # `fsdp2_prepare_model` frees it (to meta, then rank 0's broadcast) only when it shards.
-            cpu_notes = (
-                f"FSDP loading: each of the {ranks} ranks on this node reads a full ~{format_bytes(weight_bytes)} copy "
-                "into CPU RAM (transformers reads the whole checkpoint on every rank, cpu_ram_efficient_loading "
-                f"included; accelerate frees it only when it shards): ~{format_bytes(weight_bytes * ranks)} against "
-                f"{format_bytes(ram)} of RAM: expect an OOM kill. Use fewer ranks per node.",
-            )
-        else:
-            # cudaload loads before TrainingArguments exists (the documented order), so transformers sees no ZeRO-3
-            # context (`is_deepspeed_zero3_enabled()` False: no zero.Init partitioning, modeling_utils.py): every
-            # rank of the node builds a full copy in CPU RAM first.
-            cpu_notes = (
-                f"{what} loading: each of the {ranks} ranks on this node loads a full ~{format_bytes(weight_bytes)} "
-                f"copy into CPU RAM before {what} shards it (the model is built before TrainingArguments, so no ZeRO-3 "
-                f"partitioning at load): ~{format_bytes(weight_bytes * ranks)} against {format_bytes(ram)} of RAM: "
-                f"expect an OOM kill. Create TrainingArguments (with the {what} config) before loading, or use fewer "
-                "ranks per node.",
-            )
-    if not machine.gpus:
+    # A ZeRO-3 rank of a cudaload launch loads its share only (loaders/zero3_loading.py); an FSDP rank does not.
+    if what == "FSDP" and ram is not None and weight_bytes * ranks > ram * HEADROOM:
+        # transformers 5.22-5.25 `PreTrainedModel._load_pretrained_model` reads the whole checkpoint on every
+        # rank, FSDP's cpu_ram_efficient_loading included (`_move_missing_keys_from_meta_to_device` then zeroes
+        # the copy of ranks other than local rank 0 in 5.22, keeps it in 5.25); accelerate 1.16
+        # `fsdp2_prepare_model` frees it (to meta, then rank 0's broadcast) only when it shards.
+        cpu_notes = (
+            f"FSDP loading: each of the {ranks} ranks on this node reads a full ~{format_bytes(weight_bytes)} copy "
+            "into CPU RAM (transformers reads the whole checkpoint on every rank, cpu_ram_efficient_loading "
+            f"included; accelerate frees it only when it shards): ~{format_bytes(weight_bytes * ranks)} against "
+            f"{format_bytes(ram)} of RAM: expect an OOM kill. Use fewer ranks per node.",
+        )
+    if not machine.gpus and what == "FSDP":  # DeepSpeed runs on its CPU accelerator (DS_ACCELERATOR=cpu, gloo)
         # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps
         # DistributedType.MULTI_CPU and drops the plugin (accelerate/state.py), with no message.
         cpu_notes += (
