@@ -22,7 +22,7 @@ ZERO = ["deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload"]
 
 def _files(model: Path, strategy: str, **kwargs: object) -> cudaload.LaunchFiles:
     return cudaload.launch_files(
-        model, machine=cudaload.Machine.simulated("H100", count=2), nodes=2, ranks_per_node=2,
+        model, machine=cudaload.detect(), nodes=2, ranks_per_node=2,
         parallelism=strategy, quantize=None, script="train.py", **kwargs,
     )  # fmt: skip
 
@@ -37,7 +37,7 @@ def test_trainer_takes_the_planned_config_without_a_mismatch(
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     files = _files(tiny_models["llama"], strategy)
-    kwargs = cudaload.training_arguments(files.plan, output_dir=str(tmp_path), use_cpu=True, bf16=False, tf32=False)
+    kwargs = cudaload.training_arguments(files.plan, output_dir=str(tmp_path))  # this machine's (CPU) flags
     assert kwargs["deepspeed"] == json.loads(files.files["ds_config.json"])  # one source
     model = AutoModelForCausalLM.from_pretrained(tiny_models["llama"])  # before: ZeRO-3 would partition it
     args = TrainingArguments(**kwargs)
