@@ -52,8 +52,9 @@ def test_trainer_takes_the_planned_config_without_a_mismatch(
 
 
 def test_offload_lets_trainer_keep_its_optimizer() -> None:
-    """ZeRO-3 offload with Trainer's AdamW: deepspeed raises ZeRORuntimeException unless the config allows a
-    client optimizer (deepspeed 0.19.8 reads `zero_force_ds_cpu_optimizer`)."""
+    """ZeRO-3 offload with Trainer's AdamW (what the rank sizing counts): without `zero_force_ds_cpu_optimizer`
+    false, deepspeed 0.19.8 raises ZeRORuntimeException for it, and accelerate 1.16 swaps it for DeepSpeedCPUAdam
+    (a C++ op JIT-compiled on each new machine)."""
     from deepspeed.runtime.config import get_zero_force_ds_cpu_optimizer
 
     offload = deepspeed_config("deepspeed-zero3-offload")
