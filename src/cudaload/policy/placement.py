@@ -162,8 +162,7 @@ def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     cpu_notes: tuple[str, ...] = ()
     ranks = max(machine.launch.local_world_size, 1)
     ram = machine.cpu.memory_available
-    # A ZeRO-3 rank of a cudaload launch loads its share only (loaders/zero3_loading.py): FSDP's ranks do not.
-    if what == "FSDP" and ram is not None and weight_bytes * ranks > ram * HEADROOM:
+    if ram is not None and weight_bytes * ranks > ram * HEADROOM:
         # cudaload loads before TrainingArguments exists (the documented order), so transformers sees no ZeRO-3
         # context (`is_deepspeed_zero3_enabled()` False: no zero.Init partitioning, modeling_utils.py) and FSDP's
         # cpu_ram_efficient_loading never applies: every rank of the node builds a full copy in CPU RAM first.
