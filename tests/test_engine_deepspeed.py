@@ -69,6 +69,6 @@ def test_zero3_loading_needs_a_launch_and_no_device_map(
     with pytest.raises(PlacementError, match="ZeRO-3, which partitions the weights at load and takes no device_map"):
         loading.zero3_loading(placed, {"WORLD_SIZE": "4"})
     monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(MissingPackageError, match=r"deepspeed is not installed on this rank: pip install"):
+    with pytest.raises(MissingPackageError, match="on this rank: install it with `pip install deepspeed`"):
         loading.zero3_loading(plan, {"WORLD_SIZE": "4"})
     assert loading.zero3_loading(_plan(tiny_models["llama"], "deepspeed-zero2").plan, {"WORLD_SIZE": "4"}) is None

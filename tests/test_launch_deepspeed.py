@@ -22,7 +22,7 @@ ZERO = ["deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload"]
 
 def _files(model: Path, strategy: str, **kwargs: object) -> cudaload.LaunchFiles:
     return cudaload.launch_files(
-        model, machine=cudaload.Machine.simulated("H100", count=2), nodes=2, ranks_per_node=2,
+        model, machine=cudaload.detect(), nodes=2, ranks_per_node=2,
         parallelism=strategy, quantize=None, script="train.py", **kwargs,
     )  # fmt: skip
 
@@ -37,7 +37,7 @@ def test_trainer_takes_the_planned_config_without_a_mismatch(
 
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     files = _files(tiny_models["llama"], strategy)
-    kwargs = cudaload.training_arguments(files.plan, output_dir=str(tmp_path), use_cpu=True, bf16=False, tf32=False)
+    kwargs = cudaload.training_arguments(files.plan, output_dir=str(tmp_path))  # this machine's (CPU) flags
     assert kwargs["deepspeed"] == json.loads(files.files["ds_config.json"])  # one source
     model = AutoModelForCausalLM.from_pretrained(tiny_models["llama"])  # before: ZeRO-3 would partition it
     args = TrainingArguments(**kwargs)
@@ -52,8 +52,9 @@ def test_trainer_takes_the_planned_config_without_a_mismatch(
 
 
 def test_offload_lets_trainer_keep_its_optimizer() -> None:
-    """ZeRO-3 offload with Trainer's AdamW: deepspeed raises ZeRORuntimeException unless the config allows a
-    client optimizer (deepspeed 0.19.8 reads `zero_force_ds_cpu_optimizer`)."""
+    """ZeRO-3 offload with Trainer's AdamW (what the rank sizing counts): without `zero_force_ds_cpu_optimizer`
+    false, deepspeed 0.19.8 raises ZeRORuntimeException for it, and accelerate 1.16 swaps it for DeepSpeedCPUAdam
+    (a C++ op JIT-compiled on each new machine)."""
     from deepspeed.runtime.config import get_zero_force_ds_cpu_optimizer
 
     offload = deepspeed_config("deepspeed-zero3-offload")

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..plans import Plan
 from .job import HERE, LAUNCH_ENV, Job, Word, shell_line
+from .torchrun import deepspeed_exports
 
 __all__ = ["accelerate_config", "accelerate_files"]
 
@@ -136,7 +137,7 @@ def _script(job: Job) -> str:
             if job.gpus or deepspeed
             else ["export ACCELERATE_USE_CPU=true  # every rank's Accelerator() on the CPU (gloo)"]
         ),
-        *(["export DS_ACCELERATOR=cpu  # DeepSpeed's CPU accelerator (gloo)"] if deepspeed and not job.gpus else []),
+        *deepspeed_exports(job.strategy, job.gpus),
         f"exec {shell_line(accelerate_argv(job))}",
         "",
     ]

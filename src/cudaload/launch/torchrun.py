@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .job import HERE, LAUNCH_ENV, Job, Word, shell_line
 
-__all__ = ["torchrun_argv", "torchrun_files"]
+__all__ = ["deepspeed_exports", "torchrun_argv", "torchrun_files"]
 
 
 def torchrun_argv(job: Job, node: int | str) -> list[str]:
@@ -26,17 +26,19 @@ def _script(job: Job, node: int) -> str:
             "# each node on that node). The training script applies the strategy itself.",
             "set -euo pipefail",
             f"export {LAUNCH_ENV}={shell_line([job.manifest_word(HERE)])}",
-            *_engine_exports(job.strategy, job.gpus),
+            *deepspeed_exports(job.strategy, job.gpus),
             f"exec {shell_line(torchrun_argv(job, node))}",
             "",
         ]
     )
 
 
-def _engine_exports(strategy: str, gpus: bool) -> list[str]:
+def deepspeed_exports(strategy: str, gpus: bool) -> list[str]:
     """What `accelerate launch` sets for a DeepSpeed job (accelerate 1.16 `utils/launch.py`
-    `prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_ZERO_STAGE), so that a torchrun rank
-    is placed as a DeepSpeed rank (ZeRO-3: no device_map, the weights partitioned at load)."""
+    `prepare_deepspeed_cmd_env`: ACCELERATE_USE_DEEPSPEED, and ACCELERATE_DEEPSPEED_ZERO_STAGE, which it sets only
+    from the YAML's zero_stage, not from a deepspeed_config_file), so that a rank is placed as a DeepSpeed rank of
+    its stage (ZeRO-3: no device_map, the weights partitioned at load); a CPU plan's ranks on DeepSpeed's CPU
+    accelerator."""
     if not strategy.startswith("deepspeed-zero"):
         return []
     stage = strategy.removeprefix("deepspeed-zero")[:1]

@@ -35,8 +35,9 @@ def zero3_loading(plan: Plan, environ: os._Environ[str] | dict[str, str] = os.en
     if importlib.util.find_spec("deepspeed") is None:
         raise MissingPackageError(
             f"The plan's strategy is {section.parallelism['strategy'] if section and section.parallelism else 'ZeRO-3'}"
-            ", but deepspeed is not installed on this rank: pip install 'cudaload[deepspeed]' (on a CPU-only host "
-            "with DS_BUILD_OPS=0), or plan another strategy."
+            ", but deepspeed is not installed on this rank: install it with `pip install deepspeed` (with "
+            "DS_BUILD_OPS=0 on a host without CUDA; from a clone: `pip install -e '.[deepspeed]'`), or plan another "
+            "strategy."
         )
     from transformers.integrations.deepspeed import HfDeepSpeedConfig
 

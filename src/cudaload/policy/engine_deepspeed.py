@@ -47,8 +47,10 @@ def deepspeed_config(strategy: str) -> dict[str, Any]:
     if strategy.endswith("-offload"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         # Trainer's own optimizer (torch AdamW, what the rank sizing counts) steps on the CPU copy. Without this,
-        # deepspeed 0.19.8 `runtime.engine.DeepSpeedEngine._configure_zero_optimizer` raises ZeRORuntimeException
-        # for any optimizer but DeepSpeedCPUAdam, which is a C++ op to build (JIT with DS_BUILD_OPS=0).
+        # deepspeed 0.19.8 `runtime.engine.DeepSpeedEngine._configure_optimizer` raises ZeRORuntimeException
+        # for any optimizer but DeepSpeedCPUAdam, and under Trainer accelerate 1.16 `Accelerator._prepare_deepspeed`
+        # swaps AdamW for DeepSpeedCPUAdam (`map_pytorch_optim_to_deepspeed`): a C++ op JIT-compiled on every new
+        # machine when installed with DS_BUILD_OPS=0 (both ran on CPU, 2026-12-06: same losses).
         config["zero_force_ds_cpu_optimizer"] = False
     return config
 
