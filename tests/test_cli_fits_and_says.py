@@ -256,29 +256,3 @@ def test_a_missing_local_folder_is_said_before_transformers_is_imported(name: st
     # Before: launch imported transformers first (4-14 s); `models/qwen3/base` was taken for a Hub id.
     assert run.stdout.split() == ["2", "2", "False"], run.stderr
     assert run.stderr.count("no such file or folder") == 2 and "Hugging Face Hub" not in run.stderr
-
-
-def test_a_quiet_demo_step_repeats_its_line(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
-    import threading
-
-    import cudaload.cli.output as output
-
-    ticked = threading.Event()
-    emit = output.emit
-
-    def watched(text: str, stream: Any = None) -> None:
-        emit(text, stream)
-        if text.startswith("[demo] still: "):
-            ticked.set()
-
-    def run_demo(directory: Any, *, tiny: bool, progress: Any) -> str:
-        progress("loaded; asking it a question")
-        assert ticked.wait(60)  # a generate() that takes a while on a busy CPU
-        return "answered"
-
-    monkeypatch.setattr("cudaload.cli.emit", watched)
-    monkeypatch.setattr("cudaload.demo.run_demo", run_demo)
-    assert main(["demo"]) == 0
-    captured = capsys.readouterr()
-    # Before: nothing between "[demo] loaded; asking it ..." and the answer, 18 s on a busy 2-core machine.
-    assert "[demo] still: loaded; asking it a question (" in captured.err and captured.out == "answered\n"

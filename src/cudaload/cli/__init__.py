@@ -94,14 +94,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         elif args.command == "bench":
             return bench_command(args)
         elif args.command == "demo":
-            from ..bench.rounds import ticking
             from ..demo import run_demo
 
-            # A step quiet for ~4 s (loading, the answer's 32 tokens on a busy CPU: 18 s seen) repeats its line with
-            # its age, as the bench's phases do (issue 46).
-            with ticking(lambda line: emit(fitted(f"[demo] {line}"), sys.stderr)) as say:
-                text = run_demo(args.dir, tiny=args.tiny, progress=say)
-            emit(text)
+            emit(run_demo(args.dir, tiny=args.tiny, progress=lambda line: emit(fitted(f"[demo] {line}"), sys.stderr)))
     except OutputClosed as closed:
         silence(closed.stream)
         return 141
