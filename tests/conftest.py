@@ -141,3 +141,21 @@ def unmeasured_dtype() -> str:
     if not cpuinfo.is_file():
         pytest.skip("no /proc/cpuinfo: the CPU's flags are unknown here")
     return "bfloat16" if "amx_bf16" in cpuinfo.read_text().split() else "float32"
+
+
+@pytest.fixture
+def llama70b(tmp_path: Path) -> Path:
+    """The Llama-3-70B config alone (nothing to load: plan and launch read configs only)."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        dtype="bfloat16",
+    )
+    config.save_pretrained(tmp_path / "llama70b")
+    return tmp_path / "llama70b"

@@ -119,24 +119,6 @@ def test_a_real_machines_ram_is_the_default(tmp_path: Path) -> None:
     assert choice.as_dict()["node_memory_assumed"] is False
 
 
-@pytest.fixture
-def llama70b(tmp_path: Path) -> Path:
-    """The Llama-3-70B config alone (plan reads configs only)."""
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        dtype="bfloat16",
-    )
-    config.save_pretrained(tmp_path / "llama70b")
-    return tmp_path / "llama70b"
-
-
 def test_cli_node_memory(llama70b: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", str(llama70b), "--finetune", "--gpu", "H100", "--count", "8", "--nodes", "1", "--quantize", "none"]
     argv += ["--with", "peft==0.21.2"]

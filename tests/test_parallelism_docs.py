@@ -27,24 +27,6 @@ def test_the_docs_table_is_generated_from_the_code() -> None:
     assert any("| 70B | 2x8 H100, infiniband-ndr | none | `fsdp-hybrid` |" in row for row in rows)
 
 
-@pytest.fixture
-def llama70b(tmp_path: Path) -> Path:
-    """The Llama-3-70B config alone (nothing to load: plan and launch read configs only)."""
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        dtype="bfloat16",
-    )
-    config.save_pretrained(tmp_path / "llama70b")
-    return tmp_path / "llama70b"
-
-
 def test_cli_plan_decides_the_parallelism(llama70b: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["plan", str(llama70b), "--finetune", "--gpu", "H100", "--count", "8", "--nodes", "2", "--json"]
     assert main([*argv, "--interconnect", "infiniband-ndr"]) == 0
