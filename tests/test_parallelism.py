@@ -68,7 +68,8 @@ def test_a_slower_link_makes_full_shard_slower_and_hybrid_no_slower() -> None:
 
 
 def test_full_shard_when_a_node_cannot_hold_the_model() -> None:
-    decision, choice = _full(L70, 16)
+    dgx = cudaload.Machine.simulated("H100", count=8, cpu_memory_gib=2048)  # each FSDP2 rank reads a whole copy
+    decision, choice = _full(L70, 16, machine=dgx)
     assert decision.value == "fsdp"
     assert choice.sizes["fsdp-hybrid"].total > choice.budget
     assert {r.value: r.reason for r in decision.rejected}["fsdp-hybrid"].startswith("does not fit")

@@ -233,3 +233,13 @@ def test_a_zero_stage_is_read_from_the_digit_after_deepspeed_zero() -> None:
     value = plan.decision("parallelism").value
     assert value is None or zero_stage(value) == 1
     assert "ZeRO-1 launch" in _rejected(plan)["deepspeed-zero2"]
+
+
+def test_zero3_when_fsdp2s_ranks_cannot_each_load_a_copy_in_the_nodes_ram() -> None:
+    """405B LoRA on 16x8 H100 with 2 TiB a node: each FSDP2 rank reads a whole 16-bit copy (6 TiB a node) before
+    accelerate shards it; ZeRO-3 partitions at load, so it is the automatic choice, without CPU offload."""
+    dgx = cudaload.Machine.simulated("H100", count=8, packages=QLORA, cpu_memory_gib=2048)
+    plan = _plan(L405, nodes=16, machine=dgx, interconnect="infiniband-ndr", quantize=None)
+    decision = plan.decision("parallelism")
+    assert decision.value == "deepspeed-zero3" and "partitions at load" in decision.reason
+    assert _rejected(decision)["fsdp"].startswith("does not fit: its CPU RAM a node")

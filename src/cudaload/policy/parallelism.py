@@ -3,8 +3,9 @@ DeepSpeed ZeRO-1/2/3 (with CPU offload); sized by rank_sizing.py.
 
 The rule, in order: DDP when a whole training state fits each GPU (the least communication: one gradient
 all-reduce); else FSDP2 sharding, hybrid (shard inside a node, replicate across nodes) when its shard fits
-and its step is not slower than full sharding over the network; else ZeRO-3 with its optimizer in CPU RAM,
-when that fits the node's RAM too (`node_memory`). You may ask for DeepSpeed (the cheapest ZeRO stage that
+and its step is not slower than full sharding over the network, and the node's RAM holds the whole copy each
+FSDP2 rank reads first; else DeepSpeed ZeRO-3 (it partitions at load); else ZeRO-3 with its optimizer in CPU
+RAM, when that fits the node's RAM too (`node_memory`). You may ask for DeepSpeed (the cheapest ZeRO stage that
 fits) or for one strategy by name: it is validated and kept, and refused with the numbers when it cannot fit.
 
 Tensor parallel ("tp+fsdp") is never chosen for training, and refused when asked: transformers' tensor-parallel
@@ -355,6 +356,8 @@ def _choose(
         if best == "fsdp-hybrid":
             return best, "its shard fits one node, so only gradient shards cross the network"
         return best, "a whole copy does not fit one rank; sharded over every rank it does"
+    if "deepspeed-zero3" in fits:  # FSDP2 did not fit: its ranks each load a whole CPU copy, ZeRO-3's partition
+        return "deepspeed-zero3", "FSDP2 does not fit (each rank reads a whole copy first); ZeRO-3 partitions at load"
     if "deepspeed-zero3-offload" in fits:
         return "deepspeed-zero3-offload", "only with the optimizer states in CPU RAM does a rank's share fit"
     if not sizes:
