@@ -22,6 +22,7 @@ _spec.loader.exec_module(table_tool)
 def test_the_docs_table_is_generated_from_the_code() -> None:
     page = (ROOT / "docs" / "distributed.md").read_text()
     assert table_tool.table() in page, "docs/distributed.md is stale: run python tools/parallelism_table.py"
+    assert table_tool.worked() in page, "docs/distributed.md's worked example is stale: run the same tool"
     rows = [line for line in table_tool.rows()[2:]]
     assert len(rows) == 12  # 7B, 70B, 405B on 1x8, 2x8, 16x8 H100 and 4x8 A100-40GB
     assert any("| 70B | 2x8 H100, infiniband-ndr | none | `fsdp-hybrid` |" in row for row in rows)
@@ -48,3 +49,14 @@ def test_cli_launch_writes_the_files(llama70b: Path, tmp_path: Path, capsys: pyt
     assert names == ["accelerate-config.yaml", "accelerate-launch.sh", "cudaload-launch.json", "launch.sbatch"]
     manifest = json.loads((out / "cudaload-launch.json").read_text())
     assert manifest["nodes"] == 2 and manifest["interconnect"] is None  # the default link, not given
+
+
+def test_the_worked_example_beside_the_engines_own_figures() -> None:
+    """70B full training on 2 x 8 H100: each ZeRO stage's model states (weights + gradients + optimizer + DeepSpeed's
+    fp32 gradient partition and ZeRO-3's gathered largest layer) equal DeepSpeed's estimator as the page writes it."""
+    text = "\n".join(table_tool.worked_rows())
+    rows = {line.split(" | ")[0].strip("| `"): line for line in text.splitlines() if line.startswith("| `")}
+    assert set(rows) >= {"ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "deepspeed-zero3-offload"}
+    assert "Chosen: `deepspeed-zero3-offload`" in text  # nothing lighter fits 72 GiB a rank
+    assert "2P + 18P/N = 205.3 GiB" in rows["deepspeed-zero2"] and "16P/N = 65.7 GiB" in rows["fsdp"]
+    assert rows["deepspeed-zero3-offload"].count("788.5 GiB") == 2  # cudaload's CPU a node = DeepSpeed's figure
