@@ -224,7 +224,7 @@ def test_a_strategy_of_another_engine_asked_under_a_launch_is_refused() -> None:
 
 def test_a_zero_stage_is_read_from_the_digit_after_deepspeed_zero() -> None:
     """A ZeRO-1 launch: only a stage-1 strategy (none before "deepspeed-zero1" is planned), never ZeRO-2's."""
-    from cudaload.policy.launch_engine import zero_stage
+    from cudaload.facts.launch import zero_stage
 
     assert [zero_stage(s) for s in ("deepspeed-zero1", "deepspeed-zero3-offload", "fsdp")] == [1, 3, None]
     plan = cudaload.plan(

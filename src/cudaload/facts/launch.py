@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Launch", "Strategy"]
+__all__ = ["Launch", "Strategy", "zero_stage"]
 
 
 Strategy = Literal["ddp", "fsdp", "deepspeed"]
 """How a distributed launch shares the model: data parallel, FSDP, or DeepSpeed ZeRO."""
+
+_ZERO = "deepspeed-zero"
+
+
+def zero_stage(strategy: str) -> int | None:
+    """The ZeRO stage of a planned "deepspeed-zero<stage>[-offload]" strategy, the digit after "deepspeed-zero";
+    None for any other strategy. The one reader of the stage in a strategy's name (policy, loaders, launch)."""
+    digit = strategy.removeprefix(_ZERO)[:1] if strategy.startswith(_ZERO) else ""
+    return int(digit) if digit.isdigit() else None
 
 
 @dataclass(frozen=True)

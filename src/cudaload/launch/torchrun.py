@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from ..facts.launch import zero_stage
 from .job import HERE, LAUNCH_ENV, Job, Word, shell_line
 
 __all__ = ["deepspeed_exports", "torchrun_argv", "torchrun_files"]
@@ -39,13 +40,13 @@ def deepspeed_exports(strategy: str, gpus: bool) -> list[str]:
     from the YAML's zero_stage, not from a deepspeed_config_file), so that a rank is placed as a DeepSpeed rank of
     its stage (ZeRO-3: no device_map, the weights partitioned at load); a CPU plan's ranks on DeepSpeed's CPU
     accelerator."""
-    if not strategy.startswith("deepspeed-zero"):
+    stage = zero_stage(strategy)
+    if stage is None:
         return []
-    stage = strategy.removeprefix("deepspeed-zero")[:1]
     cpu = [] if gpus else ["export DS_ACCELERATOR=cpu  # DeepSpeed's CPU accelerator (gloo)"]
     return [
         "export ACCELERATE_USE_DEEPSPEED=true",
-        f"export ACCELERATE_DEEPSPEED_ZERO_STAGE={shell_line([stage])}",
+        f"export ACCELERATE_DEEPSPEED_ZERO_STAGE={shell_line([str(stage)])}",
         *cpu,
     ]
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import PlacementError
+from ..facts.launch import zero_stage
 from ..facts.machine import Gpu, Launch, Machine, Strategy
 from ..facts.model import ModelFacts
 from ..facts.placer import Landing
@@ -179,7 +180,7 @@ def as_launched(machine: Machine, parallel: Mapping[str, Any] | None) -> Machine
     if parallel is None:
         return machine
     chosen, ranks = str(parallel["strategy"]), int(parallel["ranks_per_node"])
-    stage = next((int(c) for c in chosen.removeprefix("deepspeed-zero")[:1] if c.isdigit()), None)
+    stage = zero_stage(chosen)
     strategy: Strategy | None = (
         "ddp" if chosen == "ddp" else "fsdp" if chosen.startswith("fsdp") else "deepspeed" if stage else None
     )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..facts.launch import zero_stage as stage_of
 from ..plans import Decision, Rejected
 
 __all__ = ["deepspeed_config", "deepspeed_decision", "zero_stage"]
@@ -22,11 +23,12 @@ _AUTO = "auto"
 
 
 def zero_stage(strategy: str) -> int:
-    """The ZeRO stage of a "deepspeed-zero<stage>[-offload]" strategy: the digit after "deepspeed-zero"."""
-    digit = strategy.removeprefix("deepspeed-zero")[:1]
-    if not strategy.startswith("deepspeed-zero") or not digit.isdigit():
+    """The ZeRO stage of a "deepspeed-zero<stage>[-offload]" strategy (facts/launch.py `zero_stage`); ValueError
+    for another strategy: a DeepSpeed config is only written for a ZeRO plan."""
+    stage = stage_of(strategy)
+    if stage is None:
         raise ValueError(f"not a DeepSpeed ZeRO strategy: {strategy!r}")
-    return int(digit)
+    return stage
 
 
 def deepspeed_config(strategy: str) -> dict[str, Any]:

@@ -7,18 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..facts.launch import zero_stage
 from ..facts.machine import Launch
 from .rank_sizing import STRATEGIES
 
-__all__ = ["LaunchEngine", "launch_engine", "zero_stage"]
-
-_ZERO = "deepspeed-zero"
-
-
-def zero_stage(strategy: str) -> int | None:
-    """The ZeRO stage of a DeepSpeed strategy: the digit after "deepspeed-zero" (None for another strategy)."""
-    digit = strategy.removeprefix(_ZERO)[:1] if strategy.startswith(_ZERO) else ""
-    return int(digit) if digit.isdigit() else None
+__all__ = ["LaunchEngine", "launch_engine"]
 
 
 @dataclass(frozen=True)

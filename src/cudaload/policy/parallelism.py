@@ -29,12 +29,13 @@ from typing import Any
 from ..errors import PlacementError, SettingError
 from ..facts.dtypes import BYTES
 from ..facts.interconnect import ParallelLayout, gpu_link, gpu_tflops, interconnect
+from ..facts.launch import zero_stage
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
 from ..request import TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
-from .launch_engine import LaunchEngine, launch_engine, zero_stage
+from .launch_engine import LaunchEngine, launch_engine
 from .lora_targets import lora_leaves
 from .memory import CUDA_OVERHEAD, TrainingMemory, logits_bytes_per_element, lora_parameters
 from .node_memory import NodeMemory, cpu_ram_problem, node_memory
