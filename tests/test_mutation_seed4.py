@@ -202,8 +202,8 @@ def test_tensor_parallel_moves_four_activation_all_reduces_a_layer() -> None:
     is all of the rank's traffic (nothing crosses nodes)."""
     from cudaload.facts.interconnect import ParallelLayout, interconnect
     from cudaload.facts.shapes import LLAMA_SHAPES
-    from cudaload.policy.parallelism import full_training_shape
     from cudaload.policy.rank_sizing import size_rank
+    from cudaload.policy.training_shape import full_training_shape
 
     hidden = 4096
     shape = full_training_shape(LLAMA_SHAPES["7B"], dtype="bfloat16", seq_len=2048, checkpointing=True)

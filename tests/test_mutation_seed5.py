@@ -178,8 +178,8 @@ def test_lora_computes_two_thirds_of_full_training_a_step() -> None:
     (forward 2, backward 4: activation and weight gradients); LoRA's frozen weights get no weight gradient, 4;
     checkpointing adds a forward's 2 to each."""
     from cudaload.facts.interconnect import ParallelLayout, interconnect
-    from cudaload.policy.parallelism import full_training_shape
     from cudaload.policy.rank_sizing import TrainingShape, size_rank
+    from cudaload.policy.training_shape import full_training_shape
 
     full = full_training_shape(LLAMA_SHAPES["7B"], dtype="bfloat16", seq_len=2048, checkpointing=False)
     one = ParallelLayout(1, 1, interconnect(None))

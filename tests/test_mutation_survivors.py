@@ -469,7 +469,7 @@ def test_a_launchers_fp16_is_refused_only_for_a_family_that_overflows_in_it(
     model_type: str, launched: str | None, refused: bool
 ) -> None:
     """`accelerate launch --mixed_precision fp16` (ACCELERATE_MIXED_PRECISION) fine-tuning an fp16-fragile
-    family raises (policy `_launched_precision_warnings`): both conditions, not either. The families are
+    family raises (policy.training `launched_precision_warnings`): both conditions, not either. The families are
     vLLM's `_FLOAT16_NOT_SUPPORTED_MODELS` (vllm/config/model.py, "Numerical instability"), upstream.py."""
     from cudaload.errors import DtypeUnsupportedError
 
@@ -1132,8 +1132,8 @@ def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_tail_too() -> None:
     (nothing gathered) but its fp32 gradient partition and two reduce buckets."""
     from cudaload.facts.interconnect import ParallelLayout, interconnect
     from cudaload.facts.shapes import LLAMA_SHAPES
-    from cudaload.policy.parallelism import full_training_shape
     from cudaload.policy.rank_sizing import size_rank
+    from cudaload.policy.training_shape import full_training_shape
 
     model = LLAMA_SHAPES["7B"]
     shape = full_training_shape(model, dtype="bfloat16", seq_len=2048, checkpointing=True)

@@ -15,8 +15,9 @@ from cudaload.errors import FinetuneConfigError, LaunchMismatchError, PlacementE
 from cudaload.facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, ParallelLayout, interconnect
 from cudaload.facts.shapes import LLAMA_SHAPES
 from cudaload.launch import check_launched_plan, launch_invariants, read_manifest
-from cudaload.policy.parallelism import decide_parallelism, full_training_shape
+from cudaload.policy.parallelism import decide_parallelism
 from cudaload.policy.rank_sizing import size_rank
+from cudaload.policy.training_shape import full_training_shape
 
 H100 = cudaload.Machine.simulated("H100", count=8)
 L7, L70, L405 = LLAMA_SHAPES["7B"], LLAMA_SHAPES["70B"], LLAMA_SHAPES["405B"]

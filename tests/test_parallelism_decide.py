@@ -17,7 +17,8 @@ from cudaload.facts.interconnect import ParallelLayout, interconnect
 from cudaload.facts.machine import GiB, Launch
 from cudaload.facts.shapes import LLAMA_SHAPES
 from cudaload.policy.parallel_reasons import cpu_bytes_per_node
-from cudaload.policy.parallelism import decide_parallelism, full_training_shape
+from cudaload.policy.parallelism import decide_parallelism
+from cudaload.policy.training_shape import full_training_shape
 
 QLORA = {"bitsandbytes": "0.50.2", "peft": "0.21.2"}
 H100 = cudaload.Machine.simulated("H100", count=8, packages=QLORA)

@@ -14,8 +14,9 @@ import cudaload
 from cudaload.errors import SettingError
 from cudaload.facts.interconnect import INTERCONNECTS, ParallelLayout, interconnect
 from cudaload.facts.shapes import LLAMA_SHAPES
-from cudaload.policy.parallelism import decide_parallelism, full_training_shape, training_shape
+from cudaload.policy.parallelism import decide_parallelism
 from cudaload.policy.rank_sizing import RankSize, TrainingShape, size_rank
+from cudaload.policy.training_shape import full_training_shape, training_shape
 
 H100 = cudaload.Machine.simulated("H100", count=8)
 L70, L405 = LLAMA_SHAPES["70B"], LLAMA_SHAPES["405B"]

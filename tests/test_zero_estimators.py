@@ -21,8 +21,8 @@ import cudaload
 from cudaload.facts.interconnect import ParallelLayout, interconnect
 from cudaload.facts.model import ModelFacts
 from cudaload.facts.shapes import LLAMA_SHAPES
-from cudaload.policy.parallelism import full_training_shape
 from cudaload.policy.rank_sizing import RankSize, size_rank
+from cudaload.policy.training_shape import full_training_shape
 from cudaload.policy.zero_bytes import REDUCE_BUCKET_ELEMENTS
 
 LAYOUTS = [(1, 8), (2, 8), (16, 8), (4, 4)]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..errors import DtypeUnsupportedError, ModelConfigError, PlacementError
+from ..errors import ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts, multimodal_generator
 from ..facts.placer import Placer
@@ -38,7 +38,7 @@ from .sharded_quantization import quantize_across_ranks
 from .stored_dtype import decide_stored_dtype
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
-from .training import decide_lora, decide_training_arguments, missing_peft
+from .training import decide_lora, decide_training_arguments, launched_precision_warnings, missing_peft
 from .tuning import tune_on_gpu
 
 # The edge (cli, bench) takes these too: the strategies --parallelism names, the usable machine doctor reports,
@@ -268,7 +268,7 @@ def _finetune_section(
     arguments = (*arguments, *engine)
     training_args = {**training_args, **{d.setting.removeprefix("training."): d.value for d in engine}}
     peft = missing_peft(machine) if lora_config is not None else ()  # full training needs no peft
-    warnings = (*peft, *warnings, *_launched_precision_warnings(judged, model, dtype))
+    warnings = (*peft, *warnings, *launched_precision_warnings(judged, model, dtype))
     warnings = (*warnings, *(rank_warnings(model, lora_config) if lora_config is not None else ()))
     use_cache = _training_cache(training.gradient_checkpointing)
     plan = FinetunePlan(
@@ -288,29 +288,6 @@ def _finetune_section(
         quantization_config=quant_config,
         training_bytes=estimates[quant.value].total,
         warnings=warnings,
-    )
-
-
-_LAUNCHED_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-
-
-def _launched_precision_warnings(machine: Machine, model: ModelFacts, dtype: str) -> tuple[str, ...]:
-    """What a launcher's mixed precision (followed by the TrainingArguments flags) means for this model: fp16
-    for an fp16-fragile family is refused; another precision than the weights' dtype is said."""
-    launched = machine.launch.mixed_precision
-    if launched == "fp16" and model.fp16_fragile:
-        raise DtypeUnsupportedError(
-            f"ACCELERATE_MIXED_PRECISION=fp16 (accelerate launch --mixed_precision fp16), but {model.model_type} "
-            "overflows in float16 (its activations exceed fp16's range: inf/NaN losses). Relaunch with "
-            "--mixed_precision bf16 on an sm80+ GPU, or --mixed_precision no."
-        )
-    wanted = _LAUNCHED_DTYPES.get(launched or "")
-    if wanted is None or wanted == dtype:
-        return ()
-    return (
-        f"Launched with --mixed_precision {launched} (ACCELERATE_MIXED_PRECISION): training autocasts to "
-        f"{wanted} as launched, while the weights load in {dtype} (the plan's dtype). Pass dtype={wanted!r} to "
-        "load them in it too, or relaunch with the precision you want.",
     )
 
 

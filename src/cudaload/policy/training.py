@@ -16,7 +16,14 @@ from .lora_targets import check_regex, is_target_regex, lora_leaves, lora_target
 from .memory import quantized_optimizer
 from .parallelism import SHARDS_WEIGHTS
 
-__all__ = ["LORA_DEFAULTS", "decide_lora", "decide_training_arguments", "launcher_precision", "lora_targets"]
+__all__ = [
+    "LORA_DEFAULTS",
+    "decide_lora",
+    "decide_training_arguments",
+    "launched_precision_warnings",
+    "launcher_precision",
+    "lora_targets",
+]
 
 # r=16 with alpha=2r is the common practitioner default (peft docs, most QLoRA recipes use
 # r 8-64); dropout 0.05 as in the QLoRA paper's smaller models; adapters on every projection
@@ -368,3 +375,26 @@ def decide_training_arguments(
         )
     args = {d.setting.removeprefix("training."): d.value for d in decisions}
     return tuple(decisions), args
+
+
+_LAUNCHED_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def launched_precision_warnings(machine: Machine, model: ModelFacts, dtype: str) -> tuple[str, ...]:
+    """What a launcher's mixed precision (followed by the TrainingArguments flags) means for this model: fp16
+    for an fp16-fragile family is refused; another precision than the weights' dtype is said."""
+    launched = machine.launch.mixed_precision
+    if launched == "fp16" and model.fp16_fragile:
+        raise DtypeUnsupportedError(
+            f"ACCELERATE_MIXED_PRECISION=fp16 (accelerate launch --mixed_precision fp16), but {model.model_type} "
+            "overflows in float16 (its activations exceed fp16's range: inf/NaN losses). Relaunch with "
+            "--mixed_precision bf16 on an sm80+ GPU, or --mixed_precision no."
+        )
+    wanted = _LAUNCHED_DTYPES.get(launched or "")
+    if wanted is None or wanted == dtype:
+        return ()
+    return (
+        f"Launched with --mixed_precision {launched} (ACCELERATE_MIXED_PRECISION): training autocasts to "
+        f"{wanted} as launched, while the weights load in {dtype} (the plan's dtype). Pass dtype={wanted!r} to "
+        "load them in it too, or relaunch with the precision you want.",
+    )
