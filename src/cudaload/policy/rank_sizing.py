@@ -44,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..facts.interconnect import LINK_EFFICIENCY, ParallelLayout
+from ..facts.launch import zero_stage
 from .zero_bytes import zero_bytes
 
 __all__ = ["FSDP_STRATEGIES", "MFU", "STRATEGIES", "RankSize", "TrainingShape", "size_rank"]
@@ -267,9 +268,10 @@ def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
     if strategy == "ddp":
         # DDP's bucket copy of the gradients (`gradient_as_bucket_view=False`) counts them twice.
         return _Held(shape.weight_bytes, shape.gradient_bytes, shape.state_bytes, shape.gradient_bytes)
-    if strategy.startswith("deepspeed-zero"):
+    stage = zero_stage(strategy)
+    if stage is not None:
         zero = zero_bytes(
-            int(strategy[len("deepspeed-zero")]),
+            stage,
             strategy.endswith("-offload"),
             weight_bytes=shape.weight_bytes,
             gradient_bytes=shape.gradient_bytes,
