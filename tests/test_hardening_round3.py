@@ -222,13 +222,14 @@ def test_tokenizer_for_something_that_is_not_a_model_or_plan_is_a_setting_error(
 
 
 def test_first_use_from_eight_threads_loads_in_every_thread(tiny_models) -> None:
-    # A fresh interpreter: the race is on transformers' first lazy imports.
+    # A fresh interpreter: the race is on transformers' first lazy imports, AutoTokenizer's (resolved only when
+    # tokenizer_for() first asks for it) included.
     script = (
         "import sys, threading, cudaload\n"
         "errors = []\n"
         "def work():\n"
         "    try:\n"
-        "        cudaload.load(sys.argv[1], dtype='float32', verify=False)\n"
+        "        cudaload.tokenizer_for(cudaload.load(sys.argv[1], dtype='float32', verify=False))\n"
         "    except Exception as exc:\n"
         "        errors.append(f'{type(exc).__name__}: {exc}')\n"
         "threads = [threading.Thread(target=work) for _ in range(8)]\n"

@@ -109,6 +109,62 @@ def test_a_planned_model_is_planned_again_without_torch(tiny_models, tmp_path: P
     assert list((tmp_path / "cache" / "model-facts").glob("*.json"))
 
 
+TRAINING_POLICY = (
+    "cudaload.policy.finetune_section",
+    "cudaload.policy.parallelism",
+    "cudaload.policy.rank_sizing",
+    "cudaload.policy.node_memory",
+    "cudaload.policy.engine_arguments",
+    "cudaload.policy.training",
+    "cudaload.facts.interconnect",
+)
+"""The fine-tuning and distributed policy: an inference plan has no use for it (issue 50: importing it was a quarter
+of the CPU a first load() spent in cudaload's imports)."""
+
+
+def test_an_inference_plan_imports_none_of_the_training_policy(tiny_models, tmp_path: Path) -> None:
+    """plan() and load() pay for the modules they use: the training policy is imported by a fine-tuning plan only,
+    which still plans with it (its parallelism and TrainingArguments present)."""
+    code = f"""
+        import json, sys
+        import cudaload
+        training = {list(TRAINING_POLICY)!r}
+        inference = cudaload.plan({str(tiny_models["llama"])!r}, probe=False, generate=None)
+        before = sorted(m for m in training if m in sys.modules)
+        finetune = cudaload.plan({str(tiny_models["llama"])!r}, probe=False, finetune=True)
+        print(json.dumps({{
+            "inference": before,
+            "finetune": sorted(m for m in training if m in sys.modules),
+            "training_arguments": sorted(finetune.finetune.training_arguments),
+            "inference_finetune": inference.finetune is None,
+        }}))
+        """
+    out = _fresh_process(code, tmp_path / "cache")
+    assert out["inference"] == []
+    assert out["inference_finetune"] is True
+    assert out["finetune"] == sorted(TRAINING_POLICY)
+    assert {"bf16", "optim", "use_cpu"} <= set(out["training_arguments"])
+
+
+def test_load_reads_no_tokenizer_module_and_tokenizer_for_does(tiny_models, tmp_path: Path) -> None:
+    """load() resolves the transformers names it uses, not AutoTokenizer's tokenization modules (~7 ms of CPU in a
+    fresh process); tokenizer_for() resolves them when first called."""
+    code = f"""
+        import json, sys
+        import cudaload
+        model = cudaload.load({str(tiny_models["llama"])!r}, dtype="float32", verify=False)
+        loaded = "transformers.models.auto.tokenization_auto" in sys.modules
+        tokenizer = cudaload.tokenizer_for(model)
+        from transformers import PreTrainedTokenizerBase
+        print(json.dumps({{"after_load": loaded, "tokenizer": isinstance(tokenizer, PreTrainedTokenizerBase),
+                           "after_tokenizer": "transformers.models.auto.tokenization_auto" in sys.modules}}))
+        """
+    out = _fresh_process(code, tmp_path / "cache")
+    assert out["after_load"] is False
+    assert out["after_tokenizer"] is True
+    assert out["tokenizer"] is True
+
+
 def test_cached_facts_follow_the_config_and_the_weights(tiny_models, tmp_path: Path) -> None:
     folder = tmp_path / "model"
     shutil.copytree(tiny_models["qwen3"], folder)  # bf16 weights

@@ -10,6 +10,8 @@ from .errors import SettingError, WorkloadError
 
 __all__ = [
     "PADDING_SIDES",
+    "PARALLELISM_CHOICES",
+    "STRATEGIES",
     "TRAIN_MODES",
     "WORKLOADS",
     "GenerationRequest",
@@ -143,6 +145,24 @@ class GenerationRequest:
         if self.padding_side is not None:
             check_padding_side(self.padding_side)
 
+
+STRATEGIES = (
+    "ddp",
+    "fsdp",
+    "fsdp-hybrid",
+    "deepspeed-zero1",
+    "deepspeed-zero2",
+    "deepspeed-zero3",
+    "deepspeed-zero3-offload",
+    "tp+fsdp",
+)
+"""Every strategy cudaload sizes and plans (policy/rank_sizing.py), in the order a plan prefers them when each
+fits. The ZeRO stages go lowest first: ZeRO-1 and ZeRO-2 move the same bytes (gradients reduce-scattered, weights
+all-gathered: the ZeRO paper's 2P, as DDP), ZeRO-3 half as much again, so asking for DeepSpeed gets the lowest
+stage that fits."""
+PARALLELISM_CHOICES = ("auto", "deepspeed", *STRATEGIES)
+"""What `parallelism=` (`--parallelism`) accepts: "auto" (the plan chooses), "deepspeed" (the lowest ZeRO stage that
+fits) or one strategy."""
 
 TRAIN_MODES = ("lora", "full")
 """What `train=` (`--train`) accepts: "lora" (the default: LoRA adapters on a frozen base, QLoRA when planned)

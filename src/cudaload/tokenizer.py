@@ -67,7 +67,7 @@ def tokenizer_for(
         >>> cudaload.tokenizer_for(model, training=True).padding_side
         'right'
     """
-    import_transformers()
+    import_transformers("AutoTokenizer")
     from transformers import AutoTokenizer
 
     check_flag("training", training, allow_none=False)

@@ -31,6 +31,8 @@ __all__ = [
 
 _LOCK = threading.Lock()
 _DONE = False
+_resolved: set[str] = set()
+"""The names beyond `_NAMES` resolved so far (`import_transformers(*more)`)."""
 _notices: list[Callable[[], None]] = []
 """Called once, just before this process first imports transformers (`before_first_import`)."""
 
@@ -39,7 +41,6 @@ _notices: list[Callable[[], None]] = []
 _NAMES = (
     "PretrainedConfig",
     "AutoConfig",
-    "AutoTokenizer",
     "PreTrainedModel",
     "GenerationConfig",
     "BitsAndBytesConfig",
@@ -48,22 +49,28 @@ _NAMES = (
 )
 
 
-def import_transformers() -> None:
-    """Import transformers and resolve the names cudaload uses, once per process, thread-safely."""
+def import_transformers(*more: str) -> None:
+    """Import transformers and resolve the names cudaload uses, once per process, thread-safely; `more`: names
+    only some entry points use, resolved under the same lock when first asked (`tokenizer_for()`'s AutoTokenizer:
+    its tokenization modules cost load() ~7 ms of CPU, issue 50, and load() never reads a tokenizer)."""
     global _DONE
-    if _DONE:
+    if _DONE and _resolved.issuperset(more):
         return
     with _LOCK:
-        if _DONE:
-            return
-        if "transformers" not in sys.modules:
-            while _notices:
-                _notices.pop(0)()
+        if not _DONE:
+            if "transformers" not in sys.modules:
+                while _notices:
+                    _notices.pop(0)()
+            import transformers
+
+            for name in _NAMES:
+                getattr(transformers, name)
+            _DONE = True
         import transformers
 
-        for name in _NAMES:
+        for name in more:
             getattr(transformers, name)
-        _DONE = True
+            _resolved.add(name)
 
 
 @contextlib.contextmanager

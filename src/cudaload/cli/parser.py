@@ -9,8 +9,7 @@ from typing import Any, NoReturn, cast
 from ..errors import SettingError
 from ..facts.interconnect import DEFAULT_INTERCONNECT, INTERCONNECTS, interconnect
 from ..facts.quant_methods import QUANT_METHODS
-from ..policy import PARALLELISM_CHOICES
-from ..request import TRAIN_MODES
+from ..request import PARALLELISM_CHOICES, TRAIN_MODES
 
 __all__ = ["DEBUG_ENV", "build_parser"]
 

@@ -17,11 +17,16 @@ from ..errors import (
     QuantizationError,
     SettingError,
 )
-from ..facts.interconnect import interconnect as known_link
 from ..facts.model import ModelFacts
-from ..policy.node_memory import parse_node_memory
-from ..policy.parallelism import PARALLELISM_CHOICES
-from ..request import TRAIN_MODES, GenerationRequest, Request, TrainingRequest, check_count, check_flag
+from ..request import (
+    PARALLELISM_CHOICES,
+    TRAIN_MODES,
+    GenerationRequest,
+    Request,
+    TrainingRequest,
+    check_count,
+    check_flag,
+)
 from ..upstream_imports import import_transformers
 
 __all__ = ["check_model", "generation_request", "parallel_request", "split_overrides", "training_request"]
@@ -269,6 +274,10 @@ def parallel_request(
             named = ", ".join(f"{k}={v!r}" for k, v in given.items() if v is not None)
             raise FinetuneConfigError(f"{named} only applies to a fine-tuning plan: pass finetune=True.")
         return None
+    # Imported here, as the training policy is (policy/__init__.py): an inference plan does not pay for them.
+    from ..facts.interconnect import interconnect as known_link
+    from ..policy.node_memory import parse_node_memory
+
     for name in ("nodes", "ranks_per_node"):
         check_count(name, given[name])
     if interconnect is not None:

@@ -14,31 +14,24 @@ from ..errors import ModelConfigError, PlacementError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts, multimodal_generator
 from ..facts.placer import Placer
-from ..facts.quant_methods import DEFAULT_QUANT_METHOD, QUANT_METHODS, config_method, quantization_method
-from ..plans import Decision, FinetunePlan, GenerationPlan, Plan, Rejected
-from ..plans.checkpoint import CheckpointPlan
-from ..request import Request, TrainingRequest, Workload
+from ..facts.quant_methods import DEFAULT_QUANT_METHOD, config_method, quantization_method
+from ..plans import Decision, GenerationPlan, Plan
+from ..request import PARALLELISM_CHOICES, Request, Workload
 from .attention import decide_attention, decide_sub_model_attention
 from .checkpoint_quantization import decide_checkpoint_quantization
-from .current_device import as_launched, current_gpu_when_training, decide_current_device, decide_rank_device
+from .current_device import as_launched, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
-from .engine_arguments import engine_arguments
 from .fit import HEADROOM, format_bytes, percent
-from .full_training import decide_train, full_training_estimate, full_training_quantize
 from .generation import decide_generation
 from .kernels import decide_use_kernels
-from .lora_targets import lora_leaves, rank_warnings
-from .memory import TrainingMemory, lora_estimates, lora_parameters, weight_bytes
-from .parallelism import PARALLELISM_CHOICES, SHARDS_WEIGHTS, parallel_section
+from .lora_targets import lora_leaves
+from .memory import lora_parameters, weight_bytes
 from .placement import decide_placement
 from .precision import decide_dtype
-from .quantization import decide_quantization
 from .settle import settle_placement
-from .sharded_quantization import quantize_across_ranks
 from .stored_dtype import decide_stored_dtype
 from .tensor_parallel import decide_tensor_parallel
 from .tokenizer import decide_tokenizer
-from .training import decide_lora, decide_training_arguments, launched_precision_warnings, missing_peft
 from .tuning import tune_on_gpu
 
 # The edge (cli, bench) takes these too: the strategies --parallelism names, the usable machine doctor reports,
@@ -165,11 +158,13 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
         decisions.append(checkpoint.decision)
         warnings += checkpoint.warnings
     kwargs: dict[str, Any] = {"dtype": dtype.value, "attn_implementation": attention.value}
-    section = (
-        _finetune_section(machine, judged, model, training, request.device_map, dtype.value, checkpoint)
-        if training is not None
-        else None
-    )
+    section = None
+    if training is not None:
+        # Imported here: an inference plan, and load() in a fresh process, never pays for the training and
+        # distributed policy's modules (issue 50: ~25 ms of the CPU a first load() spends importing).
+        from .finetune_section import finetune_section
+
+        section = finetune_section(machine, judged, model, training, request.device_map, dtype.value, checkpoint)
     quantize = section.quantize if section is not None else None
     if section is not None:
         decisions += section.decisions
@@ -203,91 +198,6 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
         weight_bytes=size,
         finetune=section.plan if section is not None else None,
         assumed_packages=machine.software.assumed_packages(),
-    )
-
-
-@dataclass(frozen=True)
-class _FinetuneSection:
-    plan: FinetunePlan
-    decisions: tuple[Decision, ...]
-    quantize: str | None
-    quantization_config: dict[str, Any] | None
-    training_bytes: int
-    warnings: tuple[str, ...]
-
-
-def _finetune_section(
-    machine: Machine,
-    judged: Machine,
-    model: ModelFacts,
-    training: TrainingRequest,
-    device_map: Any,
-    dtype: str,
-    checkpoint: CheckpointPlan | None,
-) -> _FinetuneSection:
-    """LoRA or full training, quantization (from the training-memory estimate of each option), k-bit
-    preparation, the model's cache, the parallelism and the TrainingArguments flags."""
-    dequantized_to = checkpoint.dequantized_to if checkpoint is not None else None
-    train = decide_train(training, dtype)
-    adapters: tuple[Decision, ...] = ()  # LoRA's: the adapters and the base's preparation
-    warnings: tuple[str, ...]
-    if training.train == "full":  # every weight trained: no adapters, no quantization (policy/full_training.py)
-        lora_config = None
-        estimates = full_training_estimate(machine, model, training, dtype, dequantized_to)
-        quant, quant_config, warnings = full_training_quantize(training, checkpoint, model.source), None, ()
-    else:
-        lora, lora_config = decide_lora(model, training.lora)
-        targets = lora_leaves(model, lora_config["target_modules"])
-        estimates = lora_estimates(
-            model, dtype=dtype, r=int(lora_config["r"]), targets=targets, seq_len=training.seq_len,
-            batch=training.batch_size, checkpointing=training.gradient_checkpointing, on_gpu=bool(machine.gpus),
-            checkpoint=checkpoint,
-        )  # fmt: skip
-        quant, quant_config, warnings = decide_quantization(
-            machine, model, training.quantize, dtype, estimates, device_map, checkpoint, training.own_quantization
-        )
-        across = quantize_across_ranks(machine, model, training, dtype, estimates, lora_config, quant, checkpoint)
-        if across is not None:
-            quant, quant_config = across, quant_config if across.value is not None else None
-        adapters = (lora, _kbit_preparation(quant.value))
-    parallelism, parallel = parallel_section(machine, model, training, dtype, quant.value, estimates, lora_config)
-    if parallel is not None and parallel.chosen in SHARDS_WEIGHTS and quant.value in QUANT_METHODS:
-        # QLoRA with FSDP / ZeRO-3: the sharded 4-bit weights are stored in the compute dtype (quant storage).
-        quant_config = QUANT_METHODS[quant.value].build(dtype, True)
-    # A job of several ranks planned outside it gets the flags its ranks get (ddp_find_unused_parameters, ...).
-    launched = as_launched(judged, parallel.as_dict() if parallel is not None else None)
-    arguments, training_args = decide_training_arguments(
-        launched,
-        dtype,
-        quant.value or False,
-        training.gradient_checkpointing,
-        current_gpu_when_training(machine),
-        strategy=parallel.chosen if parallel is not None else None,
-    )
-    engine = engine_arguments(parallel, training, model)
-    arguments = (*arguments, *engine)
-    training_args = {**training_args, **{d.setting.removeprefix("training."): d.value for d in engine}}
-    peft = missing_peft(machine) if lora_config is not None else ()  # full training needs no peft
-    warnings = (*peft, *warnings, *launched_precision_warnings(judged, model, dtype))
-    warnings = (*warnings, *(rank_warnings(model, lora_config) if lora_config is not None else ()))
-    use_cache = _training_cache(training.gradient_checkpointing)
-    plan = FinetunePlan(
-        lora=lora_config,
-        training_arguments=training_args,
-        memory_estimate=_estimates_dict(estimates, training),
-        gradient_checkpointing=training.gradient_checkpointing,
-        checkpointing_kwargs=next((d.value for d in arguments if d.setting.endswith("checkpointing_kwargs")), {}),
-        use_cache=use_cache.value,
-        parallelism=parallel.as_dict() if parallel is not None else None,
-        train=training.train,
-    )
-    return _FinetuneSection(
-        plan=plan,
-        decisions=(train, quant, *adapters, use_cache, *arguments, *parallelism),
-        quantize=quant.value,
-        quantization_config=quant_config,
-        training_bytes=estimates[quant.value].total,
-        warnings=warnings,
     )
 
 
@@ -354,40 +264,3 @@ def _asks_dequantize(passthrough: Mapping[str, Any]) -> bool:
     config = passthrough.get("quantization_config")
     value = config.get("dequantize") if isinstance(config, Mapping) else getattr(config, "dequantize", False)
     return value is True
-
-
-def _kbit_preparation(quantize: str | None) -> Decision:
-    if quantize is None:
-        return Decision("kbit_preparation", "freeze", "freeze the base; LoRA adapters are the only trainable weights")
-    return Decision(
-        "kbit_preparation",
-        "freeze+checkpointing",
-        "freeze the base, checkpoint without reentrancy, enable input grads; norms stay in the compute dtype",
-        (
-            Rejected(
-                "prepare_model_for_kbit_training",
-                "peft's helper upcasts every non-quantized weight to fp32 (81 GB vs 63 GB peak in one report)",
-            ),
-        ),
-    )
-
-
-def _training_cache(checkpointing: bool) -> Decision:
-    """config.use_cache while fine-tuning: off. Training reads no KV cache, and with checkpointing on
-    transformers turns it off by itself with a warning ("Caching is incompatible with gradient
-    checkpointing", modeling_layers.py `GradientCheckpointingLayer.__call__`)."""
-    reason = "training runs whole sequences and never reads a KV cache; building one costs memory"
-    if checkpointing:
-        reason += " (and transformers would turn it off under checkpointing, with a warning)"
-    return Decision("use_cache", False, reason, (Rejected(True, "a cache is only read when generating"),))
-
-
-def _estimates_dict(estimates: dict[str | None, TrainingMemory], training: TrainingRequest) -> dict[str, Any]:
-    return {
-        "assumes": {
-            "seq_len": training.seq_len,
-            "batch_size": training.batch_size,
-            "gradient_checkpointing": training.gradient_checkpointing,
-        },
-        **{("16bit" if q is None else q): e.as_dict() for q, e in estimates.items()},
-    }

@@ -32,7 +32,7 @@ from ..facts.launch import zero_stage
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Decision, Rejected
-from ..request import TrainingRequest
+from ..request import PARALLELISM_CHOICES, TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
 from .launch_engine import LaunchEngine, launch_engine
 from .lora_targets import lora_leaves
@@ -52,10 +52,6 @@ __all__ = [
     "planned_layout",
     "rank_budget",
 ]
-
-PARALLELISM_CHOICES = ("auto", "deepspeed", *STRATEGIES)
-"""What `parallelism=` (`--parallelism`) accepts: "auto" (the default), "deepspeed" (its cheapest stage
-that fits) or one strategy."""
 MAX_MICRO_BATCH = 1024
 
 _WHAT = {

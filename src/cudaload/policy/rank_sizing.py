@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from ..facts.interconnect import LINK_EFFICIENCY, ParallelLayout
 from ..facts.launch import zero_stage
+from ..request import STRATEGIES
 from .zero_bytes import zero_bytes
 
 __all__ = ["FSDP_STRATEGIES", "MFU", "STRATEGIES", "RankSize", "TrainingShape", "size_rank"]
@@ -55,19 +56,6 @@ FP32 = 4
 ADAM_STATES = 2 * FP32
 PCIE = 25e9  # bytes/s a GPU reaches to pinned CPU memory over PCIe Gen4 (ZeRO-offload's traffic)
 
-STRATEGIES = (
-    "ddp",
-    "fsdp",
-    "fsdp-hybrid",
-    "deepspeed-zero1",
-    "deepspeed-zero2",
-    "deepspeed-zero3",
-    "deepspeed-zero3-offload",
-    "tp+fsdp",
-)
-"""Every strategy sized here, in the order a plan prefers them when each fits. The ZeRO stages go lowest first:
-ZeRO-1 and ZeRO-2 move the same bytes (gradients reduce-scattered, weights all-gathered: the ZeRO paper's 2P, as
-DDP), ZeRO-3 half as much again, so asking for DeepSpeed gets the lowest stage that fits."""
 FSDP_STRATEGIES = ("fsdp", "fsdp-hybrid", "tp+fsdp")
 """The strategies that accelerate's fsdp2_prepare_model applies (tensor parallel: across nodes)."""
 
