@@ -149,8 +149,42 @@ def break_names_between_words(content: str) -> str:
     return TABLE_CODE.sub(cell, content)
 
 
+# An inline code span (not a block's `<pre><span></span><code>`, not highlighted or linked: no attribute, no tag
+# inside), and a table cell holding it.
+INLINE_CODE = re.compile(r"(?<!<pre><span></span>)<code>([^<]+)</code>")
+CELL = re.compile(r"(<t[dh][^>]*>)(.*?)(</t[dh]>)", re.DOTALL)
+# A word of running text's code longer than this (about a phone's line) may break, at a <wbr> after its dots,
+# slashes and underscores; a shorter one, and any in a table (which scrolls), never breaks.
+WHOLE = 40
+
+
+def _whole(code: str, in_table: bool) -> str:
+    words = code.split(" ")
+    if len(words) == 1 and (in_table or len(code) <= WHOLE):
+        return f'<code class="whole">{code}</code>'
+
+    def word(w: str) -> str:
+        if not w:
+            return w
+        if in_table or len(w) <= WHOLE:
+            return f'<span class="whole">{w}</span>'
+        return re.sub(r"(?<=[./_])(?=\w)", "<wbr>", w)
+
+    return "<code>" + " ".join(word(w) for w in words) + "</code>"
+
+
+def keep_identifiers_whole(content: str) -> str:
+    """Each word of an inline code span unbreakable (`white-space: nowrap` on `.whole` in the stylesheet), so a
+    line breaks only between its words: `--interconnect infiniband-ndr:4` never shows `--` / `interconnect`, nor
+    a table `deepspeed-` / `zero3-offload`. The text is unchanged (copying the span copies the same characters)."""
+    content = CELL.sub(
+        lambda c: c.group(1) + INLINE_CODE.sub(lambda m: _whole(m.group(1), True), c.group(2)) + c.group(3), content
+    )
+    return INLINE_CODE.sub(lambda m: _whole(m.group(1), False), content)
+
+
 def on_page_content(content: str, page: Any, config: Any, files: Files) -> str:
-    return break_names_between_words(keep_flags_whole(wrap_outputs(content)))
+    return keep_identifiers_whole(break_names_between_words(keep_flags_whole(wrap_outputs(content))))
 
 
 def on_post_page(output: str, page: Any, config: Any) -> str:
