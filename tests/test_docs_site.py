@@ -381,3 +381,18 @@ def test_no_diagram_labels_an_arrow_from_a_node_to_itself() -> None:
             loops = [m.group(0).strip() for m in edge.finditer(diagram) if m.group(1) == m.group(2)]
             assert not loops, (page.name, loops)
     assert "```mermaid" in (ROOT / "docs" / "how-it-works.md").read_text()
+
+
+def test_a_continuation_lines_indent_narrows_on_a_phone() -> None:
+    # At 390 px a reason's continuation line (36 spaces in) showed one word a line at the right edge, with blank
+    # lines between (issue 46): its indent is a span the stylesheet narrows there; the characters are the same.
+    hooks = _docs_hooks()
+    line = " " * 36 + "fits up to 256 tokens"
+    assert hooks._line(line, "\n") == (
+        f'<span class="output-line" style="--hang:40"><span class="indent">{" " * 36}</span>fits up to 256 tokens\n'
+        "</span>"
+    )
+    for whole in ("  dtype                bfloat16   tie", "                       x float32  2x memory", "    x"):
+        assert 'class="indent"' not in hooks._line(whole, "\n"), whole
+    css = (ROOT / "docs" / "assets" / "stylesheets" / "cudaload.css").read_text()
+    assert re.search(r"\.md-typeset \.output \.indent \{\s*display: inline-block;\s*max-width: calc\(var\(--cap\)", css)

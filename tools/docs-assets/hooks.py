@@ -44,6 +44,8 @@ EXPLAIN_LINE = re.compile(r"( *)(?:x |\S+ {2,})(\S+(?: \S+)*) {2,}(\S+(?: \S+)*)
 # An explain() line longer than this (about what an output block shows on a 1280-px screen) shows its
 # reason on the lines under its setting and value instead of after them.
 FITS = 80
+# An output line indented this far or more (a continuation of the line above) has its indent in a span.indent.
+INDENTED = 8
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -94,6 +96,10 @@ def _line(line: str, newline: str) -> str:
     if found is not None and len(plain) > FITS:
         head, reason = html.escape(plain[: found[1]], quote=False), html.escape(plain[found[1] :], quote=False)
         body = f'{head}<span class="reason">{reason}{newline}</span>'
+    elif found is None and (indent := len(line) - len(line.lstrip(" "))) >= INDENTED:
+        # A continuation line (a wrapped reason, 36 in): its indent in a span the stylesheet narrows on a phone,
+        # where 36 spaces were most of a line and left one word a line at the right edge.
+        body = f'<span class="indent">{line[:indent]}</span>{line[indent:]}{newline}'
     else:
         body = line + newline
     return f'<span class="output-line" style="--hang:{hang(plain)}">{body}</span>'
