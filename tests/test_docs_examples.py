@@ -30,29 +30,10 @@ SKIPPED = [s for _, skipped in FOUND.values() for s in skipped]
 RUN_HERE = [e for e in EXAMPLES if e.covered_by is None]
 
 
-def _untested_upstream() -> list[str]:
-    """The upstream packages installed at another version than constraints/tested.txt pins.
-
-    The pasted outputs are those of the tested set: a simulated machine plans with the installed
-    transformers (its kernels range, its flag names), so on a newer set they differ by design.
-    """
-    from importlib.metadata import PackageNotFoundError, version
-
-    differ = []
-    for line in (ROOT / "constraints" / "tested.txt").read_text().splitlines():
-        name, sep, pinned = line.partition("==")
-        if not sep or name not in ("transformers", "kernels", "peft", "accelerate", "bitsandbytes", "huggingface_hub"):
-            continue
-        try:
-            found = version(name)
-        except PackageNotFoundError:
-            found = None
-        if found != pinned.strip():
-            differ.append(f"{name} {found} (tested: {pinned.strip()})")
-    return differ
-
-
-UNTESTED = _untested_upstream()
+# The pasted outputs are the docs set's (tools/regenerate_docs.py DOCS_SET: what the README's Install resolves). On
+# another set (the pinned constraints/tested.txt) a simulated machine plans with the installed transformers (its
+# kernels range, its flag names, the versions it lists), so the outputs differ there by design.
+OTHER_SET = docs_tool.other_than_docs_set()
 
 
 _MASKS = (
@@ -85,8 +66,8 @@ def shape(output: str) -> list[str]:
     return lines
 
 
-# transformers 5.23 renamed gradient checkpointing (TrainingArguments' flags, the model's switch): the tested set
-# prints the old names, newer sets the new ones (capability/transformers_api.py: checkpointing_method).
+# transformers 5.23 renamed gradient checkpointing (TrainingArguments' flags, the model's switch): the docs set
+# prints the new names, the pinned set the old ones (capability/transformers_api.py: checkpointing_method).
 _RENAMES = (("activation_checkpointing", "gradient_checkpointing"),)
 
 
@@ -114,8 +95,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[Any, Any]:
 def test_example_runs_and_prints_what_the_page_shows(example: Any, results: dict[Any, Any]) -> None:
     result = results[example]
     assert result.ok, f"{example.page}:{example.line} failed ({example.kind}):\n{result.error}\n{result.output[-2000:]}"
-    if example.output is None or (UNTESTED and example.tested_set):
-        return  # ran; its output is the tested set's decision (`<!-- output: tested set -->`)
+    if example.output is None or (OTHER_SET and example.docs_set):
+        return  # ran; its output is the docs set's decision (`<!-- output: docs set -->`)
     if example.this_machine:
         # Regenerated on the machine the page names: its CPU, its timings and what it measured differ
         # from this one's, but not what the example prints: the same lines, each with the same label,
@@ -130,13 +111,13 @@ def test_example_runs_and_prints_what_the_page_shows(example: Any, results: dict
             + "\n".join(difflib.unified_diff(pasted, real, "page", "real run", lineterm=""))
         )
         return
-    if UNTESTED:
-        # The pasted output is the tested set's: on another set (the newest releases) the versions it prints and
+    if OTHER_SET:
+        # The pasted output is the docs set's: on another set (the pinned releases) the versions it prints and
         # the names transformers renamed differ by design, so the lines are compared as `shape` sees them, with
         # those names normalised: what the example prints must still be the same lines, labels and keys.
         pasted, real = shape(_renames(example.output)), shape(_renames(result.output))
         assert real == pasted, (
-            f"{example.page}:{example.line}: on {', '.join(UNTESTED)} a real run prints other lines than the page "
+            f"{example.page}:{example.line}: on {', '.join(OTHER_SET)} a real run prints other lines than the page "
             "shows (numbers, versions and dtypes masked, each line cut to its first word):\n"
             + "\n".join(difflib.unified_diff(pasted, real, "page", "real run", lineterm=""))
         )
@@ -216,3 +197,23 @@ def test_the_tool_pastes_real_outputs_back(tmp_path: Path) -> None:
     finally:
         docs_tool.ROOT = original
     assert page.read_text() == "# A page\n\n```python\nprint(6 * 7)\n```\n\n```text\n42\n```\n\nThe end.\n"
+
+
+def test_the_tool_refuses_to_paste_another_sets_outputs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The pages show the docs set's outputs: regenerating them on another set stops before a page is touched."""
+    page = tmp_path / "page.md"
+    page.write_text("```python\nprint(6 * 7)\n```\n\n```text\n41\n```\n")
+    monkeypatch.setattr(docs_tool, "DOCS_SET", {**docs_tool.DOCS_SET, "transformers": "0.0.1"})
+    monkeypatch.setattr(sys, "argv", ["regenerate_docs.py", str(page)])
+    with pytest.raises(SystemExit) as stopped:
+        docs_tool.main()
+    assert "transformers" in str(stopped.value) and "(docs set: 0.0.1)" in str(stopped.value)
+    assert page.read_text().endswith("41\n```\n")
+
+
+def test_the_docs_set_is_the_one_the_versions_page_says_users_get() -> None:
+    # docs/versions.md's table: the right-hand column is what a user's install resolves, and the docs show it.
+    table = (ROOT / "docs" / "versions.md").read_text()
+    for name in ("transformers", "kernels"):
+        row = next(line for line in table.splitlines() if line.startswith(f"| {name} |"))
+        assert row.split("|")[3].strip().startswith(docs_tool.DOCS_SET[name]), row

@@ -323,3 +323,76 @@ def test_the_flag_and_name_rules() -> None:
         "<td><code>Finetune<wbr>Config<wbr>Error</code> or <code>Value<wbr>Error</code></td>"
         "<p><code>NotInATable</code></p>"
     )
+
+
+def test_wide_tables_scroll_in_their_frame_and_identifiers_do_not_break(site: Path) -> None:
+    # The Distributed page's 10-column table lost its last columns past a 1280-px screen's text column, a phone
+    # showed 2-4 columns with nothing saying the rest scrolls, and identifiers broke inside (`--` / `interconnect`,
+    # `deepspeed-` / `zero3-offload`) (issue 46, item 7).
+    css = (ROOT / "docs" / "assets" / "stylesheets" / "cudaload.css").read_text()
+    assert re.search(r"\.md-typeset table:not\(\[class\]\) th \{\s*min-width: 0;", css)
+    scrollwrap = re.search(r"\.md-typeset__scrollwrap \{(.*?)\}", css, re.DOTALL)
+    assert (
+        scrollwrap is not None
+        and "no-repeat local" in scrollwrap.group(1)
+        and "no-repeat scroll" in scrollwrap.group(1)
+    )
+    assert re.search(r"\.md-typeset code\.whole,\s*\.md-typeset code \.whole \{\s*white-space: nowrap;", css)
+    distributed = (site / "distributed" / "index.html").read_text()
+    assert re.search(r'<td><code class="whole">deepspeed-zero3-offload</code></td>', distributed)
+    assert '<code><span class="whole">--interconnect</span> <span class="whole">infiniband-ndr:4</span></code>' in (
+        distributed
+    )
+
+
+def test_the_identifier_rule() -> None:
+    hooks = _docs_hooks()
+    assert (
+        hooks.keep_identifiers_whole("<p><code>fsdp-hybrid</code></p>")
+        == '<p><code class="whole">fsdp-hybrid</code></p>'
+    )
+    assert hooks.keep_identifiers_whole("<p><code>--nodes 2</code></p>") == (
+        '<p><code><span class="whole">--nodes</span> <span class="whole">2</span></code></p>'
+    )
+    # Longer than a phone's line in running text: it may break, after a dot, a slash or an underscore only.
+    long = "torch.distributed.fsdp.fully_shard_something_long"
+    assert hooks.keep_identifiers_whole(f"<p><code>{long}</code></p>") == (
+        "<p><code>torch.<wbr>distributed.<wbr>fsdp.<wbr>fully_<wbr>shard_<wbr>something_<wbr>long</code></p>"
+    )
+    # In a table (which scrolls) it stays whole; code blocks, highlighted or linked code and <wbr>-split names are
+    # left as they are.
+    assert (
+        hooks.keep_identifiers_whole(f"<td><code>{long}</code></td>") == f'<td><code class="whole">{long}</code></td>'
+    )
+    for untouched in (
+        "<pre><span></span><code>x-y z</code></pre>",
+        '<code class="highlight">a-b</code>',
+        '<code><a href="x">Plan</a></code>',
+        "<td><code>Attention<wbr>Unavailable<wbr>Error</code></td>",
+    ):
+        assert hooks.keep_identifiers_whole(untouched) == untouched
+
+
+def test_no_diagram_labels_an_arrow_from_a_node_to_itself() -> None:
+    # Mermaid draws a self-loop's label over the node and its arrows (how-it-works' fallback loops, issue 46).
+    edge = re.compile(r"^\s*(\w+)\s*(?:--|-\.)\s*\"[^\"]*\"\s*(?:-->|\.->)\s*(\w+)\s*$", re.MULTILINE)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for diagram in re.findall(r"^```mermaid\n(.*?)^```", page.read_text(), re.DOTALL | re.MULTILINE):
+            loops = [m.group(0).strip() for m in edge.finditer(diagram) if m.group(1) == m.group(2)]
+            assert not loops, (page.name, loops)
+    assert "```mermaid" in (ROOT / "docs" / "how-it-works.md").read_text()
+
+
+def test_a_continuation_lines_indent_narrows_on_a_phone() -> None:
+    # At 390 px a reason's continuation line (36 spaces in) showed one word a line at the right edge, with blank
+    # lines between (issue 46): its indent is a span the stylesheet narrows there; the characters are the same.
+    hooks = _docs_hooks()
+    line = " " * 36 + "fits up to 256 tokens"
+    assert hooks._line(line, "\n") == (
+        f'<span class="output-line" style="--hang:40"><span class="indent">{" " * 36}</span>fits up to 256 tokens\n'
+        "</span>"
+    )
+    for whole in ("  dtype                bfloat16   tie", "                       x float32  2x memory", "    x"):
+        assert 'class="indent"' not in hooks._line(whole, "\n"), whole
+    css = (ROOT / "docs" / "assets" / "stylesheets" / "cudaload.css").read_text()
+    assert re.search(r"\.md-typeset \.output \.indent \{\s*display: inline-block;\s*max-width: calc\(var\(--cap\)", css)

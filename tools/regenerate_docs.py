@@ -2,6 +2,10 @@
 
     python tools/regenerate_docs.py README.md docs/index.md docs/decisions.md ...
 
+Run it with the docs set installed (`DOCS_SET` below: the releases the README's Install resolves, so the
+pages show what a user gets); it refuses to paste another set's outputs. In this project:
+`HF_HUB_OFFLINE=1 PYTHONPATH=src .venv-newest/bin/python tools/regenerate_docs.py README.md docs/*.md`.
+
 `tests/test_docs_examples.py` runs the same examples the same way and fails when a pasted output
 differs from a real run, so an output in the docs is never typed by hand.
 
@@ -21,8 +25,8 @@ What counts as an example, in a page:
     speed): it is regenerated, and the test checks that the example runs but does not compare;
   - `<!-- output: this machine; test: tests/FILE.py -->`: the same, but the docs test does not run
     it because tests/FILE.py runs the same code (used for the slow ones: a benchmark).
-  - `<!-- output: tested set -->`: the output shows what the tested set's releases decide (which `kernels`
-    the pinned transformers accepts): on another dependency set the test runs it and compares nothing.
+  - `<!-- output: docs set -->`: the output shows what the docs set's releases decide (which `kernels` the
+    installed transformers accepts): on another dependency set the test runs it and compares nothing.
   Say in the page which machine such an output comes from.
 Other blocks (```bash set-up steps, ```text without `$`, ```mermaid) are not examples.
 
@@ -51,6 +55,20 @@ MARKER = re.compile(r"<!--\s*(not run|output)\s*:\s*(.*?)\s*-->\s*\Z", re.DOTALL
 SCRIPT = re.compile(r"#\s*(\w[\w.-]*\.py)\b")
 TINY_MODEL = "tiny-qwen3"
 
+# The dependency set the pasted outputs come from: what the README's Install resolves (the wheel without a
+# constraints file: the newest releases on 2026-12-04, docs/versions.md's right-hand column, the set .ci/run's
+# second suite installs), so a page shows what a user gets. The versions an output prints and the names
+# transformers 5.23 renamed (`activation_checkpointing`) are this set's; tests/test_docs_examples.py compares the
+# outputs exactly where this set is installed and line by line (`shape`) on another (the pinned constraints/tested.txt).
+DOCS_SET = {
+    "transformers": "5.25.0",
+    "kernels": "0.19.1",
+    "accelerate": "1.16.0",
+    "peft": "0.21.2",
+    "bitsandbytes": "0.50.2",
+    "huggingface_hub": "2.4.0",
+}
+
 
 @dataclass(frozen=True)
 class Example:
@@ -68,8 +86,8 @@ class Example:
     """The output depends on the machine that ran it: regenerated, never compared."""
     covered_by: str | None = None
     """A test file that runs the same code: the docs test does not run this example."""
-    tested_set: bool = False
-    """The output is the tested set's decision: compared only where the tested set is installed."""
+    docs_set: bool = False
+    """The output is the docs set's decision: compared only where the docs set is installed."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +131,9 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
                 raise ValueError(f"{name}:{line}: '<!-- not run: WHY -->' needs a reason")
             skipped.append(Skipped(name, line, marker[1]))
             continue
-        this_machine, covered_by, tested_set = False, None, False
-        if marker is not None and marker[1] == "tested set":
-            tested_set = True
+        this_machine, covered_by, docs_set = False, None, False
+        if marker is not None and marker[1] == "docs set":
+            docs_set = True
         elif marker is not None:
             qualifier = re.fullmatch(r"this machine(?:;\s*test:\s*(\S+))?", marker[1])
             if qualifier is None:
@@ -124,7 +142,7 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
         if kind == "text" and body.startswith("$ "):
             command, _, output = body.partition("\n")
             span = (fence.start(2) + len(command) + 1, fence.end(2))
-            found.append(Example(name, line, "shell", command[2:], output, span, this_machine, covered_by, tested_set))
+            found.append(Example(name, line, "shell", command[2:], output, span, this_machine, covered_by, docs_set))
         elif kind == "python" and SCRIPT.match(body):
             found.append(Example(name, line, "file", body))
         elif kind == "python":
@@ -138,8 +156,23 @@ def examples(page: Path) -> tuple[list[Example], list[Skipped]]:
                 ):
                     output, span = following.group(2), (following.start(2), following.end(2))
                     used_as_output.add(i + 1)
-            found.append(Example(name, line, "python", body, output, span, this_machine, covered_by, tested_set))
+            found.append(Example(name, line, "python", body, output, span, this_machine, covered_by, docs_set))
     return found, skipped
+
+
+def other_than_docs_set() -> list[str]:
+    """The packages of `DOCS_SET` installed here at another version (empty: this is the docs set)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    differ = []
+    for name, wanted in DOCS_SET.items():
+        try:
+            found: str | None = version(name)
+        except PackageNotFoundError:
+            found = None
+        if found != wanted:
+            differ.append(f"{name} {found or 'not installed'} (docs set: {wanted})")
+    return differ
 
 
 def _environment() -> dict[str, str]:
@@ -276,6 +309,13 @@ def main() -> None:
         return
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if differ := other_than_docs_set():
+        sys.exit(
+            f"regenerate_docs: {sys.executable} has {', '.join(differ)}: the pages show the docs set's outputs "
+            "(DOCS_SET in this file, what the README's Install resolves). Run this tool with a Python that has the "
+            "docs set installed, or, when a newer set is what users get now, update DOCS_SET and the README's and "
+            "docs/versions.md's versions with it."
+        )
     regenerate([Path(name).resolve() for name in sys.argv[1:]])
 
 

@@ -6,6 +6,11 @@ application that configured logging sees it there, once) and, unless a handler o
 already writes to stderr, to stderr as `cudaload: ...` (the CLI and a script without logging
 configured). `CUDALOAD_QUIET=1` (or true/yes/on) keeps stderr silent; the logger still gets the record;
 0/false/no/off or unset do not, and any other value is refused (`SettingError`), as CUDALOAD_PROBE's are.
+
+Within `still_saying()` (the CLI's plan and launch), a step that stays quiet for STILL_S seconds on a terminal
+says its line again with its age (`cudaload: still: ... (9 s so far)`): a busy machine spends 20-38 s in the
+first import and plan (issue 46). Only on a terminal: piped or logged output (the docs' pasted outputs, a
+script, the tests) is the same from run to run.
 """
 
 from __future__ import annotations
@@ -17,10 +22,23 @@ import re
 import shutil
 import sys
 import textwrap
+import threading
+import time
+from collections.abc import Iterator
 
-__all__ = ["announce", "fitted", "quiet"]
+__all__ = ["announce", "fitted", "quiet", "still_saying"]
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+STILL_S = 4.0
+"""Seconds of quiet on a terminal after which `still_saying` says the last line again (under the 5 s a reader
+waits before thinking a command hangs)."""
+
+_lock = threading.Lock()
+_last: list[tuple[str, float]] = []
+"""The last line announce() printed on stderr, and when: what `still_saying` repeats."""
+_written = [0.0]
+"""When announce() or `still_saying` last wrote a line on stderr (time.monotonic())."""
 
 
 def quiet() -> bool:
@@ -60,8 +78,44 @@ def announce(logger_name: str, message: str, level: int = logging.INFO) -> None:
     logger = logging.getLogger(logger_name)
     logger.log(level, message)
     if not quiet() and not _stderr_handled(logger, level):
-        with contextlib.suppress(OSError, ValueError):  # stderr closed: the logger record is all there is
+        with _lock, contextlib.suppress(OSError, ValueError):  # stderr closed: the logger record is all there is
             print(fitted(f"cudaload: {message}"), file=sys.stderr, flush=True)
+            _last[:] = [(message, time.monotonic())]
+            _written[0] = _last[0][1]
+
+
+@contextlib.contextmanager
+def still_saying() -> Iterator[None]:
+    """Within: on a terminal, whenever nothing was said on stderr for STILL_S seconds, the last line announce()
+    printed comes again with its age, from a daemon thread, until the block ends. Nothing when stderr is not a
+    terminal (a pipe, a log, a test: the output stays the same from run to run) or CUDALOAD_QUIET is on."""
+    if quiet() or not _is_terminal(sys.stderr):
+        yield
+        return
+    done, began = threading.Event(), time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(STILL_S / 10):
+            with _lock:
+                now = time.monotonic()
+                if not _last or _last[0][1] < began or now - _written[0] < STILL_S:  # a line of this block only
+                    continue
+                message, since = _last[0]
+                # "(a few seconds)" said at the start reads wrong by now: the age replaces it, kept on one line
+                # (fitted() wraps at spaces and turns the no-break ones back into spaces).
+                step = re.sub(r" [(][^()]*[)]$", "", message)
+                line = f"cudaload: still: {step} ({now - since:.0f}\xa0s\xa0so\xa0far)"
+                with contextlib.suppress(OSError, ValueError):
+                    print(fitted(line), file=sys.stderr, flush=True)
+                _written[0] = now
+
+    thread = threading.Thread(target=tick, name="cudaload-still", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def fitted(line: str) -> str:

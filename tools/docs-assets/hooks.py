@@ -44,6 +44,8 @@ EXPLAIN_LINE = re.compile(r"( *)(?:x |\S+ {2,})(\S+(?: \S+)*) {2,}(\S+(?: \S+)*)
 # An explain() line longer than this (about what an output block shows on a 1280-px screen) shows its
 # reason on the lines under its setting and value instead of after them.
 FITS = 80
+# An output line indented this far or more (a continuation of the line above) has its indent in a span.indent.
+INDENTED = 8
 
 
 def on_files(files: Files, config: Any) -> Files:
@@ -94,6 +96,10 @@ def _line(line: str, newline: str) -> str:
     if found is not None and len(plain) > FITS:
         head, reason = html.escape(plain[: found[1]], quote=False), html.escape(plain[found[1] :], quote=False)
         body = f'{head}<span class="reason">{reason}{newline}</span>'
+    elif found is None and (indent := len(line) - len(line.lstrip(" "))) >= INDENTED:
+        # A continuation line (a wrapped reason, 36 in): its indent in a span the stylesheet narrows on a phone,
+        # where 36 spaces were most of a line and left one word a line at the right edge.
+        body = f'<span class="indent">{line[:indent]}</span>{line[indent:]}{newline}'
     else:
         body = line + newline
     return f'<span class="output-line" style="--hang:{hang(plain)}">{body}</span>'
@@ -149,8 +155,42 @@ def break_names_between_words(content: str) -> str:
     return TABLE_CODE.sub(cell, content)
 
 
+# An inline code span (not a block's `<pre><span></span><code>`, not highlighted or linked: no attribute, no tag
+# inside), and a table cell holding it.
+INLINE_CODE = re.compile(r"(?<!<pre><span></span>)<code>([^<]+)</code>")
+CELL = re.compile(r"(<t[dh][^>]*>)(.*?)(</t[dh]>)", re.DOTALL)
+# A word of running text's code longer than this (about a phone's line) may break, at a <wbr> after its dots,
+# slashes and underscores; a shorter one, and any in a table (which scrolls), never breaks.
+WHOLE = 40
+
+
+def _whole(code: str, in_table: bool) -> str:
+    words = code.split(" ")
+    if len(words) == 1 and (in_table or len(code) <= WHOLE):
+        return f'<code class="whole">{code}</code>'
+
+    def word(w: str) -> str:
+        if not w:
+            return w
+        if in_table or len(w) <= WHOLE:
+            return f'<span class="whole">{w}</span>'
+        return re.sub(r"(?<=[./_])(?=\w)", "<wbr>", w)
+
+    return "<code>" + " ".join(word(w) for w in words) + "</code>"
+
+
+def keep_identifiers_whole(content: str) -> str:
+    """Each word of an inline code span unbreakable (`white-space: nowrap` on `.whole` in the stylesheet), so a
+    line breaks only between its words: `--interconnect infiniband-ndr:4` never shows `--` / `interconnect`, nor
+    a table `deepspeed-` / `zero3-offload`. The text is unchanged (copying the span copies the same characters)."""
+    content = CELL.sub(
+        lambda c: c.group(1) + INLINE_CODE.sub(lambda m: _whole(m.group(1), True), c.group(2)) + c.group(3), content
+    )
+    return INLINE_CODE.sub(lambda m: _whole(m.group(1), False), content)
+
+
 def on_page_content(content: str, page: Any, config: Any, files: Files) -> str:
-    return break_names_between_words(keep_flags_whole(wrap_outputs(content)))
+    return keep_identifiers_whole(break_names_between_words(keep_flags_whole(wrap_outputs(content))))
 
 
 def on_post_page(output: str, page: Any, config: Any) -> str:

@@ -88,9 +88,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         elif args.command == "probe":
             emit(remeasure_report(args.model, _to_stderr))
         elif args.command in ("plan", "launch"):
+            from ..announce import still_saying
+
             command = plan_command if args.command == "plan" else launch_command
-            with before_first_import(lambda: _importing(args)):
-                emit(command(args, parser))
+            # On a terminal a step quiet for 4 s says its line again (the import and a first plan: 20-38 s on a busy
+            # machine, issue 46); the result is printed once that has stopped, so no line lands inside it.
+            with before_first_import(lambda: _importing(args)), still_saying():
+                output = command(args, parser)
+            emit(output)
         elif args.command == "bench":
             return bench_command(args)
         elif args.command == "demo":
