@@ -216,14 +216,16 @@ def size_rank(
     gpu_link: float,
     tflops: float | None,
     overhead: int,
+    cpu: bool = False,
 ) -> RankSize:
     """`strategy` on `layout` at `micro_batch` sequences per rank. `gpu_link`: bytes/s between GPUs of a node;
-    `tflops`: the GPU's dense BF16 TFLOPS (None: no compute estimate); `overhead`: the device's fixed cost."""
+    `tflops`: the GPU's dense BF16 TFLOPS (None: no compute estimate); `overhead`: the device's fixed cost;
+    `cpu`: CPU ranks on gloo (what their pages hold differs from a GPU's allocator: policy/zero_bytes.py)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}")
     world, local, nodes = layout.world_size, layout.ranks_per_node, layout.nodes
     activations = shape.activations_per_sample * micro_batch
-    held = _held(strategy, shape, layout)
+    held = _held(strategy, shape, layout, cpu)
     if strategy == "tp+fsdp":
         activations //= local
     links = (gpu_link * LINK_EFFICIENCY, layout.interconnect.per_gpu_bytes_per_s(local) * LINK_EFFICIENCY)
@@ -262,8 +264,8 @@ class _Held:
     node_cpu: int = 0
 
 
-def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
-    """What one rank holds under `strategy` (bytes), as its engine allocates it."""
+def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout, cpu: bool) -> _Held:
+    """What one rank holds under `strategy` (bytes), as its engine allocates it (`cpu`: on a CPU, over gloo)."""
     world, local = layout.world_size, layout.ranks_per_node
     if strategy == "ddp":
         # DDP's bucket copy of the gradients (`gradient_as_bucket_view=False`) counts them twice.
@@ -282,8 +284,10 @@ def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
             largest_layer=shape.largest_module,
             world=world,
             nodes=layout.nodes,
+            parameters=shape.parameters,
+            cpu=cpu,
         )
-        buffers = zero.partition + zero.buckets
+        buffers = zero.partition + zero.buckets + zero.gathered
         return _Held(zero.weights, zero.gradients, zero.states, buffers, zero.cpu_per_rank, zero.node_cpu)
     shards = local if strategy == "fsdp-hybrid" else world
     weights, grads, states = shape.weight_bytes, shape.gradient_bytes, shape.state_bytes
@@ -299,6 +303,10 @@ def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
     # forward through the start of the backward. Tensor parallel's layers are sized as before (not offered for
     # training).
     buffers = 2 * shape.layer_bytes + shape.tail if strategy != "tp+fsdp" else 0
+    if cpu and strategy != "tp+fsdp":
+        # gloo stages an all-gather in a flat copy of its output before copying it into place (NCCL gathers in
+        # place: policy/zero_bytes.py): one unit's weights more while it lands.
+        buffers += max(shape.layer_bytes, shape.tail)
     return _Held(weights // shards, grads // shards, states // shards, buffers)
 
 
