@@ -6,8 +6,11 @@ parameter coordinator gathered from the second step on (`stage3_max_reuse_distan
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import cudaload
 from cudaload.facts.interconnect import ParallelLayout, interconnect
 from cudaload.facts.shapes import LLAMA_SHAPES
 from cudaload.policy.rank_sizing import RankSize, TrainingShape, size_rank
@@ -69,3 +72,17 @@ def test_fsdp2_on_gloo_stages_one_gathered_unit(strategy: str) -> None:
     assert cpu.buffers - gpu.buffers == LAYER  # a decoder layer, the largest unit FSDP2 gathers here
     ddp_gpu, ddp_cpu = _both("ddp", _lora(), 2, 2)
     assert ddp_gpu == ddp_cpu  # DDP gathers nothing
+
+
+def test_a_plan_for_cpu_ranks_sizes_them_as_cpu_ranks_and_says_so(tiny_models: dict[str, Path]) -> None:
+    cpu_machine = cudaload.Machine.simulated(None, cpu_memory_gib=64)
+    kwargs = {"finetune": True, "nodes": 2, "parallelism": "deepspeed-zero2", "quantize": None}
+    cpu = cudaload.plan(tiny_models["llama"], machine=cpu_machine, **kwargs)
+    gpu = cudaload.plan(tiny_models["llama"], machine=cudaload.Machine.simulated("H100", count=8), **kwargs)
+    assert cpu.finetune is not None and gpu.finetune is not None
+    cpu_buffers = cpu.finetune.parallelism["sizes"]["deepspeed-zero2"]["buffers"]
+    gpu_buffers = gpu.finetune.parallelism["sizes"]["deepspeed-zero2"]["buffers"]
+    assert gpu_buffers >= 2 * REDUCE_BUCKET_ELEMENTS * 2  # the whole buckets on the GPU
+    assert cpu_buffers < REDUCE_BUCKET_ELEMENTS  # only what a tiny model's gradients write on the CPU
+    assert "CPU ranks over gloo" in cpu.decision("parallelism").reason
+    assert "gloo" not in gpu.decision("parallelism").reason

@@ -208,6 +208,11 @@ def decide_parallelism(
     context = f"{where}, {format_bytes(budget)} usable per rank; between nodes {net}; inside a node {link_what}"
     if engine is not None:
         context += f"; {engine.what}"
+    if cpu:
+        context += (
+            "; CPU ranks over gloo: DeepSpeed's reduce buckets counted as the pages the gradients write (a GPU's "
+            "allocator holds them whole), and gloo's staging copy of an all-gather"
+        )
     rejected = tuple(
         Rejected(s, rejection(s, options, budget, chosen, str(_applies(s, model, layout, engine))))
         for s in STRATEGIES

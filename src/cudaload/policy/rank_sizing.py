@@ -17,8 +17,9 @@ Memory per rank, as each engine holds it (the weights as loaded, 16-bit or quant
   end through the backward's start (`reshard_after_forward=False`); the input embeddings are their own unit.
   Hybrid shard divides by the ranks of a node, full shard by all.
 - DeepSpeed ZeRO-1/2/3 (+ CPU offload): policy/zero_bytes.py, DeepSpeed 0.19.8's own estimators and buffers
-  (fp32 master weights and moments, its fp32 gradient partition, the 5e8-element reduce buckets; ZeRO-3 offload:
-  the CPU RAM a node needs, `RankSize.node_cpu`).
+  (fp32 master weights and moments, its fp32 gradient partition, the 5e8-element reduce buckets, ZeRO-3's gathered
+  weights; ZeRO-3 offload: the CPU RAM a node needs, `RankSize.node_cpu`). On CPU ranks (gloo) the buckets count
+  the pages the gradients write, and gloo's staging copy of an all-gather comes on top (FSDP2 too).
 - Tensor parallel inside a node (with FSDP across nodes): FSDP's shards / all ranks, the layers' activations /
   the ranks of a node.
 
