@@ -122,12 +122,14 @@ def _plan_kwargs(model: Path, out: Path, mode: str, rows: int) -> dict:
 
 
 def _assert_memory(reports: list[dict]) -> list[tuple[int, int]]:
-    """Each rank's peak RSS growth over its RSS before loading, within TOLERANCE of the plan's estimate."""
+    """Each rank's peak RSS growth over its RSS before loading (after the runtime's fixed cost), within TOLERANCE
+    of the plan's estimate; a CPU rank's RAM is its device and its offload target alike."""
     pairs = []
     for report in reports:
         measured = report["rss_peak"] - report["rss_baseline"]
-        estimate = report["estimate"]["total"]
+        estimate = report["estimate"]["total"] + report["estimate"]["cpu_offloaded"]
         pairs.append((measured, estimate))
+        print(f"rank {report['rank']}: peak RSS grew {measured / 2**20:.1f} MiB, plan {estimate / 2**20:.1f} MiB")
         assert abs(measured - estimate) <= TOLERANCE * estimate, (
             f"rank {report['rank']}: peak RSS grew {measured / 2**20:.1f} MiB, the plan estimated "
             f"{estimate / 2**20:.1f} MiB ({report['estimate']})"
@@ -202,12 +204,13 @@ def test_torchrun_two_nodes_fsdp2_hybrid_shard_as_planned(lora_model: Path, tmp_
 
 
 def test_torchrun_two_nodes_fsdp2_full_shard_as_planned(lora_model: Path, tmp_path: Path) -> None:
-    """Full shard over the 4 ranks. Its peak RSS growth is measured ~24-26 % above the plan's estimate here
-    (134-137 MiB against 109 MiB, 2026-12-06): at the edge of the 25 % the other runs hold, so it is not asserted
-    against it; what is asserted is that after preparation a rank holds a shard, not the copy it loaded."""
+    """Full shard over the 4 ranks: after preparation a rank holds a shard, not the copy it loaded, and its peak
+    RSS growth is within TOLERANCE of the plan for a CPU rank, which counts gloo's staging copy of each
+    all-gather (one decoder layer: measured 133-134 MiB against 125 MiB, 2026-12-06; 109 MiB without it)."""
     reports = _torchrun_fsdp2(lora_model, tmp_path, "fsdp", None)
     for report in reports:
         assert report["rss_loaded"] - report["rss_baseline"] < report["weight_bytes"] / 2
+    _assert_memory(reports)
 
 
 def test_accelerate_fsdp2_config_as_written(lora_model: Path, tmp_path: Path) -> None:

@@ -163,4 +163,9 @@ def test_training_shape_takes_deepspeeds_largest_layer() -> None:
     assert shape.largest_module == L70.vocab_size * L70.hidden_size  # the embeddings, 1.05B parameters
     layout = ParallelLayout(2, 8, interconnect("infiniband-ndr"), True)
     _, choice = decide_parallelism(H100, L70, layout, shape, "auto", 1)
-    assert choice.sizes["deepspeed-zero3"].buffers == 4 * shape.largest_module + 2 * L70.parameters // 16 + 10**9
+    # The estimator's 4 x largest layer and fp32 gradient partition, the 5e8-element bf16 reduce bucket, and the
+    # 5.5e8 bf16 weights DeepSpeed's coordinator keeps gathered (reuse distance / 2 + one prefetch bucket).
+    gathered = 2 * (5 * 10**8 + 5 * 10**7)
+    assert choice.sizes["deepspeed-zero3"].buffers == (
+        4 * shape.largest_module + 2 * L70.parameters // 16 + 10**9 + gathered
+    )

@@ -5,7 +5,8 @@ carries the plan's DeepSpeed config) runs a few LoRA steps on one global batch o
 Each step's global batch is the whole dataset (`rows` rows: one row a rank, or all of them in the single
 process), so the ranks' mean loss must equal the single process's. Reports Trainer's logged losses, the engine
 Trainer ran, each rank's share of the weights (ZeRO-3: `ds_tensor.numel()` over `ds_numel`), the peak RSS over
-training against the RSS before loading, and the plan's per-rank estimate. Writes <mode>-<rank>.json."""
+training against the RSS before loading (after the runtime's fixed cost: deepspeed imported, its process group
+up and one collective run), the RSS at each stage, and the plan's per-rank estimate. Writes <mode>-<rank>.json."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from launched_worker import SEQ, STEPS, _settle, _status, _warm_up
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from worker_exit import exit_without_teardown
 
 import cudaload
@@ -48,9 +49,36 @@ def _share(model: torch.nn.Module, base_only: bool = False) -> float:
     return held / whole
 
 
+class Marks(TrainerCallback):
+    """The RSS (now, and the peak since the last reset) after the engine's init and after each step."""
+
+    def __init__(self, marks: dict[str, list[int]]) -> None:
+        self.marks = marks
+
+    def on_train_begin(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.marks["engine"] = [_status("VmRSS"), _status("VmHWM")]
+
+    def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+        self.marks[f"step{state.global_step}"] = [_status("VmRSS"), _status("VmHWM")]
+
+
+def _warm_up_runtime() -> None:
+    """The fixed cost of a DeepSpeed rank before the model: deepspeed's modules (measured on this machine,
+    2026-12-06: +24 MiB RSS), its process group (+5 MiB) and a first collective, which every rank pays whatever
+    the model (Trainer would start them anyway; init_distributed does nothing the second time)."""
+    import deepspeed
+
+    deepspeed.init_distributed()
+    dist.all_reduce(torch.ones(1024))
+    _settle()
+
+
 def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
     launched = mode != "single"
     _warm_up(model_path)
+    marks = {"warm": [_status("VmRSS"), _status("VmHWM")]}
+    if launched:
+        _warm_up_runtime()
     baseline = _status("VmRSS")
     torch.manual_seed(0)  # the same LoRA initialisation in every process
     model = cudaload.load_for_finetune(
@@ -60,13 +88,14 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
     plan = model.cudaload_plan.plan
     at_load = _share(model, base_only=True)  # ZeRO-3: partitioned by transformers' zero.Init while loading
     loaded = _status("VmHWM")
+    marks["loaded"] = [_status("VmRSS"), loaded]
     extra = {} if launched else {"per_device_train_batch_size": int(rows)}
     kwargs = cudaload.training_arguments(
         model, output_dir=str(Path(out_dir, "trainer")), max_steps=STEPS, learning_rate=1e-2, report_to=[],
         save_strategy="no", logging_steps=1, seed=0, disable_tqdm=True, **extra,
     )  # fmt: skip
     args = TrainingArguments(**kwargs)
-    trainer = Trainer(model=model, args=args, train_dataset=Rows(int(rows)))
+    trainer = Trainer(model=model, args=args, train_dataset=Rows(int(rows)), callbacks=[Marks(marks)])
     _settle()
     trainer.train()
     rank = args.process_index
@@ -86,6 +115,7 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
         "rss_baseline": baseline,
         "rss_load_peak": loaded,
         "rss_peak": _status("VmHWM"),
+        "rss_marks": marks,
         "manifest": os.environ.get("CUDALOAD_LAUNCH"),
     }
     Path(out_dir, f"{mode}-{rank}.json").write_text(json.dumps(report, default=str))

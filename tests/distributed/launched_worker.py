@@ -60,6 +60,19 @@ def _warm_up(model_path: str) -> None:
     _settle()
 
 
+def _warm_up_fsdp2() -> None:
+    """The runtime's fixed cost before the baseline: FSDP2 (torch's fully_shard, its device mesh and collectives)
+    shards a tiny module and runs one step, so what a rank grows by afterwards is the model's."""
+    from torch.distributed.fsdp import fully_shard
+
+    tiny = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    fully_shard(tiny[0])
+    fully_shard(tiny)
+    tiny(torch.ones(2, 64)).sum().backward()
+    del tiny
+    _settle()
+
+
 def _shard(model: torch.nn.Module) -> dict[str, object]:
     """FSDP2 as the accelerate config asked: accelerate 1.16 drops its FSDP plugin on a CPU (MULTI_CPU), so
     the plugin is built from the FSDP_* variables `accelerate launch` set from the YAML, and its wrap
@@ -135,6 +148,8 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
     rank = dist.get_rank() if launched else 0
     ranks = dist.get_world_size() if launched else 1
     _warm_up(model_path)
+    if launched and mode.startswith("fsdp"):
+        _warm_up_fsdp2()
     baseline = _status("VmRSS")
     torch.manual_seed(0)  # the same LoRA initialisation in every process (FSDP2 broadcasts nothing)
     model = cudaload.load_for_finetune(

@@ -189,13 +189,14 @@ def decide_parallelism(
     node = node if node is not None else node_memory(machine, None)
     engine = launch_engine(machine.launch)
     candidates = [s for s in STRATEGIES if _applies(s, model, layout, engine) is None]
+    cpu = gpu is None  # CPU ranks on gloo: what their pages hold (policy/zero_bytes.py)
     sizes = {
-        s: size_rank(s, shape, layout, micro_batch=batch, gpu_link=link, tflops=tflops, overhead=overhead)
+        s: size_rank(s, shape, layout, micro_batch=batch, gpu_link=link, tflops=tflops, overhead=overhead, cpu=cpu)
         for s in candidates
     }
-    cpu = {s: why for s, size in sizes.items() if (why := cpu_ram_problem(cpu_bytes_per_node(size, layout), node))}
-    fits = {s for s, size in sizes.items() if size.total <= budget and s not in cpu}
-    options = ParallelOptions(sizes, fits, cpu, engine)
+    ram = {s: why for s, size in sizes.items() if (why := cpu_ram_problem(cpu_bytes_per_node(size, layout), node))}
+    fits = {s for s, size in sizes.items() if size.total <= budget and s not in ram}
+    options = ParallelOptions(sizes, fits, ram, engine)
     chosen, why = _choose(requested, options, layout, model)
     choice = ParallelChoice(layout, budget, sizes, chosen, node)
     where = f"{layout.nodes} node{'s' if layout.nodes > 1 else ''} x {layout.ranks_per_node} ranks"
@@ -203,6 +204,11 @@ def decide_parallelism(
     context = f"{where}, {format_bytes(budget)} usable per rank; between nodes {net}; inside a node {link_what}"
     if engine is not None:
         context += f"; {engine.what}"
+    if cpu:
+        context += (
+            "; CPU ranks over gloo: DeepSpeed's reduce buckets counted as the pages the gradients write (a GPU's "
+            "allocator holds them whole), and gloo's staging copy of an all-gather"
+        )
     rejected = tuple(
         Rejected(s, rejection(s, options, budget, chosen, str(_applies(s, model, layout, engine))))
         for s in STRATEGIES
@@ -213,7 +219,7 @@ def decide_parallelism(
     size = sizes[chosen]
     reason = (
         f"{_WHAT[chosen]}; {why}: {numbers(size, budget, layout, node)}, largest micro-batch "
-        f"{largest_micro_batch(chosen, shape, layout, budget, link, tflops, overhead)}; {context}"
+        f"{largest_micro_batch(chosen, shape, layout, budget, link, tflops, overhead, cpu)}; {context}"
     )
     return Decision("parallelism", chosen, reason, rejected, source="user" if requested != "auto" else "auto"), choice
 
@@ -226,9 +232,10 @@ def largest_micro_batch(
     link: float,
     tflops: float | None,
     over: int,
+    cpu: bool = False,
 ) -> int:
     """The most sequences per rank that fit `budget` (activations grow linearly with the micro-batch)."""
-    one = size_rank(strategy, shape, layout, micro_batch=1, gpu_link=link, tflops=tflops, overhead=over)
+    one = size_rank(strategy, shape, layout, micro_batch=1, gpu_link=link, tflops=tflops, overhead=over, cpu=cpu)
     per = max(one.activations, 1)
     if one.load_gpu + one.overhead > budget:
         return 0  # loading alone does not fit

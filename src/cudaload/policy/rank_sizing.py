@@ -17,8 +17,9 @@ Memory per rank, as each engine holds it (the weights as loaded, 16-bit or quant
   end through the backward's start (`reshard_after_forward=False`); the input embeddings are their own unit.
   Hybrid shard divides by the ranks of a node, full shard by all.
 - DeepSpeed ZeRO-1/2/3 (+ CPU offload): policy/zero_bytes.py, DeepSpeed 0.19.8's own estimators and buffers
-  (fp32 master weights and moments, its fp32 gradient partition, the 5e8-element reduce buckets; ZeRO-3 offload:
-  the CPU RAM a node needs, `RankSize.node_cpu`).
+  (fp32 master weights and moments, its fp32 gradient partition, the 5e8-element reduce buckets, ZeRO-3's gathered
+  weights; ZeRO-3 offload: the CPU RAM a node needs, `RankSize.node_cpu`). On CPU ranks (gloo) the buckets count
+  the pages the gradients write, and gloo's staging copy of an all-gather comes on top (FSDP2 too).
 - Tensor parallel inside a node (with FSDP across nodes): FSDP's shards / all ranks, the layers' activations /
   the ranks of a node.
 
@@ -204,14 +205,16 @@ def size_rank(
     gpu_link: float,
     tflops: float | None,
     overhead: int,
+    cpu: bool = False,
 ) -> RankSize:
     """`strategy` on `layout` at `micro_batch` sequences per rank. `gpu_link`: bytes/s between GPUs of a node;
-    `tflops`: the GPU's dense BF16 TFLOPS (None: no compute estimate); `overhead`: the device's fixed cost."""
+    `tflops`: the GPU's dense BF16 TFLOPS (None: no compute estimate); `overhead`: the device's fixed cost;
+    `cpu`: CPU ranks on gloo (what their pages hold differs from a GPU's allocator: policy/zero_bytes.py)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}")
     world, local, nodes = layout.world_size, layout.ranks_per_node, layout.nodes
     activations = shape.activations_per_sample * micro_batch
-    held = _held(strategy, shape, layout)
+    held = _held(strategy, shape, layout, cpu)
     if strategy == "tp+fsdp":
         activations //= local
     links = (gpu_link * LINK_EFFICIENCY, layout.interconnect.per_gpu_bytes_per_s(local) * LINK_EFFICIENCY)
@@ -250,8 +253,8 @@ class _Held:
     node_cpu: int = 0
 
 
-def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
-    """What one rank holds under `strategy` (bytes), as its engine allocates it."""
+def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout, cpu: bool) -> _Held:
+    """What one rank holds under `strategy` (bytes), as its engine allocates it (`cpu`: on a CPU, over gloo)."""
     world, local = layout.world_size, layout.ranks_per_node
     if strategy == "ddp":
         # DDP's bucket copy of the gradients (`gradient_as_bucket_view=False`) counts them twice.
@@ -270,8 +273,10 @@ def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
             largest_layer=shape.largest_module,
             world=world,
             nodes=layout.nodes,
+            parameters=shape.parameters,
+            cpu=cpu,
         )
-        buffers = zero.partition + zero.buckets
+        buffers = zero.partition + zero.buckets + zero.gathered
         return _Held(zero.weights, zero.gradients, zero.states, buffers, zero.cpu_per_rank, zero.node_cpu)
     shards = local if strategy == "fsdp-hybrid" else world
     weights, grads, states = shape.weight_bytes, shape.gradient_bytes, shape.state_bytes
@@ -287,6 +292,10 @@ def _held(strategy: str, shape: TrainingShape, layout: ParallelLayout) -> _Held:
     # forward through the start of the backward. Tensor parallel's layers are sized as before (not offered for
     # training).
     buffers = 2 * shape.layer_bytes + shape.tail if strategy != "tp+fsdp" else 0
+    if cpu and strategy != "tp+fsdp":
+        # gloo stages an all-gather in a flat copy of its output before copying it into place (NCCL gathers in
+        # place: policy/zero_bytes.py): one unit's weights more while it lands.
+        buffers += max(shape.layer_bytes, shape.tail)
     return _Held(weights // shards, grads // shards, states // shards, buffers)
 
 
