@@ -17,6 +17,9 @@ import cudaload.facts.packages
 # that silently depended on one would be lying. Set before transformers is imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# The CLI wraps its lines to COLUMNS when set (cudaload.announce.fitted): pytest-xdist's workers run with COLUMNS=80,
+# a plain pytest run without it. A test of wrapping sets the width it checks.
+os.environ.pop("COLUMNS", None)
 # Measurements (CPU dtype probe, tuning records) go to a cache of this run, never the user's.
 os.environ["CUDALOAD_CACHE"] = tempfile.mkdtemp(prefix="cudaload-test-cache-")
 

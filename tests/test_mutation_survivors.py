@@ -1128,12 +1128,14 @@ def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_tail_too() -> None:
     """policy/rank_sizing.py (its docstring): FSDP2 full shard holds two layers unsharded on each rank, the one
     running and the one prefetched, and the tail unit accelerate's fsdp2_prepare_model keeps whole (final norm +
     lm_head; the input embeddings are their own unit), hybrid shard the same; ZeRO-3 gathers 4 bytes a parameter
-    of the largest layer (DeepSpeed's estimator) and stages its one reduce bucket; ZeRO-2 keeps whole weights
+    of the largest layer (DeepSpeed's estimator), stages its one reduce bucket and keeps its coordinator's window of
+    weights gathered (policy/zero_bytes.py); ZeRO-2 keeps whole weights
     (nothing gathered) but its fp32 gradient partition and two reduce buckets."""
     from cudaload.facts.interconnect import ParallelLayout, interconnect
     from cudaload.facts.shapes import LLAMA_SHAPES
     from cudaload.policy.rank_sizing import size_rank
     from cudaload.policy.training_shape import full_training_shape
+    from cudaload.policy.zero_bytes import GATHERED_ELEMENTS
 
     model = LLAMA_SHAPES["7B"]
     shape = full_training_shape(model, dtype="bfloat16", seq_len=2048, checkpointing=True)
@@ -1146,8 +1148,9 @@ def test_a_sharded_rank_holds_two_whole_layers_and_fsdp_its_tail_too() -> None:
     assert buffers["fsdp"] == buffers["fsdp-hybrid"] == 2 * shape.layer_bytes + shape.tail
     bucket = 500_000_000 * 2
     largest = 4 * model.vocab_size * model.hidden_size
-    assert buffers["deepspeed-zero3-offload"] == largest + bucket
-    assert buffers["deepspeed-zero3"] == largest + bucket + 2 * model.parameters // 16
+    gathered = 2 * min(model.parameters, GATHERED_ELEMENTS)  # the coordinator's window of bf16 weights
+    assert buffers["deepspeed-zero3-offload"] == largest + bucket + gathered
+    assert buffers["deepspeed-zero3"] == largest + bucket + gathered + 2 * model.parameters // 16
     zero2 = size_rank("deepspeed-zero2", shape, layout, micro_batch=1, gpu_link=450e9, tflops=None, overhead=0)
     assert zero2.buffers == 2 * bucket + 4 * model.parameters // 16 and zero2.cpu_offloaded == 0
 
