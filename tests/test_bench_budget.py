@@ -76,3 +76,189 @@ def test_the_report_says_what_was_skipped_boxed_and_whose_rounds_spread() -> Non
     assert "float32/eager: prefill/decode time-boxed after 1 measured rounds (31 s, its share 12 s)" in lines
     spread = next(line for line in lines if line.startswith("run-to-run spread"))
     assert "load 1.30x (float32/eager)" in spread and "of each variant's own measured rounds" in spread
+
+
+# Issue 50, item 3 (the default bench within 90 s quiet and 180 s with 4 CPU-bound neighbours): a variant stops
+# once its rounds have decided how it compares with the plan, and a machine whose cores are taken is measured
+# on one torch thread.
+
+
+class _FakeModel:
+    """What `harness` reads of a loaded model, without torch."""
+
+    dtype = "torch.float32"
+    config = type("Config", (), {"_attn_implementation": "sdpa", "pad_token_id": 0})()
+
+    def get_memory_footprint(self) -> int:
+        return 1000
+
+    def parameters(self) -> list[object]:
+        return []
+
+
+class _FakeLoader:
+    """Loads in the seconds a table gives each variant's round (no clock read), like `harness._Loader`."""
+
+    def __init__(self, seconds: dict[str, list[float]]) -> None:
+        self.seconds, self.calls, self.parameters = seconds, {k: 0 for k in seconds}, 0
+        import torch
+
+        self.torch = torch
+
+    def load(self, v: object) -> tuple[_FakeModel, float]:
+        name = v.name  # type: ignore[attr-defined]
+        self.calls[name] += 1
+        rounds = self.seconds[name]
+        return _FakeModel(), rounds[min(self.calls[name], len(rounds)) - 1]
+
+    def release(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+
+class _Bar:
+    def set_description(self, text: str) -> None:
+        pass
+
+    def update(self, n: int) -> None:
+        pass
+
+
+def _variants() -> list[object]:
+    from cudaload.bench.harness import Variant
+
+    return [
+        Variant("bfloat16", "sdpa", {}, is_plan=True),
+        Variant("float32", "eager", {}),  # three times the plan's time in every round: decided
+        Variant("float32", "sdpa", {}),  # on both sides of the tie margin round after round: undecided
+    ]
+
+
+def test_a_variant_whose_rounds_decided_it_against_the_plan_is_loaded_no_further() -> None:
+    from cudaload.bench import harness
+
+    plan, slow, close = _variants()
+    # the warm-up round first, then the measured ones
+    loader = _FakeLoader(
+        {
+            plan.name: [1.0] * 8,  # type: ignore[attr-defined]
+            slow.name: [3.0] * 8,  # type: ignore[attr-defined]
+            close.name: [1.0, 1.3, 0.8, 1.3, 0.8, 1.3, 0.8, 1.3],  # type: ignore[attr-defined]
+        }
+    )
+    work = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, budget_s=1e9)
+    said: list[str] = []
+    harness._time_loads([plan, slow, close], work, loader, _Bar(), said.append)  # type: ignore[arg-type]
+    assert len(slow.load_s) == 2 and len(close.load_s) == len(plan.load_s) == 5  # type: ignore[attr-defined]
+    assert "more cannot change the verdict" in slow.boxed["load"] and "3.00-3.00x" in slow.boxed["load"]  # type: ignore[attr-defined]
+    assert "load" not in close.boxed  # type: ignore[attr-defined]
+    assert any(line.startswith("float32/eager: load stopped after 2 measured rounds") for line in said)
+    fixed = _variants()
+    loader = _FakeLoader({v.name: [1.0 if v.is_plan else 3.0] * 8 for v in fixed})  # type: ignore[attr-defined]
+    harness._time_loads(fixed, BenchRun(prompt_tokens=8, new_tokens=4, repeats=4), loader, _Bar(), said.append)  # type: ignore[arg-type]
+    assert [len(v.load_s) for v in fixed] == [4, 4, 4]  # type: ignore[attr-defined]  # --repeats 4: every round
+
+
+def test_the_run_phase_ends_once_every_variant_but_the_plan_is_decided(monkeypatch: object) -> None:
+    from contextlib import nullcontext
+
+    from cudaload.bench import harness
+
+    plan, slow, close = _variants()
+    # (prefill seconds, decode tokens/s) per call: close is a tie in prefill and decode, settled within 10%
+    table = {plan.name: (1.0, 100.0), slow.name: (3.0, 30.0), close.name: (1.02, 98.0)}  # type: ignore[attr-defined]
+    runs: dict[str, int] = {}
+
+    def fake_run(model: object, prompt: object, new_tokens: int, sync: object, torch: object) -> tuple:
+        name = model.name  # type: ignore[attr-defined]
+        runs[name] = runs.get(name, 0) + 1
+        prefill, decode = table[name]
+        return True, prefill, decode, prefill + 4 / decode
+
+    monkeypatch.setattr(harness, "_run", fake_run)  # type: ignore[attr-defined]
+    for v in (plan, slow, close):
+        v.model = v  # type: ignore[attr-defined]
+    memory = type("Memory", (), {"watch": lambda self, v: nullcontext()})()
+    work = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, budget_s=1e9)
+    said: list[str] = []
+    harness._time_runs([plan, slow, close], work, 100, _FakeLoader({}), memory, _Bar(), said.append)  # type: ignore[arg-type]
+    assert runs == {plan.name: 3, slow.name: 3, close.name: 3}  # type: ignore[attr-defined]  # warm-up + 2, not 1 + 5
+    assert "a tie with the plan in every round" in close.boxed["run"]  # type: ignore[attr-defined]
+    assert "prefill the plan faster in every round (3.00-3.00x)" in slow.boxed["run"]  # type: ignore[attr-defined]
+
+
+def test_decided_needs_two_rounds_on_one_side_of_the_tie_margin_or_a_settled_tie() -> None:
+    from cudaload.bench.rounds import decided
+
+    assert decided([1.0], [3.0]) is None  # one round decides nothing
+    assert decided([1.0, 1.0], [3.0, 2.0]) == "the plan faster in every round (2.00-3.00x)"
+    assert decided([1.0, 1.0], [0.5, 0.6]) == "the plan slower in every round (0.50-0.60x)"
+    assert decided([100.0, 100.0], [50.0, 40.0], rate=True) == "the plan faster in every round (2.00-2.50x)"
+    assert decided([1.0, 1.0], [1.0, 1.05]) == "a tie with the plan in every round (1.00-1.05x)"
+    assert decided([1.0, 1.0], [0.9, 1.1]) is None  # within the margin but not settled (22% apart)
+    assert decided([1.0, 1.0], [1.0, 1.5]) is None  # one round a tie, one slower
+    assert decided([1.0, 1.0, 1.0], [3.0, 3.0]) is not None  # a variant stopped earlier pairs with the first rounds
+
+
+def test_the_speed_up_per_round_pairs_a_variant_stopped_early_with_the_plans_first_rounds() -> None:
+    from cudaload.bench.harness import Variant
+    from cudaload.bench.results import rows_of
+
+    plan = Variant("bfloat16", "sdpa", {}, is_plan=True, load_s=[1.0, 2.0, 1.0], prefill_s=[1.0, 2.0, 1.0])
+    plan.decode_tps, plan.generate_s = [100.0, 50.0, 100.0], [1.0, 1.0, 1.0]
+    slow = Variant("float32", "eager", {}, load_s=[3.0, 6.0], prefill_s=[2.0, 4.0], decode_tps=[50.0, 25.0])
+    slow.generate_s = [2.0, 2.0]
+    rows = {r.name: r for r in rows_of([plan, slow], plan, prompt_tokens=8, batch=1)}
+    assert rows["float32/eager"].plan_speedup_paired == {"load": 3.0, "prefill": 2.0, "decode": 2.0}
+
+
+def test_core_share_is_cpu_over_wall_of_the_better_of_two_looks() -> None:
+    from cudaload.bench.contention import core_share
+
+    ticks = {"wall": 0.0, "cpu": 0.0, "looks": 0}
+
+    def clock() -> float:  # every read moves the wall 0.05 s; this thread computes 40% of it, then 30%
+        ticks["wall"] += 0.05
+        ticks["cpu"] += 0.05 * (0.4 if ticks["looks"] < 5 else 0.3)
+        ticks["looks"] += 1
+        return ticks["wall"]
+
+    share = core_share(0.2, clock=clock, cpu=lambda: ticks["cpu"])
+    assert 0.3 < share <= 0.45
+
+
+def test_a_default_bench_on_busy_cores_measures_on_one_thread_and_keeps_what_was_asked(monkeypatch: object) -> None:
+    from cudaload.bench import contention, inference
+    from cudaload.bench.contention import bench_threads
+    from cudaload.bench.harness import workload_for
+
+    threads, why = bench_threads(None, 2, 0.35)
+    assert threads == 1 and why is not None and "35% of a core" in why and "--threads 2" in why
+    assert bench_threads(None, 2, 0.95) == (None, None)  # free cores: torch's default
+    assert bench_threads(3, 2, 0.1) == (3, None)  # --threads 3 is kept, busy or not
+    assert bench_threads(None, 1, 0.1) == (None, None)  # one thread already
+    monkeypatch.setattr(contention, "core_share", lambda: 0.3)  # type: ignore[attr-defined]
+    said: list[str] = []
+    work, why = inference._threads_for(workload_for(quick=False), False, 2, said.append)
+    assert work.threads == 1 and said == [why]
+    asked, none = inference._threads_for(workload_for(quick=False, threads=2), False, 2, said.append)
+    assert asked.threads == 2 and none is None and len(said) == 1
+
+
+def test_the_verdict_names_the_plans_place_per_metric_within_the_tie_margin() -> None:
+    from cudaload.bench.verdict import verdict
+
+    summary = {
+        "load": {"best": "bfloat16/eager", "plan_over_best": 1.1, "plan_over_bare": 1.3},
+        "prefill": {"best": "float32/sdpa", "plan_over_best": 1.4, "plan_over_bare": 0.5},
+        "decode": {"best": "bfloat16/sdpa", "plan_over_best": 1.0, "plan_over_bare": 1.0},
+        "end_to_end": {"best": "bfloat16/sdpa", "plan_over_best": 1.0, "plan_over_bare": None},
+    }
+    assert verdict({"summary": summary}) == {
+        "load": {"plan": "best", "vs_bare": "slower"},
+        "prefill": {"plan": "float32/sdpa", "vs_bare": "faster"},
+        "decode": {"plan": "best", "vs_bare": "tie"},
+        "end_to_end": {"plan": "best", "vs_bare": None},
+    }

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from ..errors import SettingError, describe_error
 from ..loaders import input_device
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
+from .verdict import still_measured, stop_settled
 
 __all__ = [
     "BUDGET_S",
@@ -33,9 +34,11 @@ __all__ = [
     "workload_for",
 ]
 
-BUDGET_S = 120.0
+BUDGET_S = 60.0
 """Wall seconds the measured rounds of a full `cudaload bench` (no --repeats) may take: loads
-LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`)."""
+LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`). Issue 50:
+the default bench within 90 s on 2 quiet cores, 180 s with 4 CPU-bound neighbours; a variant whose ratio to
+the plan is decided stops early (`verdict.stop_settled`), so the budget goes to the close calls."""
 LOAD_SHARE, RUN_SHARE = 0.25, 0.5
 
 
@@ -307,7 +310,9 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
     """Phase 1: load times, interleaved; each model is dropped before the next load."""
     budget, r = RoundBudget(work, LOAD_SHARE), 0
     box = VariantBox(work, LOAD_SHARE, len(variants))
-    while budget.another(r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])):
+    while still_measured(variants, "load") and budget.another(
+        r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])
+    ):
         say(f"load {budget.label(r)}")
         for i, v in enumerate(variants):
             bar.set_description(f"load {r + 1} {v.name}")
@@ -336,6 +341,8 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
             loader.release()
             box.add(i, time.perf_counter() - start)
         r += 1
+        for line in stop_settled(variants, "load", work):
+            say(line)
 
 
 def _load_resident(variants: list[Variant], loader: _Loader) -> None:
@@ -365,8 +372,13 @@ def _time_runs(
     budget, r = RoundBudget(work, RUN_SHARE), 0
     running = [v for v in variants if v.error is None]
     box = VariantBox(work, RUN_SHARE, len(running))
-    while budget.another(r, lambda: ratios_settled([v.prefill_s for v in running if v.error is None])
-                         and ratios_settled([v.decode_tps for v in running if v.error is None])):  # fmt: skip
+
+    def settled() -> bool:
+        return ratios_settled([v.prefill_s for v in running if v.error is None]) and ratios_settled(
+            [v.decode_tps for v in running if v.error is None]
+        )
+
+    while still_measured(running, "run") and budget.another(r, settled):
         say(f"prefill/decode {budget.label(r)}")
         for i, v in enumerate(variants):
             bar.set_description(f"run {r + 1} {v.name}")
@@ -395,6 +407,8 @@ def _time_runs(
                 v.generate_s.append(generate_s)
             box.add(i, time.perf_counter() - started)
         r += 1
+        for line in stop_settled(running, "run", work):
+            say(line)
 
 
 def _run(

@@ -39,9 +39,9 @@ SCHEMA = 3
 OVERHEAD_BUDGET_S = 30.0
 """Seconds the overhead phase of a full `cudaload bench` (no --repeats) may take: one round of
 fresh processes at least, more while they fit (each imports torch: ~5 s of CPU)."""
-RUN_BUDGET_S = 170.0
-"""Wall seconds a full `cudaload bench` with no --repeats aims to finish in (issue 37: 3 minutes
-on 2 busy cores): the overhead phase, when not asked for with --overhead, runs only if
+RUN_BUDGET_S = 85.0
+"""Wall seconds a full `cudaload bench` with no --repeats aims to finish in (issue 50: 90 s on 2 quiet cores,
+3 minutes with 4 CPU-bound neighbours): the overhead phase, when not asked for with --overhead, runs only if
 OVERHEAD_MIN_S of it are left."""
 OVERHEAD_MIN_S = 60.0
 """Wall seconds one overhead round needs at the least: 8 fresh processes, each importing torch and
@@ -165,6 +165,7 @@ def run_bench(
         captured_messages() as upstream,
     ):
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
+        work, threads_why = _threads_for(work, quick, default_threads, say)
         phases = _measure_model(
             model,
             workdir,
@@ -181,6 +182,7 @@ def run_bench(
     threads_used = work.threads or default_threads
     result, rows = _result_of(phases, work, machine, date=date, quick=quick, threads_used=threads_used)
     result["upstream_messages"] = upstream
+    result["workload"]["threads_why"] = threads_why
     if phases.shape_key:
         saved = _save_record(phases.shape_key, machine, result, rows, threads_used)
         result["tuning_record"] = str(saved) if saved else None
@@ -188,6 +190,21 @@ def run_bench(
     if out is not None:
         result["written_to"] = str(write_result(result, out))
     return result
+
+
+def _threads_for(
+    work: BenchRun, quick: bool, default_threads: int, say: Callable[[str], None]
+) -> tuple[BenchRun, str | None]:
+    """The run's workload with the threads it measures on (`contention.bench_threads`: one on a machine whose
+    cores are taken, unless `--threads` was given), and why when that is not torch's default (said)."""
+    if quick or work.threads is not None:
+        return work, None
+    from .contention import bench_threads, core_share
+
+    threads, why = bench_threads(None, default_threads, core_share())
+    if why is not None:
+        say(why)
+    return replace(work, threads=threads), why
 
 
 def overhead_fits(

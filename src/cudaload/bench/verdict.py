@@ -1,0 +1,101 @@
+"""What a bench run concludes, and when a variant's rounds can stop because more cannot change it.
+
+The verdict is what the default `cudaload bench` owes its user (issue 50): per metric, whether the plan
+is the best variant or within the tie margin of it, and whether it is faster than, as fast as, or slower
+than bare `from_pretrained`; the decimals of each ratio are not part of it. A variant whose every
+measured round already says the same of it against the plan (`rounds.decided`) is measured no further in
+that phase (`stop_settled`), so the rounds go to the variants still too close to call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..facts.spread import TIE_MARGIN
+from .rounds import decided
+
+__all__ = ["VERDICT_METRICS", "still_measured", "stop_settled", "verdict"]
+
+VERDICT_METRICS = ("load", "prefill", "decode", "end_to_end")
+"""The timed metrics a verdict states (memory is bytes, the same in every run of a checkpoint)."""
+
+
+class _Timed(Protocol):
+    """A load/prefill/decode variant as `harness.Variant` holds it."""
+
+    is_plan: bool
+    error: str | None
+    boxed: dict[str, str]
+    load_s: list[float]
+    prefill_s: list[float]
+    decode_tps: list[float]
+
+    @property
+    def name(self) -> str: ...
+
+
+class _Work(Protocol):
+    @property
+    def budget_s(self) -> float | None: ...
+
+
+def _why_settled(v: _Timed, plan: _Timed, phase: str) -> str | None:
+    if phase == "load":
+        why = decided(plan.load_s, v.load_s)
+        rounds = len(v.load_s)
+    else:
+        prefill = decided(plan.prefill_s, v.prefill_s)
+        decode = decided(plan.decode_tps, v.decode_tps, rate=True)
+        why = f"prefill {prefill}, decode {decode}" if prefill and decode else None
+        rounds = len(v.prefill_s)
+    return None if why is None else f"stopped after {rounds} measured rounds, more cannot change the verdict: {why}"
+
+
+def stop_settled(variants: Sequence[_Timed], phase: str, work: _Work) -> list[str]:
+    """After a round of `phase` ("load" or "run") in an adaptive run: each variant but the plan whose rounds
+    have decided how it compares with the plan's (`rounds.decided`; in "run" prefill and decode both) is
+    measured no further there (its `boxed[phase]` says why); returns a line for each. A fixed `--repeats N`
+    measures N rounds of every variant."""
+    plan = next((v for v in variants if v.is_plan and v.error is None), None)
+    if work.budget_s is None or plan is None:
+        return []
+    lines = []
+    for v in variants:
+        if v.is_plan or v.error is not None or phase in v.boxed:
+            continue
+        why = _why_settled(v, plan, phase)
+        if why is not None:
+            v.boxed[phase] = why
+            lines.append(f"{v.name}: {'load' if phase == 'load' else 'prefill/decode'} {why}")
+    return lines
+
+
+def still_measured(variants: Sequence[_Timed], phase: str) -> bool:
+    """Whether a variant besides the plan is still measured in `phase`: without one, a round compares nothing."""
+    return any(not v.is_plan and v.error is None and phase not in v.boxed for v in variants)
+
+
+def _side(ratio: float | None) -> str | None:
+    """A plan-over-other time ratio as a conclusion: within `TIE_MARGIN` of 1 is a tie."""
+    if ratio is None:
+        return None
+    if ratio > 1 + TIE_MARGIN:
+        return "slower"
+    if ratio < 1 / (1 + TIE_MARGIN):
+        return "faster"
+    return "tie"
+
+
+def verdict(result: dict[str, Any]) -> dict[str, dict[str, str | None]]:
+    """A bench result's conclusions (`cudaload.bench.run_bench`'s JSON), per timed metric: `plan` is "best"
+    when no variant beats it by more than `TIE_MARGIN` (else the variant that does), `vs_bare` is the plan
+    against bare from_pretrained ("faster", "tie" or "slower"). Two runs agree when their verdicts are equal."""
+    summary = result.get("summary") or {}
+    out: dict[str, dict[str, str | None]] = {}
+    for metric in VERDICT_METRICS:
+        row = summary.get(metric) or {}
+        over_best = row.get("plan_over_best")
+        plan = None if over_best is None else "best" if _side(over_best) != "slower" else row.get("best")
+        out[metric] = {"plan": plan, "vs_bare": _side(row.get("plan_over_bare"))}
+    return out
