@@ -262,3 +262,28 @@ def test_the_verdict_names_the_plans_place_per_metric_within_the_tie_margin() ->
         "decode": {"plan": "best", "vs_bare": "tie"},
         "end_to_end": {"plan": "best", "vs_bare": None},
     }
+
+
+def test_bare_that_loads_as_the_plan_runs_the_plans_rounds_instead_of_its_own() -> None:
+    from cudaload.bench.harness import Variant
+    from cudaload.bench.verdict import share_plan_rounds
+
+    def variants(plan_kwargs: dict[str, object], bare_applied: str) -> list[Variant]:
+        plan = Variant("bfloat16", "sdpa", plan_kwargs, is_plan=True, applied="bfloat16/sdpa", device="cpu")
+        bare = Variant("checkpoint", "default", {}, is_bare=True, applied=bare_applied, device="cpu")
+        return [plan, Variant("float32", "sdpa", {}, applied="float32/sdpa", device="cpu"), bare]
+
+    planned = {"dtype": "bfloat16", "attn_implementation": "sdpa", "device_map": "cpu"}
+    plan, fp32, bare = variants(planned, "bfloat16/sdpa")
+    lines = share_plan_rounds([plan, fp32, bare], before=True)
+    assert lines == [f"bare from_pretrained(path): prefill/decode {bare.boxed['run']}"] and "run" not in fp32.boxed
+    assert "loads as the plan (bfloat16/sdpa on cpu)" in bare.boxed["run"]
+    plan.prefill_s, plan.decode_tps, plan.generate_s, plan.peak_bytes = [1.0, 1.1], [50.0, 48.0], [2.0, 2.1], 7
+    share_plan_rounds([plan, fp32, bare], before=False)
+    assert (bare.prefill_s, bare.decode_tps, bare.generate_s) == ([1.0, 1.1], [50.0, 48.0], [2.0, 2.1])
+    assert bare.peak_bytes == 7
+    # another dtype read back, or a plan that sets what else runs differently (kernels): bare is measured itself
+    apart = (({"dtype": "bfloat16"}, "float32/sdpa"), ({"dtype": "bfloat16", "use_kernels": True}, "bfloat16/sdpa"))
+    for kwargs, applied in apart:
+        plan, fp32, bare = variants(kwargs, applied)
+        assert share_plan_rounds([plan, fp32, bare], before=True) == [] and bare.boxed == {}

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ..errors import SettingError, describe_error
 from ..loaders import input_device
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
-from .verdict import still_measured, stop_settled
+from .verdict import share_plan_rounds, still_measured, stop_settled
 
 __all__ = [
     "BUDGET_S",
@@ -132,6 +132,8 @@ class Variant:
     """`from_pretrained(path)` with no arguments: what a user gets without cudaload."""
     applied: str | None = None
     """dtype/attention read back from the loaded model (how the bare variant is told apart)."""
+    device: str | None = None
+    """Where the loaded model's weights are (read back with `applied`)."""
     error: str | None = None
     model: Any = None
     load_s: list[float] = field(default_factory=list)
@@ -289,8 +291,11 @@ def measure(
     try:
         with quiet_threads(torch, work.threads):
             _time_loads(variants, work, loader, bar, say)
+            for line in share_plan_rounds(variants, before=True):
+                say(line)
             _load_resident(variants, loader)
             _time_runs(variants, work, vocab_size, loader, memory, bar, say)
+            share_plan_rounds(variants, before=False)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -336,6 +341,7 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
             if v.weights_bytes is None:
                 v.weights_bytes = int(model.get_memory_footprint())
                 v.applied = f"{str(model.dtype).removeprefix('torch.')}/{model.config._attn_implementation}"
+                v.device = str(getattr(model, "device", ""))
             loader.parameters = loader.parameters or sum(int(p.numel()) for p in model.parameters())
             del model
             loader.release()
@@ -348,7 +354,7 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
 def _load_resident(variants: list[Variant], loader: _Loader) -> None:
     """Load every still-usable variant once more and keep it, for phase 2's interleaved rounds."""
     for v in variants:
-        if v.error is None:
+        if v.error is None and "run" not in v.boxed:
             try:
                 v.model, _ = loader.load(v)
             except Exception as exc:  # e.g. out of memory with every variant resident

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..facts.spread import TIE_MARGIN
 from .rounds import decided
 
-__all__ = ["VERDICT_METRICS", "still_measured", "stop_settled", "verdict"]
+__all__ = ["VERDICT_METRICS", "share_plan_rounds", "still_measured", "stop_settled", "verdict"]
 
 VERDICT_METRICS = ("load", "prefill", "decode", "end_to_end")
 """The timed metrics a verdict states (memory is bytes, the same in every run of a checkpoint)."""
@@ -30,6 +30,13 @@ class _Timed(Protocol):
     load_s: list[float]
     prefill_s: list[float]
     decode_tps: list[float]
+    generate_s: list[float]
+    is_bare: bool
+    applied: str | None
+    device: str | None
+    kwargs: dict[str, Any]
+    finite_logits: bool | None
+    peak_bytes: int | None
 
     @property
     def name(self) -> str: ...
@@ -68,6 +75,38 @@ def stop_settled(variants: Sequence[_Timed], phase: str, work: _Work) -> list[st
         if why is not None:
             v.boxed[phase] = why
             lines.append(f"{v.name}: {'load' if phase == 'load' else 'prefill/decode'} {why}")
+    return lines
+
+
+_SAME_RUN_KWARGS = {"dtype", "attn_implementation", "device_map"}
+"""The plan's from_pretrained kwargs that only choose what `applied`/`device` read back; any other (kernels,
+quantization) can change the run, and then bare is measured on its own."""
+
+
+def share_plan_rounds(variants: Sequence[_Timed], *, before: bool) -> list[str]:
+    """Bare `from_pretrained(path)` that loaded as the plan's variant (the same dtype/attention read back, on
+    the same device, and the plan sets nothing else that runs differently) runs the same model: its prefill
+    and decode are not measured again, they are the plan's rounds (its load is its own). `before` the run
+    phase: mark it (`boxed["run"]`, so it is not kept resident nor run) and say so; after: copy the plan's
+    rounds into it. Twice the same computation measured apart differs only by the machine's noise, which on a
+    busy machine read as "bare 6.7x faster than the plan" with both in bfloat16/sdpa (issue 50)."""
+    plan = next((v for v in variants if v.is_plan and v.error is None), None)
+    lines = []
+    for v in variants:
+        if plan is None or not v.is_bare or v.error is not None or plan.applied is None:
+            continue
+        same = (v.applied, v.device) == (plan.applied, plan.device) and not any(
+            value not in (None, False) for key, value in plan.kwargs.items() if key not in _SAME_RUN_KWARGS
+        )
+        if not same:
+            continue
+        if before:
+            as_plan = f"{plan.applied} on {plan.device}"
+            v.boxed["run"] = f"not measured again: it loads as the plan ({as_plan}), its rounds are the plan's"
+            lines.append(f"{v.name}: prefill/decode {v.boxed['run']}")
+        elif plan.prefill_s:
+            v.prefill_s, v.decode_tps, v.generate_s = list(plan.prefill_s), list(plan.decode_tps), list(plan.generate_s)
+            v.finite_logits, v.peak_bytes = plan.finite_logits, plan.peak_bytes
     return lines
 
 
