@@ -287,3 +287,35 @@ def test_bare_that_loads_as_the_plan_runs_the_plans_rounds_instead_of_its_own() 
     for kwargs, applied in apart:
         plan, fp32, bare = variants(kwargs, applied)
         assert share_plan_rounds([plan, fp32, bare], before=True) == [] and bare.boxed == {}
+
+
+def test_the_generation_warm_up_generates_a_few_tokens_and_the_first_measured_round_checks_the_output() -> None:
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    import torch
+
+    from cudaload.bench.generate_bench import GenerationVariant, _time_round
+
+    class Planned:
+        new, weights, pad = 8, 10, 0
+
+        def __init__(self) -> None:
+            self.calls: list[int] = []
+
+        def generate(self, ids: torch.Tensor, mask: object, settings: object, clock: object, new: int = 8) -> object:
+            self.calls.append(new)
+            for _ in range(new):
+                clock(None, None)  # type: ignore[operator]
+            continuation = torch.ones(ids.shape[0], new, dtype=torch.long)
+            return SimpleNamespace(sequences=torch.cat([ids, continuation], dim=1), past_key_values=None)
+
+    planned, v = Planned(), GenerationVariant("plan", {}, "left", is_plan=True)
+    prompts = [torch.full((5,), 3), torch.full((3,), 3)]
+    reference = [torch.ones(8, dtype=torch.long)] * 2
+    memory = SimpleNamespace(watch=lambda v: nullcontext())
+    work = BenchRun(prompt_tokens=5, new_tokens=8, repeats=2, budget_s=1e9)
+    for r in range(3):
+        _time_round(torch, planned, v, r, prompts, reference, work, memory, lambda: None)  # type: ignore[arg-type]
+    assert planned.calls == [work.warmup_new_tokens, 8, 8]  # the warm-up: 4 tokens, not the 8 measured
+    assert v.matches_unpadded == 2 and len(v.decode_tps) == 2
