@@ -247,21 +247,32 @@ def test_a_default_bench_on_busy_cores_measures_on_one_thread_and_keeps_what_was
     assert asked.threads == 2 and none is None and len(said) == 1
 
 
-def test_the_verdict_names_the_plans_place_per_metric_within_the_tie_margin() -> None:
+def test_the_verdict_names_the_plans_place_per_metric_among_the_variants_a_plan_can_choose() -> None:
     from cudaload.bench.verdict import verdict
 
-    summary = {
-        "load": {"best": "bfloat16/eager", "plan_over_best": 1.1, "plan_over_bare": 1.3},
-        "prefill": {"best": "float32/sdpa", "plan_over_best": 1.4, "plan_over_bare": 0.5},
-        "decode": {"best": "bfloat16/sdpa", "plan_over_best": 1.0, "plan_over_bare": 1.0},
-        "end_to_end": {"best": "bfloat16/sdpa", "plan_over_best": 1.0, "plan_over_bare": None},
+    def row(name: str, load: float, prefill: float, decode: float, e2e: float, **flags: object) -> dict[str, object]:
+        dtype = name.split("/")[0] if "/" in name else "checkpoint"
+        times = {"load_s": load, "prefill_s": prefill, "decode_tokens_per_s": decode, "end_to_end_s": e2e}
+        return {"name": name, "dtype": dtype, "ok": True, **times, **flags}
+
+    result = {
+        "workload": {"device": "cpu"},
+        "variants": [
+            row("bfloat16/sdpa", 1.1, 1.0, 50.0, 3.0, is_plan=True),
+            row("bfloat16/eager", 1.0, 1.4, 52.0, 3.1),  # load 10% faster: a tie
+            row("float32/sdpa", 2.0, 0.5, 49.0, 2.0),  # prefill and end to end: beats the plan
+            row("float16/sdpa", 1.0, 1.0, 150.0, 1.0),  # fastest, but never planned on a CPU
+            row("bare from_pretrained(path)", 0.5, 1.0, 50.0, 2.9, is_bare=True),
+        ],
     }
-    assert verdict({"summary": summary}) == {
-        "load": {"plan": "best", "vs_bare": "slower"},
-        "prefill": {"plan": "float32/sdpa", "vs_bare": "faster"},
+    assert verdict(result) == {
+        "load": {"plan": "bare from_pretrained(path)", "vs_bare": "slower"},
+        "prefill": {"plan": "float32/sdpa", "vs_bare": "tie"},
         "decode": {"plan": "best", "vs_bare": "tie"},
-        "end_to_end": {"plan": "best", "vs_bare": None},
+        "end_to_end": {"plan": "float32/sdpa", "vs_bare": "tie"},
     }
+    result["workload"] = {"device": "cuda"}  # on a GPU fp16 can be planned: it counts
+    assert verdict(result)["decode"]["plan"] == "float16/sdpa"
 
 
 def test_bare_that_loads_as_the_plan_runs_the_plans_rounds_instead_of_its_own() -> None:

@@ -126,15 +126,36 @@ def _side(ratio: float | None) -> str | None:
     return "tie"
 
 
+_SECONDS = {"load": "load_s", "prefill": "prefill_s", "decode": "decode_tokens_per_s", "end_to_end": "end_to_end_s"}
+
+
+def _seconds(row: dict[str, Any], metric: str) -> float | None:
+    value = row.get(_SECONDS[metric])
+    if not isinstance(value, (int, float)) or value <= 0:
+        return None
+    return 1.0 / value if metric == "decode" else float(value)  # decode: seconds per token
+
+
 def verdict(result: dict[str, Any]) -> dict[str, dict[str, str | None]]:
     """A bench result's conclusions (`cudaload.bench.run_bench`'s JSON), per timed metric: `plan` is "best"
-    when no variant beats it by more than `TIE_MARGIN` (else the variant that does), `vs_bare` is the plan
-    against bare from_pretrained ("faster", "tie" or "slower"). Two runs agree when their verdicts are equal."""
-    summary = result.get("summary") or {}
+    when no variant a plan on this machine can choose (`inference.never_planned`: not fp16 on a CPU, which
+    `--all-variants` times) beats it by more than `TIE_MARGIN`, else the variant that does; `vs_bare` is the
+    plan against bare from_pretrained ("faster", "tie" or "slower"). Two runs agree when their verdicts are
+    equal, so a default run (fp16 left out) and a full grid compare like with like."""
+    from .inference import never_planned
+
+    on_cuda = (result.get("workload") or {}).get("device") == "cuda"
+    rows = [r for r in result.get("variants") or [] if r.get("ok") and never_planned(r["dtype"], on_cuda) is None]
+    plan = next((r for r in rows if r.get("is_plan")), None)
+    bare = next((r for r in rows if r.get("is_bare")), None)
     out: dict[str, dict[str, str | None]] = {}
     for metric in VERDICT_METRICS:
-        row = summary.get(metric) or {}
-        over_best = row.get("plan_over_best")
-        plan = None if over_best is None else "best" if _side(over_best) != "slower" else row.get("best")
-        out[metric] = {"plan": plan, "vs_bare": _side(row.get("plan_over_bare"))}
+        mine = _seconds(plan, metric) if plan else None
+        timed = [(s, r["name"]) for r in rows if (s := _seconds(r, metric)) is not None]
+        best = min(timed) if timed else None
+        theirs = _seconds(bare, metric) if bare else None
+        out[metric] = {
+            "plan": None if mine is None or best is None else "best" if _side(mine / best[0]) != "slower" else best[1],
+            "vs_bare": None if mine is None or theirs is None else _side(mine / theirs),
+        }
     return out
