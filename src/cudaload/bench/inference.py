@@ -27,6 +27,7 @@ from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, summarise
 from .rounds import ticking
 from .upstream_messages import captured_messages
+from .verdict import never_planned
 
 __all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench"]
 
@@ -47,15 +48,6 @@ OVERHEAD_MIN_S = 60.0
 """Wall seconds one overhead round needs at the least: 8 fresh processes, each importing torch and
 transformers (~4-5 s of CPU each)."""
 """3: adds `generation` (the generation comparison) and `workload.generation_batch`."""
-
-
-def never_planned(dtype: str, on_cuda: bool) -> str | None:
-    """Why no plan on this machine can choose `dtype` (None: one can). fp16 on a CPU: the policy never picks
-    it there (policy/precision.py `_CPU_CANDIDATES`: real weights overflow it in some models), so timing it
-    cannot change which variant the plan should have been; the probe still says what it would gain."""
-    if dtype == "float16" and not on_cuda:
-        return "fp16 is never planned on a CPU (policy/precision.py: overflow risk); `--all-variants` times it"
-    return None
 
 
 def variants_for(

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..facts.spread import TIE_MARGIN
 from .rounds import decided
 
-__all__ = ["VERDICT_METRICS", "share_plan_rounds", "still_measured", "stop_settled", "verdict"]
+__all__ = ["VERDICT_METRICS", "never_planned", "share_plan_rounds", "still_measured", "stop_settled", "verdict"]
 
 VERDICT_METRICS = ("load", "prefill", "decode", "end_to_end")
 """The timed metrics a verdict states (memory is bytes, the same in every run of a checkpoint)."""
@@ -126,6 +126,15 @@ def _side(ratio: float | None) -> str | None:
     return "tie"
 
 
+def never_planned(dtype: str, on_cuda: bool) -> str | None:
+    """Why no plan on this machine can choose `dtype` (None: one can). fp16 on a CPU: the policy never picks
+    it there (policy/precision.py `_CPU_CANDIDATES`: real weights overflow it in some models), so timing it
+    cannot change which variant the plan should have been; the probe still says what it would gain."""
+    if dtype == "float16" and not on_cuda:
+        return "fp16 is never planned on a CPU (policy/precision.py: overflow risk); `--all-variants` times it"
+    return None
+
+
 _SECONDS = {"load": "load_s", "prefill": "prefill_s", "decode": "decode_tokens_per_s", "end_to_end": "end_to_end_s"}
 
 
@@ -138,12 +147,10 @@ def _seconds(row: dict[str, Any], metric: str) -> float | None:
 
 def verdict(result: dict[str, Any]) -> dict[str, dict[str, str | None]]:
     """A bench result's conclusions (`cudaload.bench.run_bench`'s JSON), per timed metric: `plan` is "best"
-    when no variant a plan on this machine can choose (`inference.never_planned`: not fp16 on a CPU, which
+    when no variant a plan on this machine can choose (`never_planned`: not fp16 on a CPU, which
     `--all-variants` times) beats it by more than `TIE_MARGIN`, else the variant that does; `vs_bare` is the
     plan against bare from_pretrained ("faster", "tie" or "slower"). Two runs agree when their verdicts are
     equal, so a default run (fp16 left out) and a full grid compare like with like."""
-    from .inference import never_planned
-
     on_cuda = (result.get("workload") or {}).get("device") == "cuda"
     rows = [r for r in result.get("variants") or [] if r.get("ok") and never_planned(r["dtype"], on_cuda) is None]
     plan = next((r for r in rows if r.get("is_plan")), None)
