@@ -239,6 +239,11 @@ def test_a_default_bench_on_busy_cores_measures_on_one_thread_and_keeps_what_was
     assert bench_threads(None, 2, 0.95) == (None, None)  # free cores: torch's default
     assert bench_threads(3, 2, 0.1) == (3, None)  # --threads 3 is kept, busy or not
     assert bench_threads(None, 1, 0.1) == (None, None)  # one thread already
+    # one look found a core free, but the last minute had 1.5 other runnable processes per core: busy
+    threads, why = bench_threads(None, 2, 0.9, others=1.5)
+    assert threads == 1 and why is not None and "1.5 per core busy over the last minute" in why
+    assert bench_threads(None, 2, 0.9, others=0.2) == (None, None)
+    assert contention.others_load(2, loadavg=lambda: (4.0, 3.0, 2.0)) == 1.5  # (4 - this process) / 2 cores
     monkeypatch.setattr(contention, "core_share", lambda: 0.3)  # type: ignore[attr-defined]
     said: list[str] = []
     work, why = inference._threads_for(workload_for(quick=False), False, 2, said.append)

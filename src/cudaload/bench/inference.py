@@ -191,9 +191,9 @@ def _threads_for(
     cores are taken, unless `--threads` was given), and why when that is not torch's default (said)."""
     if quick or work.threads is not None:
         return work, None
-    from .contention import bench_threads, core_share
+    from .contention import bench_threads, core_share, others_load
 
-    threads, why = bench_threads(None, default_threads, core_share())
+    threads, why = bench_threads(None, default_threads, core_share(), others_load(os.cpu_count() or 1))
     if why is not None:
         say(why)
     return replace(work, threads=threads), why
