@@ -18,7 +18,7 @@ before and after (the machine is shared: say how quiet "quiet" was), the threads
 its progress lines (each with its seconds since the start: where the time went), its verdict and whether
 it equals the full grid's.
 
-    python benchmarks/bench_default.py [--neighbours 4] [--full-from FILE] [--json results]
+    python benchmarks/bench_default.py [--neighbours 4] [--full-from FILE] [--no-quiet] [--no-busy] [--json results]
 """
 
 from __future__ import annotations
@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--neighbours", type=int, default=4, help="CPU-bound processes beside the busy run")
     parser.add_argument("--full-from", help="the full grid's result JSON from an earlier run (else it runs first)")
     parser.add_argument("--no-busy", action="store_true", help="leave out the run beside the neighbours")
+    parser.add_argument("--no-quiet", action="store_true", help="leave out the run without neighbours")
     parser.add_argument("--json", help='write the record here ("results": benchmarks/results/<machine>/)')
     args = parser.parse_args()
     from cudaload.bench.verdict import verdict
@@ -103,8 +104,9 @@ def main() -> None:
         else:
             runs["full_grid"] = _run(["--all-variants"], Path(tmp) / "full.json")
         print("full grid:", json.dumps(runs["full_grid"]["verdict"]), flush=True)
-        runs["quiet"] = _run([], Path(tmp) / "quiet.json")
-        print("quiet:", runs["quiet"]["wall_s"], "s", flush=True)
+        if not args.no_quiet:
+            runs["quiet"] = _run([], Path(tmp) / "quiet.json")
+            print("quiet:", runs["quiet"]["wall_s"], "s", flush=True)
         if not args.no_busy:
             neighbours = _neighbours(args.neighbours)
             try:
