@@ -204,13 +204,15 @@ class _PlannedModel:
         self.weights = int(model.get_memory_footprint())
         self.new = new_tokens
 
-    def generate(self, ids: Any, mask: Any, settings: dict[str, Any], clock: Any = None) -> Any:
+    def generate(self, ids: Any, mask: Any, settings: dict[str, Any], clock: Any = None, new: int | None = None) -> Any:
+        """generate() with `settings`; `new` tokens (default: the run's new tokens)."""
+        new = self.new if new is None else new
         return self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
             do_sample=False,
-            min_new_tokens=self.new,
-            max_new_tokens=self.new,
+            min_new_tokens=new,
+            max_new_tokens=new,
             pad_token_id=self.pad,
             return_dict_in_generate=True,
             logits_processor=[clock] if clock is not None else None,
@@ -255,28 +257,31 @@ def _time_round(
     memory: PeakMemory,
     sync: Callable[[], None],
 ) -> None:
-    """One variant's generate() in round `r`: timed and, after warm-up, recorded; in the first
-    round also its cache size and how many continuations match the unpadded reference."""
-    new = planned.new
+    """One variant's generate() in round `r`: timed and, after warm-up, recorded; in the first measured
+    round also its cache size and how many continuations match the unpadded reference. A warm-up round
+    generates `work.warmup_new_tokens` (as `harness` warms up): it readies kernels and caches, and its
+    decode rate is not kept (issue 50: a full-length warm-up was a quarter of this comparison's time)."""
+    measured = r >= work.warmup
+    new = planned.new if measured else min(planned.new, work.warmup_new_tokens)
     v.weights_bytes = planned.weights
     ids, mask = _padded(torch, prompts, v.padding_side, planned.pad)
     clock = StepClock(sync)
     try:
-        with memory.watch(v) if r >= work.warmup else nullcontext():
+        with memory.watch(v) if measured else nullcontext():
             sync()
             start = time.perf_counter()
-            out = planned.generate(ids, mask, v.generate_kwargs, clock)
+            out = planned.generate(ids, mask, v.generate_kwargs, clock, new)
             sync()
             seconds = time.perf_counter() - start
     except Exception as exc:  # an unusable setting is a result, not a crash
         v.error = describe_error(exc)
         return
     continuation = out.sequences[:, ids.shape[1] :].cpu()
-    if r == 0:
+    if r == work.warmup:
         v.kv_cache_bytes = _cache_bytes(out.past_key_values)
         v.matches_unpadded = sum(bool(torch.equal(continuation[i], reference[i])) for i in range(len(prompts)))
     del out
-    if r >= work.warmup:
+    if measured:
         span = clock.stamps[-1] - clock.stamps[0] if len(clock.stamps) > 1 else 0.0
         v.generate_s.append(seconds)
         v.decode_tps.append(len(prompts) * (new - 1) / span if span > 0 else len(prompts) * new / seconds)

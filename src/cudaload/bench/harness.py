@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from ..errors import SettingError, describe_error
 from ..loaders import input_device
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
+from .verdict import share_plan_rounds, still_measured, stop_settled
 
 __all__ = [
     "BUDGET_S",
@@ -33,9 +34,11 @@ __all__ = [
     "workload_for",
 ]
 
-BUDGET_S = 120.0
+BUDGET_S = 60.0
 """Wall seconds the measured rounds of a full `cudaload bench` (no --repeats) may take: loads
-LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`)."""
+LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`). Issue 50:
+the default bench within 90 s on 2 quiet cores, 180 s with 4 CPU-bound neighbours; a variant whose ratio to
+the plan is decided stops early (`verdict.stop_settled`), so the budget goes to the close calls."""
 LOAD_SHARE, RUN_SHARE = 0.25, 0.5
 
 
@@ -129,6 +132,8 @@ class Variant:
     """`from_pretrained(path)` with no arguments: what a user gets without cudaload."""
     applied: str | None = None
     """dtype/attention read back from the loaded model (how the bare variant is told apart)."""
+    device: str | None = None
+    """Where the loaded model's weights are (read back with `applied`)."""
     error: str | None = None
     model: Any = None
     load_s: list[float] = field(default_factory=list)
@@ -286,8 +291,11 @@ def measure(
     try:
         with quiet_threads(torch, work.threads):
             _time_loads(variants, work, loader, bar, say)
+            for line in share_plan_rounds(variants, before=True):
+                say(line)
             _load_resident(variants, loader)
             _time_runs(variants, work, vocab_size, loader, memory, bar, say)
+            share_plan_rounds(variants, before=False)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -307,7 +315,9 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
     """Phase 1: load times, interleaved; each model is dropped before the next load."""
     budget, r = RoundBudget(work, LOAD_SHARE), 0
     box = VariantBox(work, LOAD_SHARE, len(variants))
-    while budget.another(r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])):
+    while still_measured(variants, "load") and budget.another(
+        r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])
+    ):
         say(f"load {budget.label(r)}")
         for i, v in enumerate(variants):
             bar.set_description(f"load {r + 1} {v.name}")
@@ -331,17 +341,20 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
             if v.weights_bytes is None:
                 v.weights_bytes = int(model.get_memory_footprint())
                 v.applied = f"{str(model.dtype).removeprefix('torch.')}/{model.config._attn_implementation}"
+                v.device = str(getattr(model, "device", ""))
             loader.parameters = loader.parameters or sum(int(p.numel()) for p in model.parameters())
             del model
             loader.release()
             box.add(i, time.perf_counter() - start)
         r += 1
+        for line in stop_settled(variants, "load", work):
+            say(line)
 
 
 def _load_resident(variants: list[Variant], loader: _Loader) -> None:
     """Load every still-usable variant once more and keep it, for phase 2's interleaved rounds."""
     for v in variants:
-        if v.error is None:
+        if v.error is None and "run" not in v.boxed:
             try:
                 v.model, _ = loader.load(v)
             except Exception as exc:  # e.g. out of memory with every variant resident
@@ -365,8 +378,13 @@ def _time_runs(
     budget, r = RoundBudget(work, RUN_SHARE), 0
     running = [v for v in variants if v.error is None]
     box = VariantBox(work, RUN_SHARE, len(running))
-    while budget.another(r, lambda: ratios_settled([v.prefill_s for v in running if v.error is None])
-                         and ratios_settled([v.decode_tps for v in running if v.error is None])):  # fmt: skip
+
+    def settled() -> bool:
+        return ratios_settled([v.prefill_s for v in running if v.error is None]) and ratios_settled(
+            [v.decode_tps for v in running if v.error is None]
+        )
+
+    while still_measured(running, "run") and budget.another(r, settled):
         say(f"prefill/decode {budget.label(r)}")
         for i, v in enumerate(variants):
             bar.set_description(f"run {r + 1} {v.name}")
@@ -395,6 +413,8 @@ def _time_runs(
                 v.generate_s.append(generate_s)
             box.add(i, time.perf_counter() - started)
         r += 1
+        for line in stop_settled(running, "run", work):
+            say(line)
 
 
 def _run(

@@ -27,6 +27,7 @@ from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, summarise
 from .rounds import ticking
 from .upstream_messages import captured_messages
+from .verdict import never_planned
 
 __all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench"]
 
@@ -39,23 +40,14 @@ SCHEMA = 3
 OVERHEAD_BUDGET_S = 30.0
 """Seconds the overhead phase of a full `cudaload bench` (no --repeats) may take: one round of
 fresh processes at least, more while they fit (each imports torch: ~5 s of CPU)."""
-RUN_BUDGET_S = 170.0
-"""Wall seconds a full `cudaload bench` with no --repeats aims to finish in (issue 37: 3 minutes
-on 2 busy cores): the overhead phase, when not asked for with --overhead, runs only if
+RUN_BUDGET_S = 85.0
+"""Wall seconds a full `cudaload bench` with no --repeats aims to finish in (issue 50: 90 s on 2 quiet cores,
+3 minutes with 4 CPU-bound neighbours): the overhead phase, when not asked for with --overhead, runs only if
 OVERHEAD_MIN_S of it are left."""
 OVERHEAD_MIN_S = 60.0
 """Wall seconds one overhead round needs at the least: 8 fresh processes, each importing torch and
 transformers (~4-5 s of CPU each)."""
 """3: adds `generation` (the generation comparison) and `workload.generation_batch`."""
-
-
-def never_planned(dtype: str, on_cuda: bool) -> str | None:
-    """Why no plan on this machine can choose `dtype` (None: one can). fp16 on a CPU: the policy never picks
-    it there (policy/precision.py `_CPU_CANDIDATES`: real weights overflow it in some models), so timing it
-    cannot change which variant the plan should have been; the probe still says what it would gain."""
-    if dtype == "float16" and not on_cuda:
-        return "fp16 is never planned on a CPU (policy/precision.py: overflow risk); `--all-variants` times it"
-    return None
 
 
 def variants_for(
@@ -165,6 +157,7 @@ def run_bench(
         captured_messages() as upstream,
     ):
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
+        work, threads_why = _threads_for(work, quick, default_threads, say)
         phases = _measure_model(
             model,
             workdir,
@@ -181,6 +174,7 @@ def run_bench(
     threads_used = work.threads or default_threads
     result, rows = _result_of(phases, work, machine, date=date, quick=quick, threads_used=threads_used)
     result["upstream_messages"] = upstream
+    result["workload"]["threads_why"] = threads_why
     if phases.shape_key:
         saved = _save_record(phases.shape_key, machine, result, rows, threads_used)
         result["tuning_record"] = str(saved) if saved else None
@@ -188,6 +182,21 @@ def run_bench(
     if out is not None:
         result["written_to"] = str(write_result(result, out))
     return result
+
+
+def _threads_for(
+    work: BenchRun, quick: bool, default_threads: int, say: Callable[[str], None]
+) -> tuple[BenchRun, str | None]:
+    """The run's workload with the threads it measures on (`contention.bench_threads`: one on a machine whose
+    cores are taken, unless `--threads` was given), and why when that is not torch's default (said)."""
+    if quick or work.threads is not None:
+        return work, None
+    from .contention import bench_threads, core_share, others_load
+
+    threads, why = bench_threads(None, default_threads, core_share(), others_load(os.cpu_count() or 1))
+    if why is not None:
+        say(why)
+    return replace(work, threads=threads), why
 
 
 def overhead_fits(

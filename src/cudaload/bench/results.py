@@ -39,10 +39,12 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 
 def _paired(numerators: list[float], denominators: list[float]) -> float | None:
-    """Median of the per-round ratios; None unless both ran every measured round."""
-    if not numerators or len(numerators) != len(denominators) or min(denominators) <= 0:
+    """Median of the per-round ratios over the rounds both measured: every variant's rounds start in the same
+    round, so a variant stopped early (decided or time-boxed) pairs with the first rounds of the other."""
+    n = min(len(numerators), len(denominators))
+    if not n or min(denominators[:n]) <= 0:
         return None
-    return round(statistics.median([n / d for n, d in zip(numerators, denominators, strict=True)]), 4)
+    return round(statistics.median([a / b for a, b in zip(numerators[:n], denominators[:n], strict=True)]), 4)
 
 
 def _end_to_end(v: Variant) -> float | None:

@@ -23,7 +23,18 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-__all__ = ["SETTLED_SPREAD", "TICK_S", "RoundBudget", "quiet_threads", "ratios_settled", "terminal_bar", "ticking"]
+from ..facts.spread import TIE_MARGIN
+
+__all__ = [
+    "SETTLED_SPREAD",
+    "TICK_S",
+    "RoundBudget",
+    "decided",
+    "quiet_threads",
+    "ratios_settled",
+    "terminal_bar",
+    "ticking",
+]
 
 SETTLED_SPREAD = 0.10
 """A variant's per-round ratio to the first variant is settled when its rounds span at most 10% of
@@ -60,6 +71,28 @@ def ratios_settled(series: Sequence[Sequence[float]]) -> bool:
         if (max(ratios) - min(ratios)) / statistics.median(ratios) > SETTLED_SPREAD:
             return False
     return True
+
+
+def decided(plan: Sequence[float], other: Sequence[float], *, rate: bool = False) -> str | None:
+    """How a variant compares with the plan once more rounds cannot change it (None: they still can), from the
+    per-round ratios (variant seconds / the plan's seconds of the same round; `rate`: plan / variant, for tokens/s):
+    after at least two paired rounds, every round beyond `TIE_MARGIN` on the same side (the plan clearly faster, or
+    clearly slower), or every round within it and settled (`SETTLED_SPREAD`): a tie. Rounds on both sides of the
+    margin are undecided; a variant stops being measured only once decided (issue 50: the verdict, not the
+    decimals, is what the default bench owes)."""
+    pairs = list(zip(plan, other, strict=False))
+    if len(pairs) < 2 or not all(p > 0 and o > 0 for p, o in pairs):
+        return None
+    ratios = [p / o if rate else o / p for p, o in pairs]
+    low, high, shown = min(ratios), max(ratios), f"{min(ratios):.2f}-{max(ratios):.2f}x"
+    if low > 1 + TIE_MARGIN:
+        return f"the plan faster in every round ({shown})"
+    if high < 1 / (1 + TIE_MARGIN):
+        return f"the plan slower in every round ({shown})"
+    inside = low > 1 / (1 + TIE_MARGIN) and high < 1 + TIE_MARGIN
+    if inside and (high - low) / statistics.median(ratios) <= SETTLED_SPREAD:
+        return f"a tie with the plan in every round ({shown})"
+    return None
 
 
 class RoundBudget:
