@@ -20,8 +20,16 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # The CLI wraps its lines to COLUMNS when set (cudaload.announce.fitted): pytest-xdist's workers run with COLUMNS=80,
 # a plain pytest run without it. A test of wrapping sets the width it checks.
 os.environ.pop("COLUMNS", None)
-# Measurements (CPU dtype probe, tuning records) go to a cache of this run, never the user's.
-os.environ["CUDALOAD_CACHE"] = tempfile.mkdtemp(prefix="cudaload-test-cache-")
+# Measurements (CPU dtype probe, tuning records) go to a cache of this run, never the user's; pytest-xdist's workers
+# share one (what ranks on one machine do: the probe and the real model's conversion, under cudaload's own locks,
+# once a run rather than once a worker).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN:
+    _cache = Path(tempfile.gettempdir()) / f"cudaload-test-cache-{_RUN}"
+    _cache.mkdir(mode=0o700, exist_ok=True)
+    os.environ["CUDALOAD_CACHE"] = str(_cache)
+else:
+    os.environ["CUDALOAD_CACHE"] = tempfile.mkdtemp(prefix="cudaload-test-cache-")
 
 _real_connect = socket.socket.connect
 
