@@ -75,3 +75,47 @@ def test_a_quiet_step_says_its_line_again_on_a_terminal_and_never_in_a_pipe(
     assert cli.main(argv) == 0
     assert piped.getvalue() == lines[0] + "\n"
     assert capsys.readouterr().out == "the result\n"
+
+
+def _slow_demo(folder: object, *, tiny: bool, progress: object) -> str:
+    """The demo's steps: a progress line, then a long quiet step (the first import, the answer's tokens)."""
+    progress("planning and loading the tiny model (the first import of torch takes seconds)")  # type: ignore[operator]
+    time.sleep(1.2)
+    return "the answer"
+
+
+def test_the_demo_says_a_quiet_step_again_on_a_terminal_and_never_in_a_pipe(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import cudaload.demo
+
+    monkeypatch.delenv("CUDALOAD_QUIET", raising=False)
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(announce_module, "STILL_S", 0.3, raising=False)
+    monkeypatch.setattr(cudaload.demo, "run_demo", _slow_demo)
+
+    controller, terminal_fd = pty.openpty()
+    try:
+        with os.fdopen(terminal_fd, "w", buffering=1, closefd=True) as terminal:
+            monkeypatch.setattr(sys, "stderr", terminal)
+            assert cli.main(["demo", "--tiny"]) == 0
+            monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+        said = _read_all(controller).replace("\r\n", "\n")
+    finally:
+        os.close(controller)
+    assert capsys.readouterr().out == "the answer\n"
+    first = said.splitlines()[0]
+    assert first == "[demo] planning and loading the tiny model (the first import of torch takes seconds)"
+    again = " ".join(said.split()).split("[demo] still: ")[1:]  # each as read, however the terminal wrapped it
+    assert again, said  # quiet 1.2 s, said again every ~0.24 s
+    for line in again:
+        assert re.fullmatch(
+            r"planning and loading the tiny model \(the first import of torch takes seconds\) \(\d+ s so far\) ?",
+            line,
+        ), line
+
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    assert cli.main(["demo", "--tiny"]) == 0
+    assert piped.getvalue() == first + "\n"
+    assert capsys.readouterr().out == "the answer\n"

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-__all__ = ["announce", "fitted", "quiet", "still_saying"]
+__all__ = ["announce", "fitted", "on_terminal", "quiet", "still_saying"]
 
 _ON, _OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -84,12 +84,18 @@ def announce(logger_name: str, message: str, level: int = logging.INFO) -> None:
             _written[0] = _last[0][1]
 
 
+def on_terminal() -> bool:
+    """stderr is a terminal and CUDALOAD_QUIET is off: where a step that stays quiet says its line again
+    (`still_saying`, the demo's progress); piped or logged output is the same from run to run."""
+    return not quiet() and _is_terminal(sys.stderr)
+
+
 @contextlib.contextmanager
 def still_saying() -> Iterator[None]:
     """Within: on a terminal, whenever nothing was said on stderr for STILL_S seconds, the last line announce()
     printed comes again with its age, from a daemon thread, until the block ends. Nothing when stderr is not a
     terminal (a pipe, a log, a test: the output stays the same from run to run) or CUDALOAD_QUIET is on."""
-    if quiet() or not _is_terminal(sys.stderr):
+    if not on_terminal():
         yield
         return
     done, began = threading.Event(), time.monotonic()
