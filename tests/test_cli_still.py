@@ -119,3 +119,39 @@ def test_the_demo_says_a_quiet_step_again_on_a_terminal_and_never_in_a_pipe(
     assert cli.main(["demo", "--tiny"]) == 0
     assert piped.getvalue() == first + "\n"
     assert capsys.readouterr().out == "the answer\n"
+
+
+def test_doctor_says_its_line_again_on_a_terminal_and_never_in_a_pipe(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def slow_report(machine: object, as_json: bool, check_hub: bool) -> str:
+        time.sleep(1.2)  # torch's import and the probe, on a busy machine
+        return "the report"
+
+    monkeypatch.delenv("CUDALOAD_QUIET", raising=False)
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(announce_module, "STILL_S", 0.3, raising=False)
+    monkeypatch.setattr(cli, "doctor_report", slow_report)
+
+    controller, terminal_fd = pty.openpty()
+    try:
+        with os.fdopen(terminal_fd, "w", buffering=1, closefd=True) as terminal:
+            monkeypatch.setattr(sys, "stderr", terminal)
+            assert cli.main(["doctor"]) == 0
+            monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+        said = _read_all(controller).replace("\r\n", "\n").splitlines()
+    finally:
+        os.close(controller)
+    assert capsys.readouterr().out == "the report\n"
+    first = "cudaload: doctor: checking this machine's GPUs, CPU and packages (a few seconds)"
+    assert said[0] == first
+    assert len(said) > 1 and all(
+        re.fullmatch(r"cudaload: still: doctor: checking this machine's GPUs, CPU and packages \(\d+ s so far\)", line)
+        for line in said[1:]
+    ), said
+
+    piped = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", piped)
+    assert cli.main(["doctor"]) == 0
+    assert piped.getvalue() == first + "\n"
+    assert capsys.readouterr().out == "the report\n"

@@ -76,15 +76,19 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     try:
         if args.command == "doctor":
-            from ..announce import announce
+            from ..announce import announce, still_saying
             from ..capability import detect
 
-            # torch's import and the GPU/CPU checks take seconds on a busy machine: say so first.
-            announce("cudaload.doctor", "doctor: checking this machine's GPUs, CPU and packages (a few seconds)")
-
+            # torch's import and the GPU/CPU checks take seconds on a busy machine: say so first, and on a terminal
+            # again after 4 s of quiet (5.5 s at load 4 on 2 cores), as plan and launch do.
+            with still_saying():
+                announce("cudaload.doctor", "doctor: checking this machine's GPUs, CPU and packages (a few seconds)")
+                if args.remeasure:
+                    remeasured = remeasure_report(None, _to_stderr) + "\n"
+                report = doctor_report(detect(), args.json, args.check_hub)
             if args.remeasure:
-                emit(remeasure_report(None, _to_stderr) + "\n", sys.stderr if args.json else None)
-            emit(doctor_report(detect(), args.json, args.check_hub))
+                emit(remeasured, sys.stderr if args.json else None)
+            emit(report)
         elif args.command == "probe":
             emit(remeasure_report(args.model, _to_stderr))
         elif args.command in ("plan", "launch"):
