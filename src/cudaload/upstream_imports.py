@@ -30,14 +30,13 @@ __all__ = [
 ]
 
 _LOCK = threading.Lock()
-_DONE = False
 _resolved: set[str] = set()
-"""The names beyond `_NAMES` resolved so far (`import_transformers(*more)`)."""
+"""The transformers names resolved so far in this process (`import_transformers`)."""
 _notices: list[Callable[[], None]] = []
 """Called once, just before this process first imports transformers (`before_first_import`)."""
 
 # The lazily exported names cudaload's own code imports from transformers (each resolution imports
-# its submodule: configuration, modeling, tokenization, generation, the Auto mappings).
+# its submodule: configuration, modeling, generation, the Auto mappings; the tokenizer's only when asked).
 _NAMES = (
     "PretrainedConfig",
     "AutoConfig",
@@ -53,24 +52,19 @@ def import_transformers(*more: str) -> None:
     """Import transformers and resolve the names cudaload uses, once per process, thread-safely; `more`: names
     only some entry points use, resolved under the same lock when first asked (`tokenizer_for()`'s AutoTokenizer:
     its tokenization modules cost load() ~7 ms of CPU, issue 50, and load() never reads a tokenizer)."""
-    global _DONE
-    if _DONE and _resolved.issuperset(more):
+    wanted = (*_NAMES, *more)
+    if _resolved.issuperset(wanted):
         return
     with _LOCK:
-        if not _DONE:
-            if "transformers" not in sys.modules:
-                while _notices:
-                    _notices.pop(0)()
-            import transformers
-
-            for name in _NAMES:
-                getattr(transformers, name)
-            _DONE = True
+        if "transformers" not in sys.modules:
+            while _notices:
+                _notices.pop(0)()
         import transformers
 
-        for name in more:
-            getattr(transformers, name)
-            _resolved.add(name)
+        for name in wanted:
+            if name not in _resolved:
+                getattr(transformers, name)
+                _resolved.add(name)
 
 
 @contextlib.contextmanager
