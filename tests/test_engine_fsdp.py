@@ -94,9 +94,10 @@ def test_a_torchrun_rank_of_an_fsdp_plan_loads_as_fsdp_loads(tiny_models: dict[s
     assert plan.finetune.training_arguments["fsdp"] is True
 
 
-def test_an_fsdp_rank_is_told_every_rank_reads_a_whole_copy() -> None:
+def test_an_fsdp_rank_is_told_every_rank_reads_a_whole_copy_unless_load_for_finetune_loads_it() -> None:
     """transformers 5.22-5.25 reads the whole checkpoint on every FSDP rank, cpu_ram_efficient_loading included:
-    creating TrainingArguments before loading (the old advice) changes nothing, so it is not given."""
+    creating TrainingArguments before loading (the old advice) changes nothing, so it is not given; what does is
+    load_for_finetune(), whose ranks other than rank 0 read no weights (loaders/fsdp_loading.py)."""
     from cudaload.facts.model import reference_model  # a 16-bit model of billions of parameters
 
     launch = cudaload.Launch(
@@ -107,3 +108,4 @@ def test_an_fsdp_rank_is_told_every_rank_reads_a_whole_copy() -> None:
     assert plan.decision("device_map").value is None
     (note,) = [w for w in plan.warnings if "CPU RAM" in w]
     assert "reads the whole checkpoint on every rank" in note and "Create TrainingArguments" not in note
+    assert "unless loaded by load_for_finetune() (which builds the other ranks' model on the meta device)" in note

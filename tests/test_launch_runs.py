@@ -137,6 +137,23 @@ def _assert_memory(reports: list[dict]) -> list[tuple[int, int]]:
     return pairs
 
 
+def _assert_loading(reports: list[dict]) -> None:
+    """Only rank 0 reads the weights of an FSDP2 plan (loaders/fsdp_loading.py): its RSS while loading and sharding
+    grows by its copy (the plan's `node_load_cpu`) and, on a CPU, the shard the broadcast fills beside it, within
+    TOLERANCE; every other rank builds the model on meta and grows by well under one copy (its shard and one
+    parameter in flight), where each grew by a whole copy before (180-183 MiB a rank, 2026-12-06)."""
+    for report in reports:
+        grew = report["rss_load_peak"] - report["rss_baseline"]
+        print(f"rank {report['rank']}: RSS while loading grew {grew / 2**20:.1f} MiB on {report['applied_device']}")
+        if report["rank"] == 0:
+            estimate = report["estimate"]["node_load_cpu"] + report["estimate"]["weights"]
+            assert report["applied_device"] == "cpu" and report["verify_note"] == ""
+            assert abs(grew - estimate) <= TOLERANCE * estimate, (grew, report["estimate"])
+        else:
+            assert report["applied_device"] == "meta" and "rank 0 runs the check" in report["verify_note"]
+            assert grew < 0.75 * report["weight_bytes"], (grew, report["weight_bytes"])
+
+
 def test_torchrun_two_nodes_ddp_as_written(lora_model: Path, tmp_path: Path) -> None:
     files = cudaload.launch_files(
         lora_model, nodes=2, ranks_per_node=2, emit=("torchrun",), **_plan_kwargs(lora_model, tmp_path, "ddp", 4)
@@ -201,6 +218,7 @@ def test_torchrun_two_nodes_fsdp2_hybrid_shard_as_planned(lora_model: Path, tmp_
     """Hybrid shard: each "node"'s 2 ranks shard the model, the 2 nodes replicate it (the plan's mesh)."""
     reports = _torchrun_fsdp2(lora_model, tmp_path, "fsdp-hybrid", [2, 2])
     _assert_memory(reports)
+    _assert_loading(reports)
 
 
 def test_torchrun_two_nodes_fsdp2_full_shard_as_planned(lora_model: Path, tmp_path: Path) -> None:
@@ -211,6 +229,7 @@ def test_torchrun_two_nodes_fsdp2_full_shard_as_planned(lora_model: Path, tmp_pa
     for report in reports:
         assert report["rss_loaded"] - report["rss_baseline"] < report["weight_bytes"] / 2
     _assert_memory(reports)
+    _assert_loading(reports)
 
 
 def test_accelerate_fsdp2_config_as_written(lora_model: Path, tmp_path: Path) -> None:
@@ -250,6 +269,7 @@ def test_accelerate_fsdp2_config_as_written(lora_model: Path, tmp_path: Path) ->
         }
         assert report["losses"] == pytest.approx(reference, rel=1e-4, abs=0)
     _assert_memory(reports)
+    _assert_loading(reports)
 
 
 AGREE_WORKER = WORKERS / "launch_agree_worker.py"

@@ -107,12 +107,15 @@ def load_for_finetune(
     or "auto" (4-bit only when 16-bit LoRA would not fit the GPU at `seq_len` x `batch_size`).
     lora: LoraConfig overrides (r, lora_alpha, lora_dropout, target_modules, ...).
     Under torchrun / accelerate each rank loads the whole model on its own device
-    (`device_map={"": LOCAL_RANK}`; none under FSDP / ZeRO-3). `model.cudaload_plan` is the
-    AppliedPlan; its `plan.finetune.training_arguments` feeds `training_arguments()`.
+    (`device_map={"": LOCAL_RANK}`; none under FSDP / ZeRO-3). Only rank 0 reads the weights of an FSDP2 plan:
+    the other ranks' model is on the meta device until accelerate shards it and broadcasts rank 0's weights
+    (the plan's fsdp_config `cpu_ram_efficient_loading`; shard it with Trainer or accelerate); a ZeRO-3 rank
+    loads its partition. `model.cudaload_plan` is the AppliedPlan; its `plan.finetune.training_arguments`
+    feeds `training_arguments()`.
 
     The base weights are frozen (without peft's fp32 upcast of norms and embeddings), gradient
-    checkpointing is enabled when planned, and the load is always verified by a short forward in
-    train mode.
+    checkpointing is enabled when planned, and the load is verified by a short forward in train mode
+    (on the ranks that hold weights).
 
     Args:
         model: A local path or Hub id, or a fine-tuning `Plan` from `plan(..., finetune=True)` (then

@@ -73,26 +73,21 @@ def _warm_up_fsdp2() -> None:
     _settle()
 
 
-def _shard(model: torch.nn.Module) -> dict[str, object]:
-    """FSDP2 as the accelerate config asked: accelerate 1.16 drops its FSDP plugin on a CPU (MULTI_CPU), so
-    the plugin is built from the FSDP_* variables `accelerate launch` set from the YAML, and its wrap
-    policy and reshard_after_forward are applied with torch's fully_shard, as `fsdp2_prepare_model` does."""
+def _shard(model: torch.nn.Module, rank: int) -> tuple[torch.nn.Module, dict[str, object]]:
+    """FSDP2 as the accelerate config asked: accelerate 1.16 drops its FSDP plugin on a CPU (MULTI_CPU), so the
+    plugin is built from the FSDP_* variables `accelerate launch` set from the YAML and handed to accelerate's own
+    `fsdp2_prepare_model` (its wrap policy, reshard_after_forward, and with cpu_ram_efficient_loading rank 0's
+    weights broadcast into the shards of the ranks that built the model on meta)."""
     from accelerate.utils import FullyShardedDataParallelPlugin
-    from torch.distributed.fsdp import fully_shard
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+    from torch.distributed.fsdp import FSDPModule
 
     plugin = FullyShardedDataParallelPlugin()
-    if plugin.cpu_ram_efficient_loading:
-        # transformers 5.22 `_move_missing_keys_from_meta_to_device` gives ranks > 0 zeros under FSDP's
-        # cpu_ram_efficient_loading; rank 0's weights reach them by broadcast (accelerate's
-        # `fsdp2_load_full_state_dict` does the same on GPUs), the LoRA adapters too.
-        for tensor in model.state_dict().values():
-            dist.broadcast(tensor, src=0)
     wrap = set(plugin.transformer_cls_names_to_wrap or ())
-    wrapped = [m for m in model.modules() if type(m).__name__ in wrap]
-    for module in wrapped:
-        fully_shard(module, reshard_after_forward=plugin.reshard_after_forward)
-    fully_shard(model, reshard_after_forward=plugin.reshard_after_forward)
-    return {
+    prepared = fsdp2_prepare_model(_CpuAccelerator(plugin, None, rank), model)
+    # fully_shard swaps each module's class for an "FSDP<name>" subclass of FSDPModule and its own.
+    wrapped = [m for m in prepared.modules() if isinstance(m, FSDPModule) and type(m).__name__[4:] in wrap]
+    return prepared, {
         "fsdp_version": plugin.fsdp_version,
         "reshard_after_forward": plugin.reshard_after_forward,
         "wrap": sorted(wrap),
@@ -151,7 +146,7 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
     if launched and mode.startswith("fsdp"):
         _warm_up_fsdp2()
     baseline = _status("VmRSS")
-    torch.manual_seed(0)  # the same LoRA initialisation in every process (FSDP2 broadcasts nothing)
+    torch.manual_seed(0)  # the same LoRA initialisation in every process (DDP's ranks and the single one)
     model = cudaload.load_for_finetune(
         model_path,
         quantize=None,
@@ -167,13 +162,14 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
     if mode == "ddp":
         wrapped = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False)
     elif mode == "fsdp":
-        sharding = _shard(model)
+        wrapped, sharding = _shard(model, rank)
     elif mode.startswith("fsdp-"):  # the torchrun launch of an FSDP2 plan (full or hybrid shard)
         wrapped, sharding = _prepare_fsdp2(model, rank, out_dir)
     params = [p for p in wrapped.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.0)
     batch = torch.randint(2, 256, (world, SEQ), generator=torch.Generator().manual_seed(7))
     mine = batch[rank * world // ranks : (rank + 1) * world // ranks]
+    load_peak = _status("VmHWM")  # loading and sharding, before the first step
     _settle()
     loaded = _status("VmRSS")
     losses = []
@@ -204,7 +200,10 @@ def main(model_path: str, mode: str, rows: str, out_dir: str) -> None:
         "device_map": plan.kwargs.get("device_map", "none"),
         "invariants": launch_invariants(plan),
         "rss_baseline": baseline,
+        "rss_load_peak": load_peak,
         "rss_loaded": loaded,
+        "applied_device": model.cudaload_plan.device,
+        "verify_note": model.cudaload_plan.verify_note,
         "rss_marks": marks,
         "rss_peak": _status("VmHWM"),
         "sharding": sharding,

@@ -14,6 +14,7 @@ from ..plans import Decision, Plan, Rejected
 from .applied import AppliedPlan, Fallback
 from .attribution import is_attention_failure, no_fallback_error, unrelated_error
 from .check_record import judge_proof, proven_check, record_passed
+from .fsdp_loading import build_skeleton, skeleton_kwargs, skeleton_rank
 from .hub_code import unasked_hub_code
 from .kwargs import from_pretrained_kwargs, set_rank_device
 from .readback import read_back
@@ -58,12 +59,15 @@ def _as_applied(plan: Plan, chain: tuple[str, ...], fallbacks: list[Fallback]) -
     )
 
 
-def _load_with(auto: Any, plan: Plan, option: str) -> tuple[Any, WeightsReport, Failure | None]:
-    """(the model loaded with `option`, its weights report, None), or (None, an empty report, the failure)."""
+def _load_with(auto: Any, plan: Plan, option: str, skeleton: bool) -> tuple[Any, WeightsReport, Failure | None]:
+    """(the model loaded with `option`, its weights report, None), or (None, an empty report, the failure).
+    A `skeleton` rank builds it on the meta device and reads no weights (loaders/fsdp_loading.py)."""
     try:
-        model, info = auto.from_pretrained(
-            plan.model, output_loading_info=True, **from_pretrained_kwargs(plan.with_attention(option))
-        )
+        kwargs = from_pretrained_kwargs(plan.with_attention(option))
+        split = skeleton_kwargs(kwargs) if skeleton else None
+        if split is not None:
+            return build_skeleton(auto, plan.model, *split), WeightsReport(), None
+        model, info = auto.from_pretrained(plan.model, output_loading_info=True, **kwargs)
     except CudaloadError:
         raise  # cudaload's own errors already say what to do
     except Exception as exc:
@@ -104,6 +108,7 @@ def apply_plan(
     # current device (policy/current_device.py, `decide_rank_device` and `decide_current_device`).
     set_rank_device(plan)
     judged = judge_proof(plan, verify=verify, training=training)  # here, before any weight is read
+    skeleton = skeleton_rank(plan)  # an FSDP2 rank whose weights come from rank 0 when accelerate shards
     auto = resolve_auto_class(plan.auto_class)
     chain = plan.attention_chain
     can_fall_back = not strict and "attn_implementation" not in plan.explicit
@@ -120,7 +125,7 @@ def apply_plan(
         # A link that would fetch Hub code the plan did not allow fails before transformers is asked.
         failure: Failure | None = unasked_hub_code(plan, option, "load" if model is None else "switch")
         if failure is None and model is None:
-            model, report, failure = _load_with(auto, plan, option)
+            model, report, failure = _load_with(auto, plan, option, skeleton)
             timings["load" if failure is None else f"load[{option}]"] = time.perf_counter() - start
             if failure is None:
                 weight_notes = check_weights(plan, model, report, allow_missing_weights)

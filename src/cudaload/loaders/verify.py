@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import describe_error
+from .fsdp_loading import SKELETON_NOTE
 
 __all__ = ["NON_FINITE", "Failure", "Phase", "check_inputs", "checked_output", "input_device", "verify_forward"]
 
@@ -245,6 +246,8 @@ def verify_forward(model: Any, training: bool) -> _Verification:
             "skipped: DeepSpeed ZeRO-3 partitioned the weights at load (each rank holds its share); only its engine "
             "(Trainer's) gathers them for a forward"
         )
+    if any(p.is_meta for p in model.parameters()):
+        return _skipped(SKELETON_NOTE)  # loaders/fsdp_loading.py: the only loads that leave weights on meta
     inputs, why = check_inputs(model)
     if not inputs:
         return _skipped(f"skipped: {why}")

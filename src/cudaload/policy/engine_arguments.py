@@ -88,11 +88,11 @@ def fsdp_arguments(choice: ParallelChoice, training: TrainingRequest, model: Mod
             "training.fsdp_config",
             config,
             f"FSDP2 (version 2), parameters resharded after each forward (full shard), {wrapped}; with "
-            "cpu_ram_efficient_loading accelerate syncs rank 0's weights to the others when it shards (transformers "
-            "5.22-5.25 still reads a whole copy on every rank while loading); "
+            "cpu_ram_efficient_loading only rank 0 reads the weights: load_for_finetune() builds the other ranks' "
+            "model on the meta device and accelerate broadcasts rank 0's weights into their shards; "
             f"sharded checkpoints; FSDP's activation checkpointing off: {checkpointing}",
             (
-                Rejected(False, "cpu_ram_efficient_loading off: each rank keeps its own loaded copy until it shards"),
+                Rejected(False, "cpu_ram_efficient_loading off: each rank reads and keeps a copy until it shards"),
                 Rejected("FULL_STATE_DICT", "gathers the whole model on rank 0 at each save"),
             ),
         ),

@@ -26,8 +26,8 @@ __all__ = [
 
 def cpu_bytes_per_node(size: RankSize, layout: ParallelLayout) -> int:
     """The CPU RAM `size`'s strategy needs on each node, the larger of training (ZeRO-3 offload: DeepSpeed's own
-    estimate, `RankSize.node_cpu`, at least every rank's offloaded state) and loading (`RankSize.node_load_cpu`: a whole
-    copy a rank under FSDP2, one a node under ZeRO-3)."""
+    estimate, `RankSize.node_cpu`, at least every rank's offloaded state) and loading (`RankSize.node_load_cpu`:
+    rank 0's whole copy under FSDP2 and ZeRO-3)."""
     return max(size.node_cpu, size.cpu_offloaded * layout.ranks_per_node, size.node_load_cpu)
 
 

@@ -295,8 +295,8 @@ def _choose(
         if best == "fsdp-hybrid":
             return best, "its shard fits one node, so only gradient shards cross the network"
         return best, "a whole copy does not fit one rank; sharded over every rank it does"
-    if "deepspeed-zero3" in fits:  # FSDP2 did not fit: its ranks each load a whole CPU copy, ZeRO-3's partition
-        return "deepspeed-zero3", "FSDP2 does not fit (each rank reads a whole copy first); ZeRO-3 partitions at load"
+    if "deepspeed-zero3" in fits:  # FSDP2 did not fit a rank (or its node's RAM): ZeRO-3's partition does
+        return "deepspeed-zero3", "FSDP2 does not fit; ZeRO-3's partition of the same training state does"
     if "deepspeed-zero3-offload" in fits:
         return "deepspeed-zero3-offload", "only with the optimizer states in CPU RAM does a rank's share fit"
     if not sizes:

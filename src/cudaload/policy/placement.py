@@ -164,24 +164,17 @@ def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
     cpu_notes: tuple[str, ...] = ()
     ranks = max(machine.launch.local_world_size, 1)
     ram = machine.cpu.memory_available
-    if what == "FSDP" and ram is not None and weight_bytes * ranks > ram * HEADROOM:
-        # transformers 5.22-5.25 `PreTrainedModel._load_pretrained_model` reads the whole checkpoint on every
-        # rank, FSDP's cpu_ram_efficient_loading included (`_move_missing_keys_from_meta_to_device` then zeroes
-        # the copy of ranks other than local rank 0 in 5.22, keeps it in 5.25); accelerate 1.16
-        # `fsdp2_prepare_model` frees it (to meta, then rank 0's broadcast) only when it shards.
+    if ram is not None and weight_bytes * ranks > ram * HEADROOM:
+        # load_for_finetune() has one rank read the weights: an FSDP2 plan's other ranks build the model on meta
+        # (loaders/fsdp_loading.py), a ZeRO-3 plan's partition at load (loaders/zero3_loading.py). Another load reads
+        # the whole checkpoint on every rank: transformers 5.22-5.25 `PreTrainedModel._load_pretrained_model` does,
+        # FSDP's cpu_ram_efficient_loading included, and sees no ZeRO-3 context (`is_deepspeed_zero3_enabled()`).
+        how = "builds the other ranks' model on the meta device" if what == "FSDP" else "partitions at load"
         cpu_notes = (
-            f"FSDP loading: each of the {ranks} ranks on this node reads a full ~{format_bytes(weight_bytes)} copy "
-            "into CPU RAM (transformers reads the whole checkpoint on every rank, cpu_ram_efficient_loading "
-            f"included; accelerate frees it only when it shards): ~{format_bytes(weight_bytes * ranks)} against "
-            f"{format_bytes(ram)} of RAM: expect an OOM kill. Use fewer ranks per node.",
-        )
-    elif ram is not None and weight_bytes * ranks > ram * HEADROOM:
-        # load_for_finetune() partitions a ZeRO-3 plan's weights at load (loaders/zero3_loading.py); another load
-        # sees no ZeRO-3 context (`is_deepspeed_zero3_enabled()` False: no zero.Init, modeling_utils.py).
-        cpu_notes = (
-            f"{what} loading: unless loaded by load_for_finetune() (which partitions at load), each of the {ranks} "
-            f"ranks on this node loads a full ~{format_bytes(weight_bytes)} copy into CPU RAM before {what} shards "
-            f"it: ~{format_bytes(weight_bytes * ranks)} against {format_bytes(ram)} of RAM: expect an OOM kill.",
+            f"{what} loading: unless loaded by load_for_finetune() (which {how}), each of the {ranks} ranks on this "
+            f"node reads a full ~{format_bytes(weight_bytes)} copy into CPU RAM before {what} shards it (transformers "
+            f"reads the whole checkpoint on every rank): ~{format_bytes(weight_bytes * ranks)} against "
+            f"{format_bytes(ram)} of RAM: expect an OOM kill.",
         )
     if not machine.gpus and what == "FSDP":  # DeepSpeed runs on its CPU accelerator (DS_ACCELERATOR=cpu, gloo)
         # accelerate (1.16) switches to FSDP / DeepSpeed only on accelerators: AcceleratorState keeps

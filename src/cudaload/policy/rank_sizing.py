@@ -24,8 +24,8 @@ Memory per rank, as each engine holds it (the weights as loaded, 16-bit or quant
   the ranks of a node.
 
 Loading comes before sharding: `RankSize.load_gpu` (QLoRA under FSDP2: each rank first holds the whole 4-bit
-model) and `RankSize.node_load_cpu` (FSDP2: a whole CPU copy a rank; ZeRO-3: one a node); `RankSize.total` is the larger
-of the loading and the training peak.
+model) and `RankSize.node_load_cpu` (FSDP2 and ZeRO-3: rank 0's CPU copy, the other ranks read none);
+`RankSize.total` is the larger of the loading and the training peak.
 
 Communication per step (a ring all-gather or reduce-scatter moves (n-1)/n of the buffer per rank; an all-reduce
 is a reduce-scatter + an all-gather): DDP all-reduces the gradients; FSDP/ZeRO-3 all-gather the weights twice
@@ -150,7 +150,7 @@ class RankSize:
             ranks offload); 0 where the strategy keeps nothing there.
         load_gpu: Bytes a rank's device holds while loading, before sharding (QLoRA under FSDP2), without the
             overhead; 0 where loading never holds more than training.
-        node_load_cpu: CPU RAM one node holds while loading (FSDP2: a whole copy a rank; ZeRO-3: one a node).
+        node_load_cpu: CPU RAM the busiest node holds while loading (FSDP2, ZeRO-3: rank 0's whole copy).
     """
 
     strategy: str
@@ -239,7 +239,7 @@ def size_rank(
         comm_s=comm_s,
         node_cpu=held.node_cpu,
         load_gpu=_load_gpu(strategy, shape),
-        node_load_cpu=_node_load_cpu(strategy, shape, local),
+        node_load_cpu=_node_load_cpu(strategy, shape),
     )
 
 
@@ -312,21 +312,20 @@ def _load_gpu(strategy: str, shape: TrainingShape) -> int:
     return shape.weight_bytes if shape.quantized and strategy in SHARDED_LOADING else 0
 
 
-def _node_load_cpu(strategy: str, shape: TrainingShape, local: int) -> int:
-    """CPU RAM the busiest node holds while loading. FSDP2: every rank of the node reads a whole copy (transformers
-    5.22-5.25 modeling_utils.py: PreTrainedModel._load_pretrained_model reads the whole checkpoint on every rank,
-    cpu_ram_efficient_loading or not; 5.22's PreTrainedModel._move_missing_keys_from_meta_to_device then zeroes the
-    copies of the ranks other than local rank 0, 5.25 keeps them), freed only when accelerate 1.16
-    fsdp2_prepare_model shards, after the main process upcasts its trained parameters to fp32. ZeRO-3: cudaload's
-    rank loads under an HfDeepSpeedConfig (loaders/zero3_loading.py), so rank 0 reads the checkpoint into CPU RAM
-    and the others partition at load (transformers 5.25 modeling_utils.py: PreTrainedModel._load_pretrained_model).
-    A quantized base loads on each rank's GPU instead; DDP and ZeRO-1/2 ranks load straight onto their GPU."""
+def _node_load_cpu(strategy: str, shape: TrainingShape) -> int:
+    """CPU RAM the busiest node holds while loading: rank 0's whole copy. FSDP2: cudaload's other ranks build the
+    model on the meta device and read no weights (loaders/fsdp_loading.py; accelerate 1.16 `fsdp2_prepare_model`
+    broadcasts rank 0's weights into their shards under cpu_ram_efficient_loading), and rank 0 upcasts its trained
+    parameters to fp32 in place first when mixed precision is on (the same function). ZeRO-3: cudaload's rank loads
+    under an HfDeepSpeedConfig (loaders/zero3_loading.py), so rank 0 reads the checkpoint into CPU RAM and the
+    others partition at load (transformers 5.25 modeling_utils.py: PreTrainedModel._load_pretrained_model). A
+    quantized base loads on each rank's GPU instead; DDP and ZeRO-1/2 ranks load straight onto their GPU."""
     if shape.quantized or strategy not in SHARDED_LOADING:
         return 0
     if strategy not in FSDP_STRATEGIES:
         return shape.weight_bytes
     upcast = shape.trained * (FP32 - shape.dtype_bytes) if shape.mixed else 0
-    return shape.weight_bytes * local + upcast
+    return shape.weight_bytes + upcast
 
 
 def _collectives(strategy: str, shape: TrainingShape, layout: ParallelLayout, micro_batch: int) -> list[_Move]:
