@@ -59,9 +59,11 @@ def test_no_skeleton_without_cpu_ram_efficient_loading_or_for_a_quantized_model(
 
 
 def test_skeleton_kwargs_take_only_what_a_model_built_from_its_config_applies() -> None:
-    where, model = skeleton_kwargs(
+    split = skeleton_kwargs(
         {"dtype": "bfloat16", "attn_implementation": "sdpa", "use_kernels": False, "trust_remote_code": False}
-    ) or ({}, {})
+    )
+    assert split is not None
+    where, model = split
     assert where == {"trust_remote_code": False}
     assert model == {"dtype": "bfloat16", "attn_implementation": "sdpa", "trust_remote_code": False}
     assert skeleton_kwargs({"dtype": "bfloat16", "use_kernels": True}) is None  # kernels swapped in at load
