@@ -90,19 +90,22 @@ def test_the_skeleton_is_what_from_pretrained_builds_without_its_weights(tiny_mo
         assert not buffers[name].is_meta and torch.equal(buffers[name], buffer), name
 
 
+@pytest.mark.parametrize("train", ["lora", "full"])
 def test_load_for_finetune_on_rank_1_reads_no_weights_and_says_why_it_skips_the_check(
-    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch, train: str
 ) -> None:
-    plan = _plan(tiny_models["llama"], dtype="float32", gradient_checkpointing=False)
+    plan = _plan(tiny_models["llama"], dtype="float32", gradient_checkpointing=False, train=train)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
     model = cudaload.load_for_finetune(plan)
     applied = model.cudaload_plan
-    assert all(p.is_meta for p in model.parameters())  # the base and its LoRA adapters: rank 0's, by broadcast
+    assert all(p.is_meta for p in model.parameters())  # the base (and LoRA adapters): rank 0's, by broadcast
     assert applied.device == "meta" and applied.verified is None and applied.verify_note == SKELETON_NOTE
     assert applied.attn_implementation == "sdpa" and applied.dtype == "float32"
     assert applied.plan.finetune.trainable_parameters > 0
     monkeypatch.setenv("RANK", "0")
     rank_0 = cudaload.load_for_finetune(plan)
     assert not any(p.is_meta for p in rank_0.parameters()) and rank_0.cudaload_plan.verified is True
+    trained = {n for n, p in rank_0.named_parameters() if p.requires_grad}
+    assert trained == {n for n, p in model.named_parameters() if p.requires_grad}
     assert {n: p.shape for n, p in rank_0.named_parameters()} == {n: p.shape for n, p in model.named_parameters()}
