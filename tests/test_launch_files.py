@@ -229,7 +229,7 @@ def test_the_manifest_lists_every_file_with_its_digest(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / "out" / MANIFEST).read_text())
     on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (tmp_path / "out").iterdir()}
     assert manifest["files"] == {k: v for k, v in on_disk.items() if k != MANIFEST}
-    assert manifest["cudaload_launch"] == 2 and manifest["model_identity"]["model_class"] == "LlamaForCausalLM"
+    assert manifest["cudaload_launch"] == 3 and manifest["model_identity"]["model_class"] == "LlamaForCausalLM"
 
 
 def test_a_symlinked_script_is_never_followed(tmp_path: Path) -> None:

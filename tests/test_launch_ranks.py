@@ -76,7 +76,8 @@ def test_dev_zero_and_a_huge_file_are_refused(tmp_path: Path) -> None:
         (lambda m: m.update(nodes=True), "'nodes' is bool"),
         (lambda m: m.update(ranks_per_node=0), "'ranks_per_node' is 0"),
         (lambda m: m.update(decisions=[]), "'decisions' is list"),
-        (lambda m: m.update(cudaload_launch=1), "version 2"),
+        (lambda m: m.update(cudaload_launch=2), "version 3"),  # written before the node RAM was kept
+        (lambda m: m.update(node_memory="2TiB"), "'node_memory' is str"),
     ],
 )
 def test_a_tampered_manifest_names_itself(tmp_path: Path, tiny_models: dict[str, Path], change, said: str) -> None:

@@ -865,6 +865,33 @@ def test_each_launched_rank_replans_with_the_parallelism_you_asked(tmp_path: Pat
     check_launched_plan(rank, files.manifest)
 
 
+def test_each_launched_rank_replans_with_the_node_memory_you_gave() -> None:
+    """launch/check.py `manifest_plan_arguments`: the node RAM you gave (`--node-memory`) is a fact of the job's
+    nodes, as the link is: the manifest keeps it and each rank plans with it. 70B full training on 1 x 8 H100 needs
+    ZeRO-3 offload, whose CPU state (~1.5 TiB a node, DeepSpeed's figure) fits 4 TiB and not the 1.25 TiB a
+    simulated node is assumed to have: a rank planning with its own figure finds nothing fits and stops the job."""
+    from cudaload.facts.shapes import LLAMA_SHAPES
+    from cudaload.launch import check_launched_plan, manifest_plan_arguments
+
+    model, h100 = LLAMA_SHAPES["70B"], Machine.simulated("H100", count=8)
+    files = cudaload.launch_files(model, machine=h100, train="full", emit=("torchrun",), node_memory="4TiB")
+    assert files.plan.decision("parallelism").value == "deepspeed-zero3-offload"
+    assert files.manifest["node_memory"] == 4 * 2**40
+    arguments = manifest_plan_arguments(files.manifest)
+    launch = Launch(launcher="torchrun", rank=3, local_rank=3, world_size=8, local_world_size=8)
+    rank_machine = Machine.simulated("H100", count=8, launch=launch)
+    rank = cudaload.plan(model, machine=rank_machine, finetune=True, train="full", **arguments)
+    check_launched_plan(rank, files.manifest)
+    without = {k: v for k, v in arguments.items() if k != "node_memory"}
+    guessed = cudaload.plan(model, machine=rank_machine, finetune=True, train="full", **without)
+    assert guessed.decision("parallelism").value is None and "1577.0 GiB" in guessed.decision("parallelism").reason
+    with pytest.raises(cudaload.LaunchMismatchError, match="parallelism"):
+        check_launched_plan(guessed, files.manifest)
+    # Not given: the manifest keeps none, and each rank reads its own node's RAM.
+    small = cudaload.launch_files(LLAMA_SHAPES["7B"], machine=h100, nodes=2, emit=("torchrun",))
+    assert small.manifest["node_memory"] is None and "node_memory" not in manifest_plan_arguments(small.manifest)
+
+
 def test_a_deepspeed_config_clips_gradients_as_the_trainer_does(tmp_path: Path) -> None:
     """launch/deepspeed.py `deepspeed_config`: transformers' Trainer checks a DeepSpeed config against its
     TrainingArguments and refuses a gradient_clipping other than max_grad_norm (transformers 5.22

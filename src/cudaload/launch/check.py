@@ -33,12 +33,15 @@ def check_launched_environment(manifest: Mapping[str, Any], env: Mapping[str, st
 
 
 def manifest_plan_arguments(manifest: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """plan()'s arguments as the launch was planned: the parallelism asked and the link. The layout is the
+    """plan()'s arguments as the launch was planned: the parallelism asked, the link and the node RAM you gave
+    (facts of the job's nodes, which a rank is not to replace with its own guesses). The layout is the
     launch's own (a rank reads it from its launcher, and the check compares it with the manifest's); a process
     of one (WORLD_SIZE 1 in `env`) plans the layout it is: 1 node x 1 rank."""
     args: dict[str, Any] = {"parallelism": manifest["parallelism"]}
     if manifest.get("interconnect"):
         args["interconnect"] = manifest["interconnect"]
+    if manifest.get("node_memory") is not None:
+        args["node_memory"] = manifest["node_memory"]
     if env is not None and env.get("WORLD_SIZE", "1").strip() in ("", "1"):
         args |= {"nodes": 1, "ranks_per_node": 1}
     return args

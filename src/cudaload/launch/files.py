@@ -200,6 +200,8 @@ def launch_files(
         "nodes": layout["nodes"],
         "ranks_per_node": layout["ranks_per_node"],
         "interconnect": layout["interconnect"] if not layout["interconnect_assumed"] else None,
+        # Yours only (`node_memory=`): a rank otherwise reads its own node's RAM, not the planning machine's.
+        "node_memory": layout["node_memory"] if node_memory is not None else None,
         "parallelism": parallelism or "auto",
         "decisions": launch_invariants(the_plan),
         "model_identity": model_identity(the_plan),

@@ -24,8 +24,8 @@ __all__ = [
     "sha256",
 ]
 
-MANIFEST_VERSION = 2
-"""`cudaload_launch` in the manifest: 2 adds the model's identity and the files' digests."""
+MANIFEST_VERSION = 3
+"""`cudaload_launch` in the manifest: 2 adds the model's identity and the files' digests, 3 the node RAM you gave."""
 INVARIANT_SETTINGS = ("parallelism", "train", "dtype", "attn_implementation", "quantize", "lora", "use_cache")
 """Decisions every rank must share with the plan made before the launch. The device (LOCAL_RANK's) and the
 TrainingArguments flags a launcher sets for its rank differ by design and are not compared."""
@@ -73,6 +73,7 @@ _SCHEMA: dict[str, tuple[type, ...]] = {
     "nodes": (int,),
     "ranks_per_node": (int,),
     "interconnect": (str, type(None)),
+    "node_memory": (int, type(None)),
     "parallelism": (str,),
     "decisions": (dict,),
     "model_identity": (dict,),
