@@ -182,8 +182,9 @@ def _sharded_placement(machine: Machine, weight_bytes: int) -> _Placement:
         cpu_notes += (
             f"{what} on a CPU-only machine: accelerate (and so Trainer) applies its {what} plugin only on GPUs "
             "and runs plain DDP here without a word. To shard on CPU, run accelerate's own preparation "
-            "(accelerate.utils.fsdp_utils.fsdp2_prepare_model) or torch.distributed.fsdp.fully_shard yourself "
-            "(see cudaload's distributed docs).",
+            "(accelerate.utils.fsdp_utils.fsdp2_prepare_model; see cudaload's distributed docs): it broadcasts "
+            "rank 0's weights, and load_for_finetune() reads unquantized weights on rank 0 only, so neither DDP "
+            "nor a bare torch fully_shard can train the other ranks.",
         )
     decision = Decision(
         "device_map",
