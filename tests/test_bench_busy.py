@@ -79,7 +79,8 @@ class _Planned:
     new, weights, pad = 4, 10, 0
 
     def generate(self, ids: torch.Tensor, mask: object, settings: object, clock: object = None, new: int = 4) -> Any:
-        return SimpleNamespace(sequences=torch.ones(ids.shape[0], ids.shape[1] + new, dtype=torch.long))
+        sequences = torch.ones(ids.shape[0], ids.shape[1] + new, dtype=torch.long)
+        return SimpleNamespace(sequences=sequences, past_key_values=None)
 
 
 def _generation(work: BenchRun, seconds: dict[str, float], monkeypatch: pytest.MonkeyPatch) -> list[GenerationVariant]:
@@ -180,3 +181,64 @@ def test_the_shortened_comparison_is_recorded_and_printed(monkeypatch: pytest.Mo
     }
     text = format_generation(section, width=200)
     assert why in text and "static cache: time-boxed" in text
+
+
+def test_a_busy_default_bench_times_its_rounds_in_cpu_seconds_and_a_quiet_or_asked_one_in_wall_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    from cudaload.bench import contention, inference
+    from cudaload.bench.harness import workload_for
+    from cudaload.bench.meters import CPU_CLOCK, WALL_CLOCK, round_clock
+
+    said: list[str] = []
+    monkeypatch.setattr(contention, "others_load", lambda cores: 0.0)
+    monkeypatch.setattr(contention, "core_share", lambda: 0.3)
+    work, why = inference._threads_for(workload_for(quick=False), False, 2, said.append)
+    assert work.threads == 1 and work.cpu_clock and why is not None and "in CPU seconds" in why
+    asked, _ = inference._threads_for(workload_for(quick=False, threads=2), False, 2, said.append)
+    assert not asked.cpu_clock  # --threads 2: measured as asked, in wall seconds
+    monkeypatch.setattr(contention, "core_share", lambda: 0.95)
+    quiet, _ = inference._threads_for(workload_for(quick=False), False, 2, said.append)
+    assert not quiet.cpu_clock and quiet.threads is None
+    assert round_clock(True) == (time.process_time, CPU_CLOCK)
+    assert round_clock(False) == (time.perf_counter, WALL_CLOCK)
+
+
+def test_a_round_is_timed_on_the_loaders_clock(tiny_models: dict[str, Any]) -> None:
+    from itertools import count
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_models["llama"]), dtype=torch.float32)
+    ticks = count()
+    loader = harness._Loader(torch, False, tiny_models["llama"], clock=lambda: float(next(ticks)))
+    prompt = torch.randint(2, 50, (1, 6))
+    finite, prefill_s, decode_tps, generate_s = harness._run(model, prompt, 4, loader, torch)
+    # one tick from the prefill's start to its end; generate(): one per token's stamp, and its end
+    assert finite and prefill_s == 1.0 and generate_s == 5.0 and decode_tps == 1.0
+    seconds = loader.load(harness.Variant("float32", "sdpa", {"dtype": torch.float32}))[1]
+    assert seconds == 1.0
+
+
+def test_the_generation_comparison_times_on_the_cpu_clock_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from itertools import count
+
+    from cudaload.bench import meters
+
+    ticks = count()
+    monkeypatch.setattr(meters, "time", SimpleNamespace(process_time=lambda: float(next(ticks)), perf_counter=None))
+
+    class Planned(_Planned):
+        def generate(self, ids: torch.Tensor, mask: object, settings: object, clock: Any = None, new: int = 4) -> Any:
+            for _ in range(new):
+                clock(None, None)
+            return super().generate(ids, mask, settings, clock, new)
+
+    v = GenerationVariant("plan", {}, "left", is_plan=True)
+    prompts, reference = [torch.full((5,), 3)], [torch.ones(4, dtype=torch.long)]
+    memory = SimpleNamespace(watch=lambda v: nullcontext())
+    work = BenchRun(prompt_tokens=5, new_tokens=4, repeats=1, cpu_clock=True)
+    generate_bench._time_round(torch, Planned(), v, 1, prompts, reference, work, memory, lambda: None)  # type: ignore[arg-type]
+    assert v.generate_s == [5.0] and v.decode_tps == [1.0]  # start, 4 stamps, end: all on the CPU clock

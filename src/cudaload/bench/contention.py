@@ -4,10 +4,10 @@ torch's CPU threads wait for each other at the end of every parallel op; when ot
 cores, each op waits until every thread has been scheduled again. Measured on a 2-core AMD EPYC (Zen 4,
 load average 10-11): SmolLM2-135M decoding 16 tokens in bfloat16 took 96 s wall (23 s CPU) on torch's
 default 2 threads and 5.9 s wall (1.5 s CPU) on one. A default `cudaload bench` (no `--threads`) on a
-machine whose cores are taken therefore measures on one thread, says so and records why; the plan's dtype
-probe times one thread too (`capability`: CPU time on one thread), so the comparison is the one the plan
-was made on. A machine with its cores free keeps torch's default; on taken cores the generation comparison
-generates fewer new tokens too (`busy_generation`).
+machine whose cores are taken therefore measures on one thread and times its rounds in CPU seconds
+(`meters.round_clock`), says so and records why; the plan's dtype probe times one thread in CPU time too
+(`capability`), so the comparison is the one the plan was made on. A machine with its cores free keeps
+torch's default. On taken cores the generation comparison generates fewer new tokens (`busy_generation`).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def bench_threads(asked: int | None, default: int, share: float, others: float =
     )
     return 1, (
         f"the cores are busy ({seen}): measuring on 1 torch thread, not torch's {default}, which wait on each "
-        f"other here (`--threads {default}` measures on {default})"
+        f"other here, in CPU seconds (`--threads {default}` measures on {default}, in wall seconds)"
     )
 
 

@@ -27,13 +27,14 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import describe_error
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS
-from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, PeakMemory, StepClock, VariantBox
+from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, VariantBox
+from .meters import PeakMemory, StepClock, round_clock
 from .results import median, ratio
 from .rounds import RoundBudget, decided, ratios_settled
 
@@ -179,6 +180,7 @@ def compare_generation(
 
     generation = the_plan.generation
     variants = generation_variants(generation, default_padding_side(path))
+    work = replace(work, cpu_clock=work.cpu_clock and not on_cuda)  # a GPU's work is not this process's CPU time
     memory = PeakMemory(torch, on_cuda)
 
     def sync() -> None:
@@ -198,7 +200,8 @@ def compare_generation(
             _compare_rounds(torch, planned, variants, prompts, work, memory, sync, say)
     finally:
         torch.set_num_threads(previous_threads)
-    return {**_comparison(generation, variants, lengths, work.new_tokens, memory), "shortened": shortened}
+    section = _comparison(generation, variants, lengths, work.new_tokens, memory)
+    return {**section, "clock": round_clock(work.cpu_clock)[1], "shortened": shortened}
 
 
 class _PlannedModel:
@@ -316,14 +319,15 @@ def _time_round(
     new = planned.new if measured else min(planned.new, work.warmup_new_tokens)
     v.weights_bytes = planned.weights
     ids, mask = _padded(torch, prompts, v.padding_side, planned.pad)
-    clock = StepClock(sync)
+    clock = round_clock(work.cpu_clock)[0]
+    steps = StepClock(sync, clock)
     try:
         with memory.watch(v) if measured else nullcontext():
             sync()
-            start = time.perf_counter()
-            out = planned.generate(ids, mask, v.generate_kwargs, clock, new)
+            start = clock()
+            out = planned.generate(ids, mask, v.generate_kwargs, steps, new)
             sync()
-            seconds = time.perf_counter() - start
+            seconds = clock() - start
     except Exception as exc:  # an unusable setting is a result, not a crash
         v.error = describe_error(exc)
         return
@@ -333,7 +337,7 @@ def _time_round(
         v.matches_unpadded = sum(bool(torch.equal(continuation[i], reference[i])) for i in range(len(prompts)))
     del out
     if measured:
-        span = clock.stamps[-1] - clock.stamps[0] if len(clock.stamps) > 1 else 0.0
+        span = steps.stamps[-1] - steps.stamps[0] if len(steps.stamps) > 1 else 0.0
         v.generate_s.append(seconds)
         v.decode_tps.append(len(prompts) * (new - 1) / span if span > 0 else len(prompts) * new / seconds)
 

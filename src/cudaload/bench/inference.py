@@ -191,7 +191,8 @@ def _threads_for(
     work: BenchRun, quick: bool, default_threads: int, say: Callable[[str], None]
 ) -> tuple[BenchRun, str | None]:
     """The run's workload with the threads it measures on (`contention.bench_threads`: one on a machine whose
-    cores are taken, unless `--threads` was given), and why when that is not torch's default (said)."""
+    cores are taken, unless `--threads` was given, its rounds then timed in CPU seconds: `meters`), and why when
+    that is not torch's default (said)."""
     if quick or work.threads is not None:
         return work, None
     from .contention import bench_threads, core_share, others_load
@@ -199,7 +200,7 @@ def _threads_for(
     threads, why = bench_threads(None, default_threads, core_share(), others_load(os.cpu_count() or 1))
     if why is not None:
         say(why)
-    return replace(work, threads=threads), why
+    return replace(work, threads=threads, cpu_clock=why is not None), why
 
 
 def overhead_fits(
@@ -376,4 +377,5 @@ def _workload_of(work: BenchRun, measured: Measurement, threads_used: int, varia
         "time from the first to the last token's logits",
         "end_to_end": "load + generate() of the prompt and N new tokens (median load + median generate)",
         "peak_memory": measured.peak_memory,
+        "clock": measured.clock,
     }
