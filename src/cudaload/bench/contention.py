@@ -4,9 +4,10 @@ torch's CPU threads wait for each other at the end of every parallel op; when ot
 cores, each op waits until every thread has been scheduled again. Measured on a 2-core AMD EPYC (Zen 4,
 load average 10-11): SmolLM2-135M decoding 16 tokens in bfloat16 took 96 s wall (23 s CPU) on torch's
 default 2 threads and 5.9 s wall (1.5 s CPU) on one. A default `cudaload bench` (no `--threads`) on a
-machine whose cores are taken therefore measures on one thread, says so and records why; the plan's dtype
-probe times one thread too (`capability`: CPU time on one thread), so the comparison is the one the plan
-was made on. A machine with its cores free keeps torch's default.
+machine whose cores are taken therefore measures on one thread and times its rounds in CPU seconds
+(`meters.round_clock`), says so and records why; the plan's dtype probe times one thread in CPU time too
+(`capability`), so the comparison is the one the plan was made on. A machine with its cores free keeps
+torch's default. On taken cores the generation comparison generates fewer new tokens (`busy_generation`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["BUSY_OTHERS", "BUSY_SHARE", "bench_threads", "core_share", "others_load"]
+__all__ = ["BUSY_OTHERS", "BUSY_SHARE", "bench_threads", "busy_generation", "core_share", "others_load"]
 
 BUSY_SHARE = 0.75
 """Below this share of one core for a thread that only computes, the machine's cores are taken: another
@@ -68,5 +69,22 @@ def bench_threads(asked: int | None, default: int, share: float, others: float =
     )
     return 1, (
         f"the cores are busy ({seen}): measuring on 1 torch thread, not torch's {default}, which wait on each "
-        f"other here (`--threads {default}` measures on {default})"
+        f"other here, in CPU seconds (`--threads {default}` measures on {default}, in wall seconds)"
+    )
+
+
+def busy_generation(new_tokens: int, busy: str | None, asked: bool) -> tuple[int, str | None]:
+    """(the new tokens the generation comparison generates, why that is fewer than the run's `new_tokens`):
+    half of them, at least 2 (a decode rate needs two stamps), when the cores are taken (`busy`: why the run
+    measures on one thread, `bench_threads`) and `--new-tokens` was not given (`asked`). Measured on the 2-core
+    Zen 4 beside 4 CPU-bound neighbours (load 1 -> 6.7): the comparison was 22 s of a default bench's 48 s of
+    CPU (87 s of its 188 s wall), nearly all of it decode steps (the 4 prompts generated alone, as the padded
+    batch's reference, then each variant's batch); the load/prefill/decode grid, which the verdict is made of,
+    keeps its workload."""
+    fewer = max(2, new_tokens // 2)
+    if busy is None or asked or fewer >= new_tokens:
+        return new_tokens, None
+    return fewer, (
+        f"generation: {fewer} new tokens, not {new_tokens}: the cores are busy (as the run measures on one "
+        f"thread; `--new-tokens {new_tokens}` generates {new_tokens})"
     )

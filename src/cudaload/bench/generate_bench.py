@@ -14,6 +14,11 @@ does), the KV-cache bytes generate() really held (summed over the returned cache
 the plan's estimate, and how many sequences continued exactly as they do when generated alone,
 unpadded (greedy decoding: a mismatch means padding changed the output, as right padding does to a
 decoder-only model).
+
+In an adaptive run (no `--repeats`) a variant whose decode rate and generate() time have both decided how it
+compares with the plan (`rounds.decided`) is measured no further, nor is one past its time box
+(`harness.VariantBox`: its equal part of the comparison's share of the budget); on busy cores a default bench
+generates fewer new tokens here (`contention.busy_generation`), and the section says so.
 """
 
 from __future__ import annotations
@@ -22,15 +27,16 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import describe_error
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS
-from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, PeakMemory, StepClock
+from .harness import LOAD_SHARE, RUN_SHARE, BenchRun, VariantBox
+from .meters import PeakMemory, StepClock, round_clock
 from .results import median, ratio
-from .rounds import RoundBudget, ratios_settled
+from .rounds import RoundBudget, decided, ratios_settled
 
 __all__ = ["GenerationVariant", "compare_generation", "generation_variants", "prompt_lengths"]
 
@@ -56,6 +62,8 @@ class GenerationVariant:
     kv_cache_bytes: int | None = None
     matches_unpadded: int | None = None
     """Sequences whose greedy continuation equals the one generated for them alone (warm-up round)."""
+    stopped: str | None = None
+    """Why it was measured no further (decided against the plan, or past its time box); None: every round."""
 
     @property
     def cache(self) -> str:
@@ -63,8 +71,10 @@ class GenerationVariant:
 
     def to_dict(self, default: GenerationVariant | None, batch: int) -> dict[str, Any]:
         generate_s, decode = median(self.generate_s), median(self.decode_tps)
-        base_s = median(default.generate_s) if default else None
-        base_tps = median(default.decode_tps) if default else None
+        # the ratios over the rounds both measured: one of the two may have stopped early
+        n = min(len(self.generate_s), len(default.generate_s)) if default else 0
+        base_s, base_tps = (median(default.generate_s[:n]), median(default.decode_tps[:n])) if default else (None, None)
+        paired_s, paired_tps = median(self.generate_s[:n]), median(self.decode_tps[:n])
         return {
             "name": self.name,
             "generate_kwargs": self.generate_kwargs,
@@ -79,10 +89,12 @@ class GenerationVariant:
             "kv_cache_bytes": self.kv_cache_bytes,
             "matches_unpadded": self.matches_unpadded,
             "sequences": batch,
+            "rounds": len(self.generate_s),
+            "stopped": self.stopped,
             # Over default generate(): >1 this variant is faster / uses more memory.
             "speedup_over_default": {
-                "generate": ratio(base_s, generate_s),
-                "decode": ratio(decode, base_tps),
+                "generate": ratio(base_s, paired_s),
+                "decode": ratio(paired_tps, base_tps),
             },
             "memory_over_default": ratio(self.peak_bytes, default.peak_bytes if default else None),
         }
@@ -160,12 +172,15 @@ def compare_generation(
     *,
     on_cuda: bool,
     say: Callable[[str], None] = lambda line: None,
+    shortened: str | None = None,
 ) -> dict[str, Any]:
-    """Measure every generation variant on one model loaded with the plan (see the module docstring)."""
+    """Measure every generation variant on one model loaded with the plan (see the module docstring).
+    `shortened`: why `work.new_tokens` is fewer than the run's own (`contention.busy_generation`), recorded."""
     import torch
 
     generation = the_plan.generation
     variants = generation_variants(generation, default_padding_side(path))
+    work = replace(work, cpu_clock=work.cpu_clock and not on_cuda)  # a GPU's work is not this process's CPU time
     memory = PeakMemory(torch, on_cuda)
 
     def sync() -> None:
@@ -185,7 +200,8 @@ def compare_generation(
             _compare_rounds(torch, planned, variants, prompts, work, memory, sync, say)
     finally:
         torch.set_num_threads(previous_threads)
-    return _comparison(generation, variants, lengths, work.new_tokens, memory)
+    section = _comparison(generation, variants, lengths, work.new_tokens, memory)
+    return {**section, "clock": round_clock(work.cpu_clock)[1], "shortened": shortened}
 
 
 class _PlannedModel:
@@ -236,14 +252,52 @@ def _compare_rounds(
     alone = [planned.generate(p[None], torch.ones(1, int(p.shape[0]), dtype=torch.long), {}) for p in prompts]
     reference = [out.sequences[0, -new:].cpu() for out in alone]
     del alone
-    budget, r = RoundBudget(work, 1 - LOAD_SHARE - RUN_SHARE), 0
-    while budget.another(r, lambda: ratios_settled([v.decode_tps for v in variants if v.error is None])):
+    share = 1 - LOAD_SHARE - RUN_SHARE
+    budget, r, box = RoundBudget(work, share), 0, VariantBox(work, share, len(variants))
+    while (r <= work.warmup or _still_timed(variants)) and budget.another(
+        r, lambda: ratios_settled([v.decode_tps for v in variants if v.error is None])
+    ):
         say(f"generation {budget.label(r)}")
-        for v in variants:
-            if v.error is not None:
+        for i, v in enumerate(variants):
+            if v.error is not None or v.stopped is not None:
                 continue
+            v.stopped = None if v.is_plan else box.over(i, r)  # the plan's row is every decided ratio's reference
+            if v.stopped is not None:
+                say(f"generation: {v.name} {v.stopped}")
+                continue
+            started = time.perf_counter()
             _time_round(torch, planned, v, r, prompts, reference, work, memory, sync)
+            box.add(i, time.perf_counter() - started)
         r += 1
+        for line in stop_decided(variants, work):
+            say(line)
+
+
+def _still_timed(variants: list[GenerationVariant]) -> bool:
+    """Whether a variant besides the plan is still measured: without one, a round compares nothing."""
+    return any(not v.is_plan and v.error is None and v.stopped is None for v in variants)
+
+
+def stop_decided(variants: list[GenerationVariant], work: BenchRun) -> list[str]:
+    """After a round of an adaptive run: each variant but the plan whose decode rate and generate() seconds have
+    both decided how it compares with the plan's (`rounds.decided`) is measured no further (`stopped` says why);
+    a line for each. A fixed `--repeats N` measures N rounds of every variant."""
+    plan = next((v for v in variants if v.is_plan and v.error is None), None)
+    if work.budget_s is None or plan is None:
+        return []
+    lines = []
+    for v in variants:
+        if v.is_plan or v.error is not None or v.stopped is not None:
+            continue
+        decode = decided(plan.decode_tps, v.decode_tps, rate=True)
+        seconds = decided(plan.generate_s, v.generate_s)
+        if decode and seconds:
+            v.stopped = (
+                f"stopped after {len(v.generate_s)} measured rounds, more cannot change how it compares: "
+                f"decode {decode}, generate() {seconds}"
+            )
+            lines.append(f"generation: {v.name} {v.stopped}")
+    return lines
 
 
 def _time_round(
@@ -265,14 +319,15 @@ def _time_round(
     new = planned.new if measured else min(planned.new, work.warmup_new_tokens)
     v.weights_bytes = planned.weights
     ids, mask = _padded(torch, prompts, v.padding_side, planned.pad)
-    clock = StepClock(sync)
+    clock = round_clock(work.cpu_clock)[0]
+    steps = StepClock(sync, clock)
     try:
         with memory.watch(v) if measured else nullcontext():
             sync()
-            start = time.perf_counter()
-            out = planned.generate(ids, mask, v.generate_kwargs, clock, new)
+            start = clock()
+            out = planned.generate(ids, mask, v.generate_kwargs, steps, new)
             sync()
-            seconds = time.perf_counter() - start
+            seconds = clock() - start
     except Exception as exc:  # an unusable setting is a result, not a crash
         v.error = describe_error(exc)
         return
@@ -282,7 +337,7 @@ def _time_round(
         v.matches_unpadded = sum(bool(torch.equal(continuation[i], reference[i])) for i in range(len(prompts)))
     del out
     if measured:
-        span = clock.stamps[-1] - clock.stamps[0] if len(clock.stamps) > 1 else 0.0
+        span = steps.stamps[-1] - steps.stamps[0] if len(steps.stamps) > 1 else 0.0
         v.generate_s.append(seconds)
         v.decode_tps.append(len(prompts) * (new - 1) / span if span > 0 else len(prompts) * new / seconds)
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import SettingError, describe_error
 from ..loaders import input_device
+from .meters import PeakMemory, StepClock, round_clock
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
 from .verdict import share_plan_rounds, still_measured, stop_settled
 
@@ -84,6 +85,8 @@ class BenchRun:
     warm-up readies kernels and caches, its decode rate is not kept."""
     generation_batch: int = 4
     """Prompts of different lengths in the generation comparison (`bench.generate_bench`)."""
+    cpu_clock: bool = False
+    """Time the rounds in the process's CPU seconds, on a CPU (`meters.round_clock`: a default bench on busy cores)."""
 
 
 def workload_for(
@@ -159,85 +162,8 @@ class Measurement:
     interrupted: bool
     peak_memory: str
     """How `Variant.peak_bytes` was measured on this device."""
-
-
-class StepClock:
-    """A logits processor that only notes when each generated token's logits were ready.
-
-    `generate` calls it once per new token: the first call follows the prefill, the later ones
-    each follow one decode step, so (N-1) steps / (last - first stamp) is the pure decode rate.
-    """
-
-    def __init__(self, sync: Callable[[], None]) -> None:
-        self.sync = sync
-        self.stamps: list[float] = []
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        self.sync()
-        self.stamps.append(time.perf_counter())
-        return scores
-
-
-class _Measured(Protocol):
-    """What `PeakMemory.watch` reads and fills: a load variant or a generation variant."""
-
-    weights_bytes: int | None
-    peak_bytes: int | None
-
-
-class PeakMemory:
-    """Peak memory of one round. CUDA: max_memory_allocated above what was allocated before the
-    round (the other resident variants), plus this variant's weights. CPU: the growth of the
-    process's peak RSS (VmHWM, reset through /proc/self/clear_refs) over the RSS before the round,
-    plus the weights; memory the allocator kept from earlier rounds and reuses is not growth, so
-    on CPU this is a lower bound."""
-
-    def __init__(self, torch: Any, on_cuda: bool) -> None:
-        self.torch, self.on_cuda = torch, on_cuda
-        self.method = (
-            "weights + torch.cuda.max_memory_allocated() growth during prefill + generate()"
-            if on_cuda
-            else "weights + growth of the process's peak RSS (VmHWM) during prefill + generate() (a lower bound)"
-        )
-        self.available = on_cuda or self._cpu_reset()
-
-    @staticmethod
-    def _status(key: str) -> int | None:
-        try:
-            for line in Path("/proc/self/status").read_text(encoding="utf-8").splitlines():
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-        return None
-
-    @staticmethod
-    def _cpu_reset() -> bool:
-        try:
-            Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
-        except OSError:
-            return False
-        return True
-
-    @contextmanager
-    def watch(self, variant: _Measured) -> Iterator[None]:
-        if not self.available:
-            yield
-            return
-        if self.on_cuda:
-            self.torch.cuda.synchronize()
-            self.torch.cuda.reset_peak_memory_stats()
-            before = int(self.torch.cuda.memory_allocated())
-        else:
-            self._cpu_reset()
-            before = self._status("VmRSS") or 0
-        yield
-        if self.on_cuda:
-            grown = int(self.torch.cuda.max_memory_allocated()) - before
-        else:
-            grown = (self._status("VmHWM") or before) - before
-        peak = (variant.weights_bytes or 0) + max(grown, 0)
-        variant.peak_bytes = max(variant.peak_bytes or 0, peak)
+    clock: str = ""
+    """What the rounds were timed in (`meters.round_clock`)."""
 
 
 class _Loader:
@@ -245,8 +171,8 @@ class _Loader:
 
     The count lives here (not in a return value) so a Ctrl-C mid-phase keeps what was seen."""
 
-    def __init__(self, torch: Any, on_cuda: bool, path: Path) -> None:
-        self.torch, self.on_cuda, self.path = torch, on_cuda, path
+    def __init__(self, torch: Any, on_cuda: bool, path: Path, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.torch, self.on_cuda, self.path, self.clock = torch, on_cuda, path, clock
         self.parameters = 0
 
     def sync(self) -> None:
@@ -262,11 +188,11 @@ class _Loader:
         from transformers import AutoModelForCausalLM
 
         self.sync()
-        start = time.perf_counter()
+        start = self.clock()
         # local_files_only: the checkpoint is a local folder; nothing may be fetched mid-benchmark.
         model = AutoModelForCausalLM.from_pretrained(str(self.path), local_files_only=True, **v.kwargs)
         self.sync()
-        return model, time.perf_counter() - start
+        return model, self.clock() - start
 
 
 def measure(
@@ -284,7 +210,8 @@ def measure(
     import torch
 
     memory = PeakMemory(torch, on_cuda)
-    loader = _Loader(torch, on_cuda, path)
+    clock, clock_name = round_clock(work.cpu_clock and not on_cuda)  # a GPU's work is not this process's CPU time
+    loader = _Loader(torch, on_cuda, path, clock)
     rounds = work.warmup + work.repeats
     interrupted = False
     bar = terminal_bar(2 * rounds * len(variants), progress)
@@ -308,6 +235,7 @@ def measure(
         device="cuda" if on_cuda else "cpu",
         interrupted=interrupted,
         peak_memory=memory.method if memory.available else "not measured (no /proc/self/clear_refs)",
+        clock=clock_name,
     )
 
 
@@ -400,7 +328,7 @@ def _time_runs(
             new_tokens = work.new_tokens if r >= work.warmup else min(work.new_tokens, work.warmup_new_tokens)
             try:
                 with memory.watch(v) if r >= work.warmup else nullcontext():
-                    finite, prefill_s, decode_tps, generate_s = _run(v.model, prompt, new_tokens, loader.sync, torch)
+                    finite, prefill_s, decode_tps, generate_s = _run(v.model, prompt, new_tokens, loader, torch)
             except Exception as exc:
                 v.error = f"run: {describe_error(exc)}"
                 v.model = None
@@ -417,25 +345,25 @@ def _time_runs(
             say(line)
 
 
-def _run(
-    model: Any, prompt: Any, new_tokens: int, sync: Callable[[], None], torch: Any
-) -> tuple[bool, float, float, float]:
-    """(finite logits, prefill seconds, decode tokens/s over the batch, generate seconds) for one round."""
+def _run(model: Any, prompt: Any, new_tokens: int, loader: _Loader, torch: Any) -> tuple[bool, float, float, float]:
+    """(finite logits, prefill seconds, decode tokens/s over the batch, generate seconds) for one round, on the
+    loader's clock."""
+    sync, clock = loader.sync, loader.clock
     ids = prompt.to(input_device(model))
     mask = torch.ones_like(ids)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     with torch.inference_mode():
         sync()
-        start = time.perf_counter()
+        start = clock()
         # logits_to_keep=1: the prefill as generate runs it (no lm_head over the whole prompt).
         logits = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1).logits
         sync()
-        prefill_s = time.perf_counter() - start
+        prefill_s = clock() - start
         finite = bool(torch.isfinite(logits).all())
         del logits
-        clock = StepClock(sync)
+        steps = StepClock(sync, clock)
         sync()
-        start = time.perf_counter()
+        start = clock()
         out = model.generate(
             input_ids=ids,
             attention_mask=mask,
@@ -443,15 +371,14 @@ def _run(
             min_new_tokens=new_tokens,
             max_new_tokens=new_tokens,
             pad_token_id=pad,
-            logits_processor=[clock],
+            logits_processor=[steps],
         )
         sync()
-        generate_s = time.perf_counter() - start
+        generate_s = clock() - start
     produced = int(out.shape[1] - ids.shape[1])
-    if produced != new_tokens or len(clock.stamps) != new_tokens:
-        raise RuntimeError(f"generate produced {produced} tokens ({len(clock.stamps)} steps), not {new_tokens}")
-    steps = new_tokens - 1
-    span = clock.stamps[-1] - clock.stamps[0]
+    if produced != new_tokens or len(steps.stamps) != new_tokens:
+        raise RuntimeError(f"generate produced {produced} tokens ({len(steps.stamps)} steps), not {new_tokens}")
+    span = steps.stamps[-1] - steps.stamps[0]
     batch = int(ids.shape[0])
-    decode_tps = batch * steps / span if steps > 0 and span > 0 else batch * new_tokens / generate_s
+    decode_tps = batch * (new_tokens - 1) / span if new_tokens > 1 and span > 0 else batch * new_tokens / generate_s
     return finite, prefill_s, decode_tps, generate_s

@@ -9,7 +9,6 @@ of the prompt and the new tokens) and peak memory, measured in interleaved round
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -21,15 +20,16 @@ from typing import Any
 
 from ..loaders import from_pretrained_kwargs
 from ..plans import jsonable
+from .contention import busy_generation
 from .environment import machine_facts, versions
 from .harness import BenchRun, Measurement, Variant, measure, workload_for
 from .models import resolve_model
-from .results import VariantResult, baseline_of, rows_of, summarise
+from .results import VariantResult, baseline_of, rows_of, save_tuning_record, shape_key, summarise, write_result
 from .rounds import ticking
 from .upstream_messages import captured_messages
 from .verdict import never_planned
 
-__all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench"]
+__all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench", "write_result"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 """Every dtype tried, on CPU and CUDA alike."""
@@ -158,6 +158,9 @@ def run_bench(
     ):
         workdir = Path(model_dir) if model_dir is not None else Path(tmp)
         work, threads_why = _threads_for(work, quick, default_threads, say)
+        fewer = busy_generation(work.new_tokens, threads_why if generation else None, new_tokens is not None)
+        if fewer[1] is not None:
+            say(fewer[1])
         phases = _measure_model(
             model,
             workdir,
@@ -170,13 +173,13 @@ def run_bench(
             all_variants=all_variants,
         )
         with_overhead = overhead_fits(overhead, quick, work, time.perf_counter() - started, say)
-        _run_extras(phases, work, generation=generation, save=save, overhead=with_overhead, say=say)
+        _run_extras(phases, work, generation=generation, save=save, overhead=with_overhead, say=say, fewer=fewer)
     threads_used = work.threads or default_threads
     result, rows = _result_of(phases, work, machine, date=date, quick=quick, threads_used=threads_used)
     result["upstream_messages"] = upstream
     result["workload"]["threads_why"] = threads_why
     if phases.shape_key:
-        saved = _save_record(phases.shape_key, machine, result, rows, threads_used)
+        saved = save_tuning_record(phases.shape_key, machine, result, rows, threads_used)
         result["tuning_record"] = str(saved) if saved else None
     result["wall_s"] = round(time.perf_counter() - started, 2)
     if out is not None:
@@ -188,7 +191,8 @@ def _threads_for(
     work: BenchRun, quick: bool, default_threads: int, say: Callable[[str], None]
 ) -> tuple[BenchRun, str | None]:
     """The run's workload with the threads it measures on (`contention.bench_threads`: one on a machine whose
-    cores are taken, unless `--threads` was given), and why when that is not torch's default (said)."""
+    cores are taken, unless `--threads` was given, its rounds then timed in CPU seconds: `meters`), and why when
+    that is not torch's default (said)."""
     if quick or work.threads is not None:
         return work, None
     from .contention import bench_threads, core_share, others_load
@@ -196,7 +200,7 @@ def _threads_for(
     threads, why = bench_threads(None, default_threads, core_share(), others_load(os.cpu_count() or 1))
     if why is not None:
         say(why)
-    return replace(work, threads=threads), why
+    return replace(work, threads=threads, cpu_clock=why is not None), why
 
 
 def overhead_fits(
@@ -270,10 +274,18 @@ def _measure_model(
 
 
 def _run_extras(
-    phases: _Phases, work: BenchRun, *, generation: bool, save: bool, overhead: bool, say: Callable[[str], None]
+    phases: _Phases,
+    work: BenchRun,
+    *,
+    generation: bool,
+    save: bool,
+    overhead: bool,
+    say: Callable[[str], None],
+    fewer: tuple[int, str | None] = (0, None),
 ) -> None:
     """The optional phases after the grid (generation comparison, shape key, overhead), each
-    skipped once the run was interrupted; a Ctrl-C in one marks the run interrupted."""
+    skipped once the run was interrupted; a Ctrl-C in one marks the run interrupted. `fewer`: the new tokens
+    the generation comparison generates and why, when fewer than the run's (`contention.busy_generation`)."""
     bench_model, the_plan = phases.bench_model, phases.the_plan
     if generation and not phases.interrupted and the_plan.generation is not None:
         from .generate_bench import compare_generation
@@ -282,15 +294,16 @@ def _run_extras(
             phases.compared = compare_generation(
                 bench_model.path,
                 the_plan,
-                work,
+                work if fewer[1] is None else replace(work, new_tokens=fewer[0]),
                 work.generation_batch,
                 bench_model.vocab_size,
                 on_cuda=phases.on_cuda,
                 say=say,
+                shortened=fewer[1],
             )
         except KeyboardInterrupt:
             phases.compared, phases.interrupted = None, True
-    phases.shape_key = _shape_key(bench_model.path) if save and not phases.interrupted else ""
+    phases.shape_key = shape_key(bench_model.path) if save and not phases.interrupted else ""
     if overhead and not phases.interrupted:
         from .overhead import run_overhead
 
@@ -364,44 +377,5 @@ def _workload_of(work: BenchRun, measured: Measurement, threads_used: int, varia
         "time from the first to the last token's logits",
         "end_to_end": "load + generate() of the prompt and N new tokens (median load + median generate)",
         "peak_memory": measured.peak_memory,
+        "clock": measured.clock,
     }
-
-
-def write_result(result: dict[str, Any], out: str | os.PathLike[str]) -> Path:
-    target = Path(out)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(
-        json.dumps({k: v for k, v in result.items() if k != "written_to"}, indent=2) + "\n", encoding="utf-8"
-    )
-    return target
-
-
-def _shape_key(path: Path) -> str:
-    from ..capability.model_config import read_model_facts
-
-    return read_model_facts(str(path)).shape_key
-
-
-def _save_record(
-    model_key: str, machine: Any, result: dict[str, Any], rows: list[VariantResult], threads: int
-) -> Path | None:
-    """Store the measured grid (every variant that ran, bare excluded) as a tuning record."""
-    from ..capability.tuning_records import write_tuning_record
-    from ..facts.machine import TunedVariant, TuningRecord
-
-    work = result["workload"]
-    if work["batch"] != 1:
-        return None  # tuning records describe single-sequence workloads
-    record = TuningRecord(
-        model_key=model_key,
-        prompt_tokens=work["prompt_tokens"],
-        new_tokens=work["new_tokens"],
-        variants=tuple(
-            TunedVariant(r.dtype, r.attn_implementation, r.load_s, r.prefill_s, r.decode_tokens_per_s)  # type: ignore[arg-type]
-            for r in rows
-            if r.ok and not r.is_bare
-        ),
-        fingerprint=tuple(sorted(replace(machine, threads=threads).fingerprint().items())),
-        measured_at=result["date"][:10],
-    )
-    return write_tuning_record(record)

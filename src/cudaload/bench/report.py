@@ -276,6 +276,10 @@ def format_generation(section: dict[str, Any], width: int | None = None) -> str:
         ratios.append((head, over))
     if not whole and ratios:
         lines += [f"  {_OVER_DEFAULT}:", *(head + over for head, over in ratios)]
+    # an older result has neither key: `get`
+    stopped = [f"{row['name']}: {row['stopped']}" for row in rows if row.get("stopped")]
+    for said in [section.get("shortened"), *stopped]:
+        lines += wrap(said, width, "  ") if said else []
     lines += wrap(
         f"KV cache the plan estimates for batch x (longest prompt + new tokens - 1, what generate() keeps): "
         f"{section['kv_cache_bytes_planned'] / 2**20:.2f} MiB; 'as alone': {section['matches_unpadded']}",

@@ -6,18 +6,33 @@ around per metric: the plan's time over the best variant's and over bare `from_p
 (1.00 = as fast; above 1 the plan is slower by that factor). Memory ratios are peak bytes over
 peak bytes. All are ratios of medians; the "paired" ratios are the median of the per-round
 ratios (variant and plan ran seconds apart in each round): steadier when the machine drifts.
+`write_result` files the JSON; `save_tuning_record` stores the measured grid for later plans.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ..plans import jsonable
 from .harness import Variant
 
-__all__ = ["METRICS", "VariantResult", "baseline_of", "median", "ratio", "rows_of", "summarise"]
+__all__ = [
+    "METRICS",
+    "VariantResult",
+    "baseline_of",
+    "median",
+    "ratio",
+    "rows_of",
+    "save_tuning_record",
+    "shape_key",
+    "summarise",
+    "write_result",
+]
 
 METRICS = ("load", "prefill", "decode", "end_to_end", "memory")
 """What the summary compares; decode is a rate (higher is better), the rest lower is better."""
@@ -134,7 +149,12 @@ def rows_of(variants: list[Variant], baseline: Variant | None, prompt_tokens: in
                 weights_bytes=v.weights_bytes,
                 peak_memory_bytes=v.peak_bytes,
                 finite_logits=v.finite_logits,
-                runs={"load_s": v.load_s, "prefill_s": v.prefill_s, "decode_tps": v.decode_tps},
+                runs={
+                    "load_s": v.load_s,
+                    "prefill_s": v.prefill_s,
+                    "decode_tps": v.decode_tps,
+                    "generate_s": v.generate_s,
+                },
                 spread={"load": _spread(v.load_s), "prefill": _spread(v.prefill_s), "decode": _spread(v.decode_tps)},
                 time_boxed=dict(v.boxed),
                 plan_speedup={
@@ -174,3 +194,43 @@ def summarise(rows: list[VariantResult]) -> tuple[dict[str, str | None], dict[st
             "plan_over_bare": ratio(mine, bare.seconds(metric)) if bare else None,
         }
     return best, summary
+
+
+def write_result(result: dict[str, Any], out: str | os.PathLike[str]) -> Path:
+    target = Path(out)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(
+        json.dumps({k: v for k, v in result.items() if k != "written_to"}, indent=2) + "\n", encoding="utf-8"
+    )
+    return target
+
+
+def shape_key(path: Path) -> str:
+    from ..capability.model_config import read_model_facts
+
+    return read_model_facts(str(path)).shape_key
+
+
+def save_tuning_record(
+    model_key: str, machine: Any, result: dict[str, Any], rows: list[VariantResult], threads: int
+) -> Path | None:
+    """Store the measured grid (every variant that ran, bare excluded) as a tuning record."""
+    from ..capability.tuning_records import write_tuning_record
+    from ..facts.machine import TunedVariant, TuningRecord
+
+    work = result["workload"]
+    if work["batch"] != 1:
+        return None  # tuning records describe single-sequence workloads
+    record = TuningRecord(
+        model_key=model_key,
+        prompt_tokens=work["prompt_tokens"],
+        new_tokens=work["new_tokens"],
+        variants=tuple(
+            TunedVariant(r.dtype, r.attn_implementation, r.load_s, r.prefill_s, r.decode_tokens_per_s)  # type: ignore[arg-type]
+            for r in rows
+            if r.ok and not r.is_bare
+        ),
+        fingerprint=tuple(sorted(replace(machine, threads=threads).fingerprint().items())),
+        measured_at=result["date"][:10],
+    )
+    return write_tuning_record(record)

@@ -136,6 +136,7 @@ def never_planned(dtype: str, on_cuda: bool) -> str | None:
 
 
 _SECONDS = {"load": "load_s", "prefill": "prefill_s", "decode": "decode_tokens_per_s", "end_to_end": "end_to_end_s"}
+_ROUNDS = {"load": "load_s", "prefill": "prefill_s", "decode": "decode_tps"}
 
 
 def _seconds(row: dict[str, Any], metric: str) -> float | None:
@@ -145,24 +146,62 @@ def _seconds(row: dict[str, Any], metric: str) -> float | None:
     return 1.0 / value if metric == "decode" else float(value)  # decode: seconds per token
 
 
+def _median_of(values: Sequence[float]) -> float | None:
+    ordered = sorted(values)
+    if not ordered or ordered[0] <= 0:
+        return None
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _same_rounds(plan: dict[str, Any], row: dict[str, Any], key: str) -> tuple[float, float] | None:
+    """The medians of the plan's and the row's `key` rounds (runs) over the rounds both measured: a variant
+    stopped early (`stop_settled`, a time box) is compared with the plan's first rounds, as it ran beside them."""
+    mine, theirs = (plan.get("runs") or {}).get(key), (row.get("runs") or {}).get(key)
+    if not mine or not theirs:
+        return None
+    n = min(len(mine), len(theirs))
+    a, b = _median_of(mine[:n]), _median_of(theirs[:n])
+    return None if a is None or b is None else (a, b)
+
+
+def _compared(plan: dict[str, Any], row: dict[str, Any], metric: str) -> tuple[float, float] | None:
+    """(the plan's seconds, the row's seconds) for `metric`, over the rounds both measured; a result without
+    per-round numbers (an older record) compares the rows' medians."""
+    if metric == "end_to_end":
+        load, generate = _same_rounds(plan, row, "load_s"), _same_rounds(plan, row, "generate_s")
+        paired = None if load is None or generate is None else (load[0] + generate[0], load[1] + generate[1])
+    else:
+        paired = _same_rounds(plan, row, _ROUNDS[metric])
+        if paired is not None and metric == "decode":
+            paired = (1.0 / paired[0], 1.0 / paired[1])  # tokens/s -> seconds per token
+    if paired is not None:
+        return paired
+    mine, theirs = _seconds(plan, metric), _seconds(row, metric)
+    return None if mine is None or theirs is None else (mine, theirs)
+
+
 def verdict(result: dict[str, Any]) -> dict[str, dict[str, str | None]]:
     """A bench result's conclusions (`cudaload.bench.run_bench`'s JSON), per timed metric: `plan` is "best"
     when no variant a plan on this machine can choose (`never_planned`: not fp16 on a CPU, which
-    `--all-variants` times) beats it by more than `TIE_MARGIN`, else the variant that does; `vs_bare` is the
-    plan against bare from_pretrained ("faster", "tie" or "slower"). Two runs agree when their verdicts are
-    equal, so a default run (fp16 left out) and a full grid compare like with like."""
+    `--all-variants` times) beats it by more than `TIE_MARGIN`, else the variant that beats it by the most;
+    `vs_bare` is the plan against bare from_pretrained ("faster", "tie" or "slower"). Each variant is compared
+    with the plan over the rounds both measured (`_compared`): a variant stopped once decided (`stop_settled`)
+    keeps the side its rounds decided, which the plan's later rounds on a machine that got busier or quieter
+    cannot move. Two runs agree when their verdicts are equal, so a default run (fp16 left out, early stops)
+    and a full grid compare like with like."""
     on_cuda = (result.get("workload") or {}).get("device") == "cuda"
     rows = [r for r in result.get("variants") or [] if r.get("ok") and never_planned(r["dtype"], on_cuda) is None]
     plan = next((r for r in rows if r.get("is_plan")), None)
     bare = next((r for r in rows if r.get("is_bare")), None)
     out: dict[str, dict[str, str | None]] = {}
     for metric in VERDICT_METRICS:
-        mine = _seconds(plan, metric) if plan else None
-        timed = [(s, r["name"]) for r in rows if (s := _seconds(r, metric)) is not None]
-        best = min(timed) if timed else None
-        theirs = _seconds(bare, metric) if bare else None
+        pairs = {r["name"]: c for r in rows if plan is not None and (c := _compared(plan, r, metric)) is not None}
+        # the plan's time over each variant's: above 1 + TIE_MARGIN that variant beats the plan
+        over = sorted((mine / theirs, name) for name, (mine, theirs) in pairs.items())
+        against_bare = pairs.get(bare["name"]) if bare is not None else None
         out[metric] = {
-            "plan": None if mine is None or best is None else "best" if _side(mine / best[0]) != "slower" else best[1],
-            "vs_bare": None if mine is None or theirs is None else _side(mine / theirs),
+            "plan": None if not over else "best" if _side(over[-1][0]) != "slower" else over[-1][1],
+            "vs_bare": None if against_bare is None else _side(against_bare[0] / against_bare[1]),
         }
     return out
