@@ -246,8 +246,10 @@ def verify_forward(model: Any, training: bool) -> _Verification:
             "skipped: DeepSpeed ZeRO-3 partitioned the weights at load (each rank holds its share); only its engine "
             "(Trainer's) gathers them for a forward"
         )
-    if any(p.is_meta for p in model.parameters()):
-        return _skipped(SKELETON_NOTE)  # loaders/fsdp_loading.py: the only loads that leave weights on meta
+    if not getattr(model, "hf_device_map", None) and all(p.is_meta for p in model.parameters()):
+        # loaders/fsdp_loading.py's model: every weight on meta and none dispatched (accelerate's disk offload
+        # leaves weights on meta too, with a device map and hooks that load them for the forward).
+        return _skipped(SKELETON_NOTE)
     inputs, why = check_inputs(model)
     if not inputs:
         return _skipped(f"skipped: {why}")
