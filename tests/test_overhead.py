@@ -243,11 +243,13 @@ LAZY_ON_A_PROVEN_LOAD = {
     "cudaload.policy.checkpoint_rocm": "quantized",
     "cudaload.policy.quantization": "quantized",
     "cudaload.plans.checkpoint": "quantized",
+    "cudaload.capability.kernel_variants": "kernel_cached",
+    "cudaload.capability.variant_names": "kernel_cached",
 }
 """Modules a load() of a proven checkpoint has no use for (issue 50: a fresh process's load() paid ~1 ms of CPU for
 each, most of it their dataclasses), and the step that imports each: a simulated machine (the GPU catalog), a probe
 that found a GPU (its raw records), a dtype measurement, the facts of a model not in the facts cache, a test
-forward, a failed one, the plan of a pre-quantized checkpoint."""
+forward, a failed one, the plan of a pre-quantized checkpoint, a Hub kernel in the cache (its build variants)."""
 
 
 def test_a_proven_load_imports_none_of_what_it_does_not_use(tiny_models, tmp_path: Path, monkeypatch) -> None:
@@ -319,6 +321,15 @@ def test_a_proven_load_imports_none_of_what_it_does_not_use(tiny_models, tmp_pat
         quantized = replace(facts, quantized="bitsandbytes", quantization=stored)
         steps["quantized"] = cudaload.plan(quantized, probe=False).decision("checkpoint_quantization").setting
         step("quantized")
+        from pathlib import Path
+        from cudaload.capability.software import find_cached_kernel
+        kernels = Path({str(tmp_path / "kernels")!r})
+        build = kernels / "kernels--org--attn" / "snapshots" / "abc123" / "build" / "torch-universal"
+        build.mkdir(parents=True)
+        (kernels / "kernels--org--attn" / "refs").mkdir()
+        (kernels / "kernels--org--attn" / "refs" / "v1").write_text("abc123")
+        steps["kernel_cached"] = find_cached_kernel(kernels, "org/attn", 1, "2.13.0", None).cached_variant
+        step("kernel_cached")
         print(json.dumps({{"proven": proven, "after_load": after_load, "steps": steps, "seen": seen}}))
         """,
         tmp_path / "cache",
@@ -336,4 +347,5 @@ def test_a_proven_load_imports_none_of_what_it_does_not_use(tiny_models, tmp_pat
         "verified": True,
         "failed": True,
         "quantized": "checkpoint_quantization",
+        "kernel_cached": "torch-universal",
     }
