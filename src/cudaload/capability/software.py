@@ -32,7 +32,6 @@ if TYPE_CHECKING:  # the build variants' rules: imported where a kernel is cache
     from .kernel_variants import BuildSystem
 
 __all__ = [
-    "check_hub_reachable",
     "find_cached_kernel",
     "find_local_kernel",
     "flash_provided",
@@ -349,7 +348,7 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
     cache = hub_cache_dir(env)
     overrides, malformed = parse_local_kernels(env)
     torch_version = software.version("torch")
-    kernels_version = software.version("kernels")
+    kernels_version, cuda = software.version("kernels"), software.torch_cuda
     kernels = []
     for repo in sorted(o.hub_repo for o in FLASH_OPTIONS.values()):
         version = hub_kernel_version(repo, torch_version, software.version("transformers"))
@@ -362,17 +361,10 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
                     from .kernel_variants import BuildSystem
 
                     system = BuildSystem.current(torch_version, kernels_version)
-                found = find_local_kernel(repo, overrides[repo], version, torch_version, software.torch_cuda, system)
+                found = find_local_kernel(repo, overrides[repo], version, torch_version, cuda, system)
             else:
                 found = find_cached_kernel(
-                    cache,
-                    repo,
-                    version,
-                    torch_version,
-                    software.torch_cuda,
-                    system,
-                    offline=offline,
-                    kernels_version=kernels_version,
+                    cache, repo, version, torch_version, cuda, system, offline=offline, kernels_version=kernels_version
                 )
         except OSError as exc:  # another user's 0700 folder, a name over 255 bytes: detection goes on
             folder = overrides.get(repo, cache)
@@ -393,21 +385,3 @@ def layer_kernels_disabled(env: Mapping[str, str]) -> str | None:
     if value is None or value.lower() in ("1", "true", "y", "yes", "on"):
         return None
     return f"USE_HUB_KERNELS={value}"
-
-
-def check_hub_reachable(
-    repo: str, *, offline: bool, timeout: float = 5.0, endpoint: str | None = None
-) -> tuple[bool, str]:
-    """Can `repo` (a Hub kernel repository) be fetched right now? One metadata request, bounded
-    by `timeout`. Only `cudaload doctor --check-hub` calls this: detection itself never touches
-    the network."""
-    if offline:
-        return False, "HF_HUB_OFFLINE is set: nothing is fetched"
-    from huggingface_hub import HfApi
-
-    try:
-        info = HfApi(endpoint=endpoint).repo_info(repo, repo_type="kernel", timeout=timeout)
-    except Exception as exc:  # any failure means "cannot fetch now"; say which
-        lines = str(exc).strip().splitlines()
-        return False, f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return True, f"reachable (revision {str(getattr(info, 'sha', '') or '')[:12] or 'unknown'})"
