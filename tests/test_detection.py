@@ -412,7 +412,7 @@ def test_sm_count_from_nvml_cores(cores, capability, sms) -> None:
 def test_hub_reachability_is_reported_not_assumed(monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants
 
-    from cudaload.capability.software import check_hub_reachable
+    from cudaload.capability.hub_access import check_hub_reachable
 
     ok, why = check_hub_reachable("kernels-community/flash-attn2", offline=True)
     assert not ok and "HF_HUB_OFFLINE" in why

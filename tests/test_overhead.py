@@ -58,6 +58,30 @@ def test_installed_versions_reads_dist_and_egg_info(tmp_path: Path) -> None:
     assert found == {"some_package": "1.2.3", "other_pkg": "0.5", "develop_pkg": None}
 
 
+def test_installed_versions_lists_a_folder_again_only_when_it_changed(tmp_path: Path, monkeypatch) -> None:
+    """A load asks for the installed versions four times: an unchanged folder is listed once, one a distribution
+    was installed into since is listed again, and one changed just before its listing is listed every time (a
+    second change in the same tick of the file system's clock keeps its stamp)."""
+    from cudaload import installed
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "pkg_a-1.0.dist-info").mkdir()
+    listed: list[str] = []
+    real = os.listdir
+    monkeypatch.setattr(installed.os, "listdir", lambda path: listed.append(path) or real(path))
+    paths = [str(site)]
+    assert installed_versions(paths) == {"pkg_a": "1.0"}
+    assert installed_versions(paths) == {"pkg_a": "1.0"}
+    assert len(listed) == 2  # just changed: not trusted
+    os.utime(site, ns=(0, 10**18))  # changed long ago (2001)
+    assert installed_versions(paths) == installed_versions(paths) == {"pkg_a": "1.0"}
+    assert len(listed) == 3
+    (site / "pkg_b-2.0.dist-info").mkdir()  # installed since: the folder's stamp moved
+    assert installed_versions(paths) == {"pkg_a": "1.0", "pkg_b": "2.0"}
+    assert len(listed) == 4
+
+
 def test_detect_imports_neither_torch_nor_transformers(tmp_path: Path) -> None:
     out = _fresh_process(
         """
@@ -199,3 +223,129 @@ def test_a_corrupt_facts_cache_is_read_again(tiny_models, tmp_path: Path, monkey
     cached.write_text('{"schema": 1, "facts": {"model_type": "gpt2"}}')
     assert read_model_facts(folder) == fresh
     assert json.loads(cached.read_text())["facts"]["parameters"] == fresh.parameters  # rewritten
+
+
+LAZY_ON_A_PROVEN_LOAD = {
+    "cudaload.facts.catalog": "simulated",
+    "cudaload.facts.simulated": "simulated",
+    "cudaload.capability.visible": "gpu_found",
+    "cudaload.capability.dtype_timing": "measured",
+    "cudaload.capability.probe_confidence": "measured",
+    "cudaload.capability.config_facts": "facts_read",
+    "cudaload.capability.config_file": "facts_read",
+    "cudaload.capability.model_class": "facts_read",
+    "cudaload.capability.kv_layout": "facts_read",
+    "cudaload.capability.per_layer": "facts_read",
+    "cudaload.capability.hub_access": "facts_read",
+    "cudaload.loaders.verify": "verified",
+    "cudaload.loaders.attribution": "failed",
+    "cudaload.policy.checkpoint_quantization": "quantized",
+    "cudaload.policy.checkpoint_rocm": "quantized",
+    "cudaload.policy.quantization": "quantized",
+    "cudaload.plans.checkpoint": "quantized",
+    "cudaload.capability.kernel_variants": "kernel_cached",
+    "cudaload.capability.variant_names": "kernel_cached",
+}
+"""Modules a load() of a proven checkpoint has no use for (issue 50: a fresh process's load() paid ~1 ms of CPU for
+each, most of it their dataclasses), and the step that imports each: a simulated machine (the GPU catalog), a probe
+that found a GPU (its raw records), a dtype measurement, the facts of a model not in the facts cache, a test
+forward, a failed one, the plan of a pre-quantized checkpoint, a Hub kernel in the cache (its build variants)."""
+
+
+def test_a_proven_load_imports_none_of_what_it_does_not_use(tiny_models, tmp_path: Path, monkeypatch) -> None:
+    """A fresh process's load() of a checkpoint whose test forward an earlier process proved imports none of
+    LAZY_ON_A_PROVEN_LOAD; each is imported by the step that uses it, which still works."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.delenv("CUDALOAD_VERIFY", raising=False)  # the conftest's "full": here the proof is what is tested
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models["llama"], model)
+    broken = tmp_path / "nan"
+    nan = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    with torch.no_grad():
+        for parameter in nan.parameters():
+            parameter.fill_(float("nan"))
+    nan.save_pretrained(broken)
+    proved = _fresh_process(
+        f"""
+        import json, cudaload
+        print(json.dumps({{"verified": cudaload.load({str(model)!r}).cudaload_plan.verified}}))
+        """,
+        tmp_path / "cache",
+    )
+    out = _fresh_process(
+        f"""
+        import json, sys
+        from dataclasses import replace
+        import cudaload
+        lazy = {LAZY_ON_A_PROVEN_LOAD!r}
+        steps, seen = {{}}, {{}}
+        def step(name):
+            seen[name] = sorted(m for m, s in lazy.items() if s == name and m in sys.modules)
+        loaded = cudaload.load({str(model)!r})
+        proven = bool(loaded.cudaload_plan.check_proven)
+        after_load = sorted(m for m in lazy if m in sys.modules)
+        steps["simulated"] = cudaload.Machine.simulated("T4").gpus[0].sm
+        step("simulated")
+
+        class Found:  # a probe that answered (with no device): its records are read as visible GPUs
+            name = "nvml"
+            def __enter__(self):
+                return self
+            def __exit__(self, *exc):
+                return None
+            def devices(self):
+                return []
+            def driver_version(self):
+                return None
+
+        from cudaload.capability.gpus import probe_gpus
+        steps["gpu_found"] = probe_gpus({{}}, (Found,)).source
+        step("gpu_found")
+        from cudaload.capability.dtype_probe import measure_dtypes
+        steps["measured"] = measure_dtypes(16, 16).in_features
+        step("measured")
+        facts = cudaload.read_model_facts({str(model)!r}, auto_class="AutoModel")  # not in the facts cache
+        steps["facts_read"] = facts.model_class
+        step("facts_read")
+        steps["verified"] = cudaload.load({str(model)!r}, verify="full").cudaload_plan.verified
+        step("verified")
+        try:
+            cudaload.load({str(broken)!r})
+        except cudaload.LoadFailedError as exc:
+            steps["failed"] = "non-finite" in str(exc)
+        step("failed")
+        from cudaload.facts.stored_weights import CheckpointQuantization
+        stored = CheckpointQuantization("bitsandbytes", "bitsandbytes 8-bit", 8.0, quantized_parameters=10)
+        quantized = replace(facts, quantized="bitsandbytes", quantization=stored)
+        steps["quantized"] = cudaload.plan(quantized, probe=False).decision("checkpoint_quantization").setting
+        step("quantized")
+        from pathlib import Path
+        from cudaload.capability.software import find_cached_kernel
+        kernels = Path({str(tmp_path / "kernels")!r})
+        build = kernels / "kernels--org--attn" / "snapshots" / "abc123" / "build" / "torch-universal"
+        build.mkdir(parents=True)
+        (kernels / "kernels--org--attn" / "refs").mkdir()
+        (kernels / "kernels--org--attn" / "refs" / "v1").write_text("abc123")
+        steps["kernel_cached"] = find_cached_kernel(kernels, "org/attn", 1, "2.13.0", None).cached_variant
+        step("kernel_cached")
+        print(json.dumps({{"proven": proven, "after_load": after_load, "steps": steps, "seen": seen}}))
+        """,
+        tmp_path / "cache",
+    )
+    assert proved["verified"] is True
+    assert out["proven"] is True  # the path measured: the test forward skipped on the earlier process's proof
+    assert out["after_load"] == []
+    for name in set(LAZY_ON_A_PROVEN_LOAD.values()):
+        assert out["seen"][name] == sorted(m for m, s in LAZY_ON_A_PROVEN_LOAD.items() if s == name), name
+    assert out["steps"] == {
+        "simulated": "sm_75",
+        "gpu_found": "nvml",
+        "measured": 16,
+        "facts_read": "LlamaModel",
+        "verified": True,
+        "failed": True,
+        "quantized": "checkpoint_quantization",
+        "kernel_cached": "torch-universal",
+    }

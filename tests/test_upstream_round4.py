@@ -361,7 +361,7 @@ def _qwen3(layers: int) -> Any:
 def test_a_spread_that_fits_the_budgets_but_not_upstreams_map_warns() -> None:
     # ~33.7 GiB under 2 x 17.6 GiB of budget: the budgets' sum says "fits", but transformers' own device_map="auto"
     # (run here on the meta model) keeps the largest layer's room on GPU 0 and, with no "cpu" key, uses disk.
-    from cudaload.capability.model_config import upstream_placement
+    from cudaload.capability.upstream_placement import upstream_placement
 
     a10g = Machine.simulated("A10G", count=2)
     result = cudaload.plan(_qwen3(50), machine=a10g)

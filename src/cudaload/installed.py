@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 from .upstream_flash import FLASH_DISTRIBUTIONS
@@ -48,9 +49,21 @@ def installed_versions(paths: Sequence[str] | None = None) -> dict[str, str | No
     folder names on `paths` (default sys.path), the first found winning as in importlib.metadata;
     None where the name carries no version. Reading folder names takes about a millisecond;
     importlib.metadata parses each METADATA file as an e-mail (~4 ms a package, plus ~30 ms to
-    import), which alone would double detect()."""
+    import), which alone would double detect().
+
+    A load asks four times (detection, the facts cache's key, the packages a plan names, the test forward's
+    proof): the folders are listed again when one of them changed since (its modification time: installing or
+    removing a distribution adds or removes a folder there), or had changed within _RACY_NS before the listing
+    (stamps come from a coarse clock: a second change in the same tick keeps the stamp, git's "racily clean"
+    case). Each answer is the packages installed now."""
+    entries = tuple(sys.path if paths is None else paths)
+    stamps = tuple(_stamp(entry) for entry in entries)
+    known = _listed.get(entries)
+    if known is not None and known[0] == stamps:
+        return dict(known[1])
+    listed_at = time.time_ns()
     found: dict[str, str | None] = {}
-    for entry in sys.path if paths is None else paths:
+    for entry in entries:
         try:
             names = os.listdir(entry or ".")
         except OSError:
@@ -60,7 +73,22 @@ def installed_versions(paths: Sequence[str] | None = None) -> dict[str, str | No
             if dot and suffix in ("dist-info", "egg-info"):
                 dist, _, rest = stem.partition("-")
                 found.setdefault(_normalise(dist), rest.partition("-")[0] or None)
-    return found
+    if all(stamp is None or stamp < listed_at - _RACY_NS for stamp in stamps):
+        _listed[entries] = (stamps, found)
+    return dict(found)
+
+
+_listed: dict[tuple[str, ...], tuple[tuple[int | None, ...], dict[str, str | None]]] = {}
+"""The last listing of each sequence of folders, with their modification times (ns) when it was made."""
+_RACY_NS = 2_000_000_000
+"""A folder changed this close to its listing is listed again next time (FAT stamps to 2 s, Linux to a tick)."""
+
+
+def _stamp(entry: str) -> int | None:
+    try:
+        return os.stat(entry or ".").st_mtime_ns
+    except OSError:
+        return None
 
 
 def dist_version(dist: str, installed: Mapping[str, str | None]) -> str | None:

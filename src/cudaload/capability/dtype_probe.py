@@ -54,7 +54,6 @@ from ..announce import announce
 from ..errors import CudaloadWarning
 from ..facts.machine import DtypeProbe, Machine
 from .cache import write_json
-from .dtype_timing import expected_cost_s, measure_dtypes
 from .lock_file import exclusive
 from .probe_record import expected_fingerprint, probe_path, probe_to_json, read_probe
 
@@ -135,8 +134,18 @@ def kept_in_memory_only(path: Path) -> bool:
 measurement): the next plan() of the same process uses them instead of measuring again."""
 
 
+def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
+    """Time each dtype's F.linear in_features x out_features now (dtype_timing.py `measure_dtypes`; the probe's
+    boundary, which tests replace). The timing code is imported here, when measuring: reading a record needs none."""
+    from .dtype_timing import measure_dtypes as measure
+
+    return measure(in_features, out_features)
+
+
 def _announce(bucket: tuple[int, int], model: str) -> None:
     """Say that the probe starts (it takes seconds; a blank terminal that long looks hung)."""
+    from .dtype_timing import expected_cost_s  # the timing code: imported when measuring, not to read a record
+
     cost = expected_cost_s(*bucket)
     announce(
         "cudaload.probe",

@@ -12,10 +12,12 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..facts.machine import Gpu
-from .visible import RawDevice, RawMigSlice, visible_gpus
+
+if TYPE_CHECKING:  # visible.py's records and rules are imported where a probe found a GPU (~2 ms a load)
+    from .visible import RawDevice, RawMigSlice
 
 __all__ = [
     "GpuProbe",
@@ -141,6 +143,8 @@ class NvmlProbe:
             return None
 
     def _mig_slices(self, handle: Any) -> tuple[RawMigSlice, ...]:
+        from .visible import RawMigSlice
+
         nvml = self._nvml
         mode = self._optional("nvmlDeviceGetMigMode", handle)
         if not mode or mode[0] != nvml.NVML_DEVICE_MIG_ENABLE:
@@ -164,6 +168,8 @@ class NvmlProbe:
         return tuple(slices)
 
     def devices(self) -> list[RawDevice]:
+        from .visible import RawDevice
+
         nvml = self._nvml
         try:
             count = nvml.nvmlDeviceGetCount()
@@ -228,6 +234,8 @@ class TorchProbe(TorchRuntimeProbe):
         self._torch: Any = torch
 
     def devices(self) -> list[RawDevice]:
+        from .visible import RawDevice
+
         cuda = self._torch.cuda
         found = []
         for i in range(cuda.device_count()):
@@ -294,6 +302,8 @@ def probe_gpus(env: Mapping[str, str], probes: Sequence[Callable[[], GpuProbe]] 
         except Exception as exc:  # a broken NVML binding or driver library: report it, try the next probe
             notes.append(f"{getattr(factory, 'name', factory)}: failed unexpectedly: {type(exc).__name__}: {exc}")
             continue
+        from .visible import visible_gpus
+
         if candidate.name == "torch" or getattr(candidate, "visible_only", False):
             # torch.cuda already applied CUDA_VISIBLE_DEVICES and CUDA's order.
             gpus, warnings = visible_gpus(raw, None, "PCI_BUS_ID")

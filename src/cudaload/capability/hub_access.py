@@ -14,7 +14,7 @@ import socket
 import threading
 from urllib.parse import urlsplit
 
-__all__ = ["download_command", "hub_reachable", "in_local_cache", "looks_like_a_path"]
+__all__ = ["check_hub_reachable", "download_command", "hub_reachable", "in_local_cache", "looks_like_a_path"]
 
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 
@@ -60,3 +60,21 @@ def hub_reachable(timeout: float = 3.0) -> tuple[bool, str]:
 def download_command(model: str) -> str:
     """The command that puts `model` in the local Hub cache, to run where there is a network."""
     return f"hf download {shlex.quote(model)}"
+
+
+def check_hub_reachable(
+    repo: str, *, offline: bool, timeout: float = 5.0, endpoint: str | None = None
+) -> tuple[bool, str]:
+    """Can `repo` (a Hub kernel repository) be fetched right now? One metadata request, bounded
+    by `timeout`. Only `cudaload doctor --check-hub` calls this: detection itself never touches
+    the network."""
+    if offline:
+        return False, "HF_HUB_OFFLINE is set: nothing is fetched"
+    from huggingface_hub import HfApi
+
+    try:
+        info = HfApi(endpoint=endpoint).repo_info(repo, repo_type="kernel", timeout=timeout)
+    except Exception as exc:  # any failure means "cannot fetch now"; say which
+        lines = str(exc).strip().splitlines()
+        return False, f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    return True, f"reachable (revision {str(getattr(info, 'sha', '') or '')[:12] or 'unknown'})"

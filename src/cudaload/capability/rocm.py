@@ -13,13 +13,14 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..facts.catalog import gfx_capability
-from ..facts.hardware import Gpu
+from ..facts.hardware import Gpu, gfx_capability
 from .gpus import ProbeFailed, TorchRuntimeProbe
 from .software import torch_hip_version
-from .visible import RawDevice, as_visible_gpus, select_visible
+
+if TYPE_CHECKING:  # imported where a probe found a GPU (gpus.py says why)
+    from .visible import RawDevice
 
 __all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability", "gfx_target", "hip_visible_gpus"]
 
@@ -49,6 +50,8 @@ def hip_visible_gpus(raw: Sequence[RawDevice], env: Mapping[str, str]) -> tuple[
 
     torch's own count differs in one case: with ROCR set and HIP unset it counts ROCR's devices and ignores
     CUDA_VISIBLE_DEVICES, while the HIP runtime that places tensors applies it; that is said as a warning."""
+    from .visible import as_visible_gpus, select_visible
+
     devices: list[RawDevice] = sorted(raw, key=lambda d: (d.pci_bus_id or "", d.nvml_index))
     warnings: list[str] = []
     rocr = env.get("ROCR_VISIBLE_DEVICES")
@@ -117,6 +120,8 @@ class AmdSmiProbe:
             return None
 
     def devices(self) -> list[RawDevice]:
+        from .visible import RawDevice
+
         smi = self._smi
         try:
             found = []
@@ -177,6 +182,8 @@ class RocmTorchProbe(TorchRuntimeProbe):
         self._torch: Any = torch
 
     def devices(self) -> list[RawDevice]:
+        from .visible import RawDevice
+
         cuda = self._torch.cuda
         found = []
         for i in range(cuda.device_count()):

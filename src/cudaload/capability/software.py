@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion
 
@@ -24,18 +25,13 @@ from ..installed import installed_versions
 from ..upstream_flash import FLASH_DISTRIBUTIONS, FLASH_OPTIONS
 from ..upstream_kernels import hub_kernel_version
 from .cache import unreadable
-from .kernel_variants import (
-    BuildSystem,
-    VariantResolution,
-    describe_rejections,
-    describe_system,
-    resolve_build_variants,
-)
 from .native_libraries import bitsandbytes_builds, torchao_extensions
 from .xpu_mps import torch_mps_built, torch_xpu_version
 
+if TYPE_CHECKING:  # the build variants' rules: imported where a kernel is cached or overridden (most machines: none)
+    from .kernel_variants import BuildSystem
+
 __all__ = [
-    "check_hub_reachable",
     "find_cached_kernel",
     "find_local_kernel",
     "flash_provided",
@@ -236,20 +232,20 @@ def find_cached_kernel(
     system: BuildSystem | None = None,
     *,
     offline: bool = True,
+    kernels_version: str | None = None,
 ) -> HubKernel:
     """Would `kernels` load a cached build of `repo` (branch v{version}) for this torch and CUDA?
 
     Follows kernels' cache path (`HubCacheResolver`: `refs/v<N>` in `kernels--<org>--<repo>`, that
     snapshot's `build/`, then `resolve_build_variants`). A cached snapshot is not enough: a variant
     built for another torch, or for a newer CUDA minor than torch's, won't load. `system` defaults to
-    this process (`BuildSystem.current`). kernels before 0.19 also cannot load offline a snapshot
-    that huggingface_hub's tree listing shows incomplete (every download of one variant is: its
-    `snapshot_download(local_files_only=True)` raises IncompleteSnapshotError, which kernels 0.17
-    turns into "Cannot find a local snapshot"; 0.19 reads the folder anyway): with `offline` that
-    counts as not cached, online kernels downloads the variant again and it does.
+    this process (`BuildSystem.current`, with `kernels_version`: the kernels installed, None for the newest's
+    rules), read only when a snapshot has variants to choose among. kernels before 0.19 also cannot load
+    offline a snapshot that huggingface_hub's tree listing shows incomplete (every download of one variant
+    is: its `snapshot_download(local_files_only=True)` raises IncompleteSnapshotError, which kernels 0.17
+    turns into "Cannot find a local snapshot"; 0.19 reads the folder anyway): with `offline` that counts as
+    not cached, online kernels downloads the variant again and it does.
     """
-    if system is None:
-        system = BuildSystem.current(torch_version)
     folder = cache / ("kernels--" + repo.replace("/", "--"))
     if not folder.is_dir():
         return HubKernel(repo, version, None, "not in the local cache")
@@ -271,6 +267,10 @@ def find_cached_kernel(
         return HubKernel(repo, version, None, "cached snapshot has no build/ variants")
     if torch_version is None:
         return HubKernel(repo, version, None, "cached, but torch is not installed: no Hub kernel loads")
+    from .kernel_variants import BuildSystem, describe_rejections, describe_system, resolve_build_variants
+
+    if system is None:
+        system = BuildSystem.current(torch_version, kernels_version)
     try:
         resolution = resolve_build_variants(builds, torch_version, torch_cuda, system)
     except InvalidVersion:
@@ -308,6 +308,8 @@ def find_local_kernel(
     `resolve_local_kernel`): the best variant among `path`'s folders, else among `path/build`'s,
     else `path` itself when it holds a metadata.json. None of those: kernels raises
     FileNotFoundError and does not fall back to the cache or the Hub."""
+    from .kernel_variants import VariantResolution, describe_rejections, describe_system, resolve_build_variants
+
     resolution = VariantResolution((), ())
     if torch_version is not None:
         for base in (path, path / "build"):
@@ -346,8 +348,7 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
     cache = hub_cache_dir(env)
     overrides, malformed = parse_local_kernels(env)
     torch_version = software.version("torch")
-    if system is None:
-        system = BuildSystem.current(torch_version, software.version("kernels"))
+    kernels_version, cuda = software.version("kernels"), software.torch_cuda
     kernels = []
     for repo in sorted(o.hub_repo for o in FLASH_OPTIONS.values()):
         version = hub_kernel_version(repo, torch_version, software.version("transformers"))
@@ -356,10 +357,14 @@ def probe_hub(env: Mapping[str, str], software: Software, system: BuildSystem | 
             continue
         try:
             if repo in overrides:
-                found = find_local_kernel(repo, overrides[repo], version, torch_version, software.torch_cuda, system)
+                if system is None:
+                    from .kernel_variants import BuildSystem
+
+                    system = BuildSystem.current(torch_version, kernels_version)
+                found = find_local_kernel(repo, overrides[repo], version, torch_version, cuda, system)
             else:
                 found = find_cached_kernel(
-                    cache, repo, version, torch_version, software.torch_cuda, system, offline=offline
+                    cache, repo, version, torch_version, cuda, system, offline=offline, kernels_version=kernels_version
                 )
         except OSError as exc:  # another user's 0700 folder, a name over 255 bytes: detection goes on
             folder = overrides.get(repo, cache)
@@ -380,21 +385,3 @@ def layer_kernels_disabled(env: Mapping[str, str]) -> str | None:
     if value is None or value.lower() in ("1", "true", "y", "yes", "on"):
         return None
     return f"USE_HUB_KERNELS={value}"
-
-
-def check_hub_reachable(
-    repo: str, *, offline: bool, timeout: float = 5.0, endpoint: str | None = None
-) -> tuple[bool, str]:
-    """Can `repo` (a Hub kernel repository) be fetched right now? One metadata request, bounded
-    by `timeout`. Only `cudaload doctor --check-hub` calls this: detection itself never touches
-    the network."""
-    if offline:
-        return False, "HF_HUB_OFFLINE is set: nothing is fetched"
-    from huggingface_hub import HfApi
-
-    try:
-        info = HfApi(endpoint=endpoint).repo_info(repo, repo_type="kernel", timeout=timeout)
-    except Exception as exc:  # any failure means "cannot fetch now"; say which
-        lines = str(exc).strip().splitlines()
-        return False, f"{type(exc).__name__}: {lines[0] if lines else ''}"
-    return True, f"reachable (revision {str(getattr(info, 'sha', '') or '')[:12] or 'unknown'})"

@@ -19,10 +19,12 @@ import platform
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .gpus import ProbeFailed, TorchRuntimeProbe
-from .visible import RawDevice
+
+if TYPE_CHECKING:  # imported where a probe found a GPU (gpus.py says why)
+    from .visible import RawDevice
 
 __all__ = ["MpsProbe", "XpuTorchProbe", "apple_chip", "intel_arch", "torch_mps_built", "torch_xpu_version"]
 
@@ -80,6 +82,8 @@ class XpuTorchProbe(TorchRuntimeProbe):
         self._torch: Any = torch
 
     def devices(self) -> list[RawDevice]:
+        from .visible import RawDevice
+
         xpu = self._torch.xpu
         found = []
         for i in range(xpu.device_count()):
@@ -116,6 +120,8 @@ class MpsProbe(TorchRuntimeProbe):
         self._torch: Any = torch
 
     def devices(self) -> list[RawDevice]:
+        from .visible import RawDevice
+
         mps = self._torch.backends.mps
         name = str(mps.get_name())
         return [

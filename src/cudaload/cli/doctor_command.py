@@ -45,7 +45,7 @@ def _backends(machine: Machine) -> dict[str, Any]:
 
 
 def _hub_reachability(machine: Machine) -> dict[str, str]:
-    from ..capability.software import check_hub_reachable
+    from ..capability.hub_access import check_hub_reachable
 
     report = {}
     for kernel in machine.hub.kernels:

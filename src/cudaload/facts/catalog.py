@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..errors import UnknownGpuError
+from .hardware import gfx_capability
 
 __all__ = [
     "AMD_GPUS",
@@ -273,14 +274,6 @@ _CUSTOM = re.compile(
     r":(?P<memory>\d+(?:\.\d+)?)(?P<unit>GiB|GB)(?::(?P<sms>\d+)(?P<sms_unit>sm|cu))?$",
     re.IGNORECASE,
 )
-
-
-def gfx_capability(arch: str) -> tuple[int, int]:
-    """What HIP reports as (major, minor) for a gfx target (`hipDeviceProp_t.major/minor`, and so
-    `torch.cuda.get_device_capability()` on ROCm): "gfx942" -> (9, 4), "gfx90a" -> (9, 0), "gfx1100" -> (11, 0).
-    The last hex digit is the stepping; no rule of cudaload reads these numbers for an AMD GPU."""
-    digits = arch.lower().removeprefix("gfx")
-    return int(digits[:-2]), int(digits[-2], 16)
 
 
 def parse_custom_gpu(spec: str) -> CatalogGpu:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .platform import Platform
 
-__all__ = ["Cpu", "GiB", "Gpu"]
+__all__ = ["Cpu", "GiB", "Gpu", "gfx_capability"]
 
 GiB = 1024**3
 
@@ -149,3 +149,12 @@ class Cpu:
         an AVX2 EPYC 4.1x slower).
         """
         return "amx_bf16" in self.flags
+
+
+def gfx_capability(arch: str) -> tuple[int, int]:
+    """What HIP reports as (major, minor) for a gfx target (`hipDeviceProp_t.major/minor`, and so
+    `torch.cuda.get_device_capability()` on ROCm): "gfx942" -> (9, 4), "gfx90a" -> (9, 0), "gfx1100" -> (11, 0).
+    The last hex digit is the stepping; no rule of cudaload reads these numbers for an AMD GPU. Here, not in the
+    GPU catalog (which re-exports it): detecting an AMD GPU needs it, and never the catalog."""
+    digits = arch.lower().removeprefix("gfx")
+    return int(digits[:-2]), int(digits[-2], 16)

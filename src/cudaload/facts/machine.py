@@ -9,12 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from .catalog import lookup_gpu
 from .hardware import Cpu, GiB, Gpu
 from .hub import Hub, HubKernel
 from .launch import Launch, Strategy
 from .measurements import DtypeProbe, ProbeRound, TunedVariant, TuningRecord
-from .simulated import catalog_gpu, check_gpus_and_launch, check_simulated, simulated_packages
 from .software import Software
 
 __all__ = [
@@ -214,8 +212,11 @@ class Machine:
             >>> [gpu.sm for gpu in machine.gpus], machine.weakest_gpu.name
             (['sm_80', 'sm_75'], 'Tesla T4')
         """
+        # The GPU catalog (a table built at import, ~3 ms) is for simulated machines: detection never reads it.
         from ..upstream_flash import FLASH_OPTIONS
         from ..upstream_kernels import KERNELS_RANGES, hub_kernel_version
+        from .catalog import lookup_gpu
+        from .simulated import catalog_gpu, check_gpus_and_launch, check_simulated, simulated_packages
 
         check_simulated(
             gpu,

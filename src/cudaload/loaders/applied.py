@@ -1,10 +1,11 @@
-"""What `apply_plan()` records: the `AppliedPlan` read back from the loaded model, and each `Fallback`."""
+"""What `apply_plan()` records: the `AppliedPlan` read back from the loaded model, each `Fallback`, and the
+`Failure` of an attempt it is made from (here, not in verify.py: a load whose test forward is proven imports none)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..plans import Plan
 from .check_record import FORCE_HINT
@@ -12,7 +13,20 @@ from .check_record import FORCE_HINT
 if TYPE_CHECKING:
     from ..plans import GenerationPlan
 
-__all__ = ["AppliedPlan", "Fallback", "listed_keys"]
+__all__ = ["AppliedPlan", "Failure", "Fallback", "Phase", "listed_keys"]
+
+
+Phase = Literal["load", "verify", "switch"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One attention option's failed attempt: the phase (as in `Fallback.phase`), the problem in one
+    line, and what was raised (None when nothing was: non-finite logits)."""
+
+    phase: Phase
+    problem: str
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True)

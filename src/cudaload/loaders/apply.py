@@ -11,14 +11,12 @@ from typing import Any
 from ..errors import CudaloadError, CudaloadWarning, describe_error
 from ..facts.quant_methods import config_method, quantization_method
 from ..plans import Decision, Plan, Rejected
-from .applied import AppliedPlan, Fallback
-from .attribution import is_attention_failure, no_fallback_error, unrelated_error
+from .applied import AppliedPlan, Failure, Fallback
 from .check_record import judge_proof, proven_check, record_passed
 from .fsdp_loading import build_skeleton, skeleton_kwargs, skeleton_rank
 from .hub_code import unasked_hub_code
 from .kwargs import from_pretrained_kwargs, set_rank_device
 from .readback import read_back
-from .verify import Failure, verify_forward
 from .weights import WeightsReport, check_weights, offload_warning, offloaded_modules
 
 logger = logging.getLogger("cudaload.loaders")
@@ -136,6 +134,8 @@ def apply_plan(
         if proven is not None:  # passed before under the same key (loaders/check_record.py): not run again
             verified = True
         elif failure is None and verify:
+            from .verify import verify_forward  # the test forward's code: a proven load runs none
+
             start = time.perf_counter()
             outcome = verify_forward(model, training)
             timings["verify"] = timings.get("verify", 0.0) + time.perf_counter() - start
@@ -145,6 +145,8 @@ def apply_plan(
                 record_passed(plan, option, judged)
         if failure is None:
             break
+        from .attribution import is_attention_failure, no_fallback_error, unrelated_error  # a failure's, only
+
         if failure.error is not None and not is_attention_failure(failure.error, option):
             raise unrelated_error(plan, option, failure, fallbacks) from failure.error
         if not can_fall_back or index == len(chain) - 1:

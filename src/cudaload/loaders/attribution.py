@@ -10,8 +10,8 @@ from ..errors import LoadFailedError, describe_error
 from ..facts.attention_backends import BACKENDS
 from ..plans import Plan
 from ..upstream_flash import FLASH_OPTIONS, attention_kind
-from .applied import Fallback
-from .verify import NON_FINITE, Failure
+from .applied import Failure, Fallback
+from .verify import NON_FINITE
 
 __all__ = ["is_attention_failure", "no_fallback_error", "unrelated_error"]  # used by apply.py
 

@@ -6,7 +6,7 @@ import re
 
 from ..plans import ApplyFacts, Plan
 from ..upstream_flash import attention_kind
-from .verify import Failure, Phase
+from .applied import Failure, Phase
 
 __all__ = ["unasked_hub_code"]  # used by apply.py
 

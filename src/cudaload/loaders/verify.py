@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import describe_error
+from .applied import Failure, Phase
 from .fsdp_loading import SKELETON_NOTE
 
 __all__ = ["NON_FINITE", "Failure", "Phase", "check_inputs", "checked_output", "input_device", "verify_forward"]
@@ -25,18 +26,6 @@ def input_device(model: Any) -> Any:
 
 
 NON_FINITE = "the test forward gave non-finite logits"
-
-Phase = Literal["load", "verify", "switch"]
-
-
-@dataclass(frozen=True)
-class Failure:
-    """One attention option's failed attempt: the phase (as in `Fallback.phase`), the problem in one
-    line, and what was raised (None when nothing was: non-finite logits)."""
-
-    phase: Phase
-    problem: str
-    error: BaseException | None = None
 
 
 @dataclass(frozen=True)

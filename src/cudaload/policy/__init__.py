@@ -18,7 +18,6 @@ from ..facts.quant_methods import DEFAULT_QUANT_METHOD, config_method, quantizat
 from ..plans import Decision, GenerationPlan, Plan
 from ..request import PARALLELISM_CHOICES, Request, Workload
 from .attention import decide_attention, decide_sub_model_attention
-from .checkpoint_quantization import decide_checkpoint_quantization
 from .current_device import as_launched, decide_current_device, decide_rank_device
 from .devices import check_max_memory, usable_machine
 from .fit import HEADROOM, format_bytes, percent
@@ -150,10 +149,15 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     per_sub_model = decide_sub_model_attention(model, attention)
     if per_sub_model is not None:
         decisions.append(per_sub_model)
-    # An already-quantized checkpoint: kept quantized or dequantized by transformers on this machine.
-    checkpoint = decide_checkpoint_quantization(
-        judged, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)
-    )
+    # An already-quantized checkpoint: kept quantized or dequantized by transformers on this machine (its policy and
+    # the quantization methods' it asks are imported for such a checkpoint only: any other has none to decide).
+    checkpoint = None
+    if model.quantization is not None:
+        from .checkpoint_quantization import decide_checkpoint_quantization
+
+        checkpoint = decide_checkpoint_quantization(
+            judged, model, dtype.value, use_kernels.value is True, _asks_dequantize(request.passthrough)
+        )
     if checkpoint is not None:
         decisions.append(checkpoint.decision)
         warnings += checkpoint.warnings

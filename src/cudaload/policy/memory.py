@@ -57,11 +57,14 @@ overhead
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..facts.dtypes import BYTES
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import CHECKPOINT_OPTIMIZER, QUANT_METHODS
-from ..plans.checkpoint import CheckpointPlan
+
+if TYPE_CHECKING:  # a quantized checkpoint's plan: the annotation only
+    from ..plans.checkpoint import CheckpointPlan
 
 __all__ = [
     "TrainingMemory",
