@@ -236,11 +236,19 @@ def test_a_zero_stage_is_read_from_the_digit_after_deepspeed_zero() -> None:
     assert "ZeRO-1 launch" in _rejected(plan)["deepspeed-zero2"]
 
 
-def test_zero3_when_fsdp2s_ranks_cannot_each_load_a_copy_in_the_nodes_ram() -> None:
-    """405B LoRA on 16x8 H100 with 2 TiB a node: each FSDP2 rank reads a whole 16-bit copy (6 TiB a node) before
-    accelerate shards it; ZeRO-3 partitions at load, so it is the automatic choice, without CPU offload."""
+def test_fsdp2_loads_one_copy_a_job_so_it_fits_a_node_a_copy_a_rank_did_not() -> None:
+    """405B LoRA in 16 bits on 16x8 H100 with 2 TiB a node: load_for_finetune reads the weights on rank 0 only
+    (loaders/fsdp_loading.py: the other ranks build the model on meta, accelerate broadcasts rank 0's weights), so
+    FSDP2's loading holds one 16-bit copy on a node (756 GiB, as ZeRO-3's rank 0), not one a rank (6 TiB, which made
+    ZeRO-3 the choice before); FSDP2 full shard is chosen. A node of 600 GiB holds no whole copy: nothing that
+    loads one fits, and the reason says the node's RAM."""
     dgx = cudaload.Machine.simulated("H100", count=8, packages=QLORA, cpu_memory_gib=2048)
     plan = _plan(L405, nodes=16, machine=dgx, interconnect="infiniband-ndr", quantize=None)
-    decision = plan.decision("parallelism")
-    assert decision.value == "deepspeed-zero3" and "partitions at load" in decision.reason
-    assert _rejected(decision)["fsdp"].startswith("does not fit: its CPU RAM a node")
+    decision, sizes = plan.decision("parallelism"), plan.finetune.parallelism["sizes"]
+    assert decision.value == "fsdp"
+    copy = sizes["deepspeed-zero3"]["node_load_cpu"]
+    assert sizes["fsdp"]["node_load_cpu"] == copy and 750 * GiB < copy < 760 * GiB
+    small = _plan(L405, nodes=16, machine=dgx, interconnect="infiniband-ndr", quantize=None, node_memory="600GiB")
+    assert small.decision("parallelism").value is None
+    for strategy in ("fsdp", "deepspeed-zero3"):
+        assert _rejected(small)[strategy].startswith("does not fit: its CPU RAM a node, 756.0 GiB")
