@@ -3,8 +3,8 @@ DeepSpeed ZeRO-1/2/3 (with CPU offload); sized by rank_sizing.py.
 
 The rule, in order: DDP when a whole training state fits each GPU (the least communication: one gradient
 all-reduce); else FSDP2 sharding, hybrid (shard inside a node, replicate across nodes) when its shard fits
-and its step is not slower than full sharding over the network, and the node's RAM holds the whole copy each
-FSDP2 rank reads first; else DeepSpeed ZeRO-3 (it partitions at load); else ZeRO-3 with its optimizer in CPU
+and its step is not slower than full sharding over the network, and the node's RAM holds the copy rank 0 reads
+while loading; else DeepSpeed ZeRO-3 (its partition of the same state); else ZeRO-3 with its optimizer in CPU
 RAM, when that fits the node's RAM too (`node_memory`). You may ask for DeepSpeed (the cheapest ZeRO stage that
 fits) or for one strategy by name: it is validated and kept, and refused with the numbers when it cannot fit.
 
