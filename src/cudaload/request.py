@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from .errors import SettingError, WorkloadError
+from .frozen import frozen
 
 __all__ = [
     "PADDING_SIDES",
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class Workload:
     """The job a measured dtype choice is optimised for: one load, then a prompt of
     `prompt_tokens` and `new_tokens` generated one at a time.
@@ -129,7 +130,7 @@ def check_padding_side(value: object) -> None:
         raise SettingError(f"padding_side={value!r}: pass 'left' or 'right', or leave it unset to let cudaload choose.")
 
 
-@dataclass(frozen=True)
+@frozen
 class GenerationRequest:
     """What the caller asked of generation (`plan(..., generate=...)`)."""
 
@@ -169,7 +170,7 @@ TRAIN_MODES = ("lora", "full")
 or "full" (every weight trained, no adapters, no quantization)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class TrainingRequest:
     """What a fine-tuning plan was asked (`plan(..., finetune=True)`). Only a fine-tuning Request has
     one, so an inference plan cannot be given settings it would ignore."""
@@ -202,7 +203,7 @@ class TrainingRequest:
     """One of TRAIN_MODES: "lora" (adapters on a frozen base) or "full" (every weight trained)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Request:
     """What the caller asked of a plan, validated: from_pretrained settings (None: decide for me), the
     fine-tuning and generation sections when asked for, and what is passed through untouched."""

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Protocol
 
+from .frozen import frozen
 from .upstream import version_at_least
 
 __all__ = [
@@ -97,7 +98,7 @@ class FlashModel(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@frozen
 class FlashOption:
     """One FlashAttention version: how it is installed and found, and the rules it adds to the ones every version
     shares (policy/flash_rules.py `flash_blockers`). Which GPU architectures run it is the vendor's answer

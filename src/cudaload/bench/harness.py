@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SettingError, describe_error
+from ..frozen import frozen
 from ..loaders import input_device
 from .meters import PeakMemory, StepClock, round_clock
 from .rounds import RoundBudget, quiet_threads, ratios_settled, terminal_bar
@@ -66,7 +67,7 @@ class VariantBox:
         return f"time-boxed after {done - self.warmup} measured rounds ({spent:.0f} s, its share {self.box:.0f} s)"
 
 
-@dataclass(frozen=True)
+@frozen
 class BenchRun:
     """What one benchmark run does: `batch` prompts of `prompt_tokens`, `new_tokens` generated."""
 
@@ -155,7 +156,7 @@ class Variant:
         return "bare from_pretrained(path)" if self.is_bare else f"{self.dtype}/{self.attn_implementation}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Measurement:
     parameters: int
     device: str

@@ -15,16 +15,17 @@ the weights are not cached and the caller's environment allows it.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..errors import ModelConfigError, SettingError
+from ..frozen import frozen
 
 __all__ = ["BUILT_IN", "BenchModel", "Shape", "resolve_model"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Shape:
     """A Qwen3 causal LM's shape (the built-in benchmark models)."""
 
@@ -45,7 +46,7 @@ BUILT_IN = {
 }
 
 
-@dataclass(frozen=True)
+@frozen
 class BenchModel:
     path: Path
     """A local folder with config.json and weights."""

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from ..frozen import frozen
 from ..plans import jsonable
 from .harness import Variant
 
@@ -68,7 +69,7 @@ def _end_to_end(v: Variant) -> float | None:
     return load_s + generate_s if load_s is not None and generate_s is not None else None
 
 
-@dataclass(frozen=True)
+@frozen
 class VariantResult:
     """One variant's numbers (medians of the measured rounds) and its ratios to the plan."""
 

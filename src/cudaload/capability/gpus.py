@@ -11,10 +11,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ..facts.machine import Gpu
+from ..frozen import frozen
 
 if TYPE_CHECKING:  # visible.py's records and rules are imported where a probe found a GPU (~2 ms a load)
     from .visible import RawDevice, RawMigSlice
@@ -58,7 +58,7 @@ class GpuProbe(Protocol):
     def driver_version(self) -> str | None: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuReport:
     gpus: tuple[Gpu, ...]
     source: str

@@ -19,10 +19,10 @@ import platform
 import sys
 import sysconfig
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from ..frozen import frozen
 from .variant_names import Backend, Variant, parse_variant
 
 __all__ = ["BuildSystem", "VariantResolution", "describe_rejections", "describe_system", "resolve_build_variants"]
@@ -33,7 +33,7 @@ _NEW_VARIANT_RULES = (0, 19)
 check, SDK variants and MLX noarch; earlier releases parse only the legacy `torch210-cxx11-cu128-...`."""
 
 
-@dataclass(frozen=True)
+@frozen
 class BuildSystem:
     """What `kernels` matches a build variant against, besides torch and its CUDA build.
 
@@ -102,7 +102,7 @@ def _release(version: str | None) -> tuple[int, ...]:
         return ()
 
 
-@dataclass(frozen=True)
+@frozen
 class VariantResolution:
     """Which build variants `kernels` would load here, most preferred first, and why the others not.
 

@@ -15,10 +15,10 @@ import os
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ..facts.machine import ProbeRound
 from ..facts.spread import TIE_MARGIN, spread
+from ..frozen import frozen
 
 __all__ = [
     "Conditions",
@@ -68,7 +68,7 @@ def rounds_settled(rounds: list[ProbeRound]) -> bool:
     return True
 
 
-@dataclass(frozen=True)
+@frozen
 class Conditions:
     """What the machine did while the probe measured.
 

@@ -7,9 +7,10 @@ kernels 0.17.2 (legacy `torch210-cxx11-cu128-x86_64-linux` names only) or 0.19.1
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from packaging.version import Version
+
+from ..frozen import frozen
 
 __all__ = ["Backend", "Variant", "parse_variant"]
 
@@ -18,7 +19,7 @@ _LEGACY_PYTHON = Version("3.9")
 _ABI3T_MIN_PYTHON = Version("3.15")
 
 
-@dataclass(frozen=True)
+@frozen
 class Backend:
     name: str
     """"cuda", "cpu", "rocm", ...; for a noarch (or `sdk-<backend>`) variant the name as written."""
@@ -36,7 +37,7 @@ class Backend:
         return f"{self.name}-{self.version.major}.{self.version.minor}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Variant:
     kind: str  # "arch", "noarch" or "sdk"
     framework: str = ""  # "torch", "torch-stable-abi", "tvm-ffi", "torch-noarch", "mlx-noarch", "sdk"

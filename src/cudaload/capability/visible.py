@@ -15,14 +15,14 @@ follows CUDA (and torch.cuda._parse_visible_devices, which mirrors it):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from ..facts.machine import Gpu
+from ..frozen import frozen
 
 __all__ = ["RawDevice", "RawMigSlice", "as_visible_gpus", "parse_visible_devices", "select_visible", "visible_gpus"]
 
 
-@dataclass(frozen=True)
+@frozen
 class RawMigSlice:
     uuid: str
     name: str
@@ -31,7 +31,7 @@ class RawMigSlice:
     multiprocessors: int | None
 
 
-@dataclass(frozen=True)
+@frozen
 class RawDevice:
     """One physical GPU as its vendor's probe enumerates it (NVML, amdsmi: PCI bus order)."""
 

@@ -12,16 +12,16 @@ quantization method's `build` is (facts/quant_methods.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Literal
 
+from ..frozen import frozen
 from .machine import Machine
 from .model import ModelFacts
 
 __all__ = ["BACKENDS", "EAGER", "AttentionBackend", "OptionCheck", "class_flags"]
 
 
-@dataclass(frozen=True)
+@frozen
 class OptionCheck:
     """What `check_attention` found for one attention option on this machine, model and dtype.
 
@@ -45,7 +45,7 @@ class OptionCheck:
         return self.blockers + self.costs
 
 
-@dataclass(frozen=True)
+@frozen
 class AttentionBackend:
     """An attention backend transformers knows by name (not FlashAttention, not a Hub kernel).
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..errors import UnknownGpuError
+from ..frozen import frozen
 from .hardware import gfx_capability
 
 __all__ = [
@@ -38,7 +39,7 @@ CUDA_GPUS = "https://developer.nvidia.com/cuda-gpus"
 """NVIDIA's list of compute capabilities, the source of every entry's `capability`."""
 
 
-@dataclass(frozen=True)
+@frozen
 class CatalogGpu:
     """A GPU a simulated machine can have: its name as NVML reports it and its facts.
 

@@ -3,8 +3,9 @@ Probes nothing."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..frozen import frozen
 
 if TYPE_CHECKING:
     from .platform import Platform
@@ -14,7 +15,7 @@ __all__ = ["Cpu", "GiB", "Gpu", "gfx_capability"]
 GiB = 1024**3
 
 
-@dataclass(frozen=True)
+@frozen
 class Gpu:
     """One GPU as this process sees it (after CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER), as torch's `cuda:N`.
 
@@ -105,7 +106,7 @@ class Gpu:
         return self.free_memory if self.free_memory is not None else self.total_memory
 
 
-@dataclass(frozen=True)
+@frozen
 class Cpu:
     """The CPU this process runs on, as `detect()` reads it from /proc (or the platform module).
 

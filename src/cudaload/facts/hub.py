@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..frozen import frozen
 
 __all__ = ["Hub", "HubKernel"]
 
 
-@dataclass(frozen=True)
+@frozen
 class HubKernel:
     """Local availability of one Hub attention kernel repository.
 
@@ -39,7 +39,7 @@ class HubKernel:
         return self.cached_variant is not None
 
 
-@dataclass(frozen=True)
+@frozen
 class Hub:
     """What the Hugging Face Hub side allows: offline mode and the attention kernels in the cache.
 

@@ -12,9 +12,10 @@ link and, after a colon, the NICs a node has: "infiniband-ndr" (one NIC per GPU,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..errors import SettingError
+from ..frozen import frozen
 
 __all__ = [
     "DEFAULT_INTERCONNECT",
@@ -48,7 +49,7 @@ _MI300 = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Interconnect:
     """The network between nodes (`--interconnect`).
 
@@ -177,7 +178,7 @@ def gpu_tflops(gpu_name: str | None) -> float | None:
     return entry[0] if entry is not None else None
 
 
-@dataclass(frozen=True)
+@frozen
 class ParallelLayout:
     """Where the ranks of a training job run: `nodes` x `ranks_per_node`, and the link between nodes.
 

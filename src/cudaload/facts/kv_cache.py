@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..frozen import frozen
 
 __all__ = [
     "CACHE_IMPLEMENTATIONS",
@@ -43,7 +43,7 @@ STATE_TYPES = frozenset({"conv", "linear_attention", "moe", "mlp", "dummy"})
 """No per-token entry: a fixed-size convolution/recurrent state per sequence, or nothing."""
 
 
-@dataclass(frozen=True)
+@frozen
 class KvLayers:
     """Decoder layers of one kind and shape, as the KV cache stores them.
 
@@ -70,7 +70,7 @@ class KvLayers:
         return context if self.window is None else min(context, self.window)
 
 
-@dataclass(frozen=True)
+@frozen
 class GenerationFacts:
     """What generation depends on in the model, read from its config and class (no weights).
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+from ..frozen import frozen
 
 __all__ = ["Launch", "Strategy", "zero_stage"]
 
@@ -21,7 +22,7 @@ def zero_stage(strategy: str) -> int | None:
     return int(digit) if digit.isdigit() else None
 
 
-@dataclass(frozen=True)
+@frozen
 class Launch:
     """How this process was launched (torchrun, accelerate, SLURM) and what it shards with.
 

@@ -7,8 +7,9 @@ machine is made of (`Gpu`, `Software`, `Hub`, ...) from their own modules, so `c
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 
+from ..frozen import frozen
 from .hardware import Cpu, GiB, Gpu
 from .hub import Hub, HubKernel
 from .launch import Launch, Strategy
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class Machine:
     """The facts a plan is made from: GPUs, CPU, installed software, Hub state, launch, measurements.
 

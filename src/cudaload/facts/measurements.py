@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
+
+from ..frozen import frozen
 
 __all__ = ["DtypeProbe", "ProbeRound", "TunedVariant", "TuningRecord"]
 
 
-@dataclass(frozen=True)
+@frozen
 class ProbeRound:
     """One interleaved round of a `DtypeProbe`: every dtype timed once, back to back."""
 
@@ -16,7 +18,7 @@ class ProbeRound:
     cast_s: tuple[tuple[str, str, float], ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen
 class DtypeProbe:
     """`F.linear` timed on this machine's CPU per dtype: a prefill-shaped GEMM, a decode-shaped GEMV,
     and the cast of a weight between dtypes (what loading a checkpoint in another dtype pays).
@@ -117,7 +119,7 @@ class DtypeProbe:
         ) or (self,)
 
 
-@dataclass(frozen=True)
+@frozen
 class TunedVariant:
     """One measured (dtype, attention) variant of a tuning record."""
 
@@ -128,7 +130,7 @@ class TunedVariant:
     decode_tokens_per_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class TuningRecord:
     """What `cudaload bench --save` measured for one model shape on one machine.
 

@@ -7,8 +7,9 @@ arguments, and tests build them by hand (`any_model()`, `reference_model()`).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
+from ..frozen import frozen
 from ..upstream import FP16_FRAGILE_FAMILIES
 from .kv_cache import GenerationFacts
 from .stored_weights import CheckpointQuantization
@@ -41,7 +42,7 @@ def multimodal_generator(*class_names: str) -> bool:
     return any(part in name for name in class_names for part in _GENERATING_HEADS)
 
 
-@dataclass(frozen=True)
+@frozen
 class ModelFacts:
     """What the policy knows about a model, read from its config and class alone (no weights).
 

@@ -17,9 +17,10 @@ with one); `Software` lives in software.py, below both.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Protocol
 
+from ..frozen import frozen
 from ..upstream import version_at_least
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ Tf32 = tuple[bool | None, str, str]
 plan sets nothing (a GPU without TF32, where transformers' default is already off)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Platform:
     """One GPU vendor's rules, as the policy asks them.
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from ..frozen import frozen
 
 __all__ = [
     "CHECKPOINT_OPTIMIZER",
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@frozen
 class QuantPackage:
     """The distribution that runs a quantization method, registered where cudaload names packages.
 
@@ -55,7 +56,7 @@ class QuantPackage:
     extra: str
 
 
-@dataclass(frozen=True)
+@frozen
 class QuantMethod:
     """One way cudaload quantizes a base model for LoRA.
 

@@ -8,14 +8,13 @@ packages into one).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..frozen import frozen
 from ..upstream import version_at_least
 
 __all__ = ["Software"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Software:
     """Installed distribution versions (name -> version), plus what transformers accepts.
 

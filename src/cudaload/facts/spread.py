@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from ..frozen import frozen
 
 __all__ = ["TIE_MARGIN", "Spread", "spread"]
 
@@ -24,7 +25,7 @@ shared CPU, and the probe times only the linear layers, so the whole model's dif
 and per-token overhead cost the same in every dtype) is smaller still."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Spread:
     """Per-round ratios summarised: median, middle half (low-high) and how many rounds."""
 

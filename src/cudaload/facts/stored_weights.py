@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
+
+from ..frozen import frozen
 
 __all__ = ["CheckpointQuantization", "count_quantized", "read_quantization_config"]
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointQuantization:
     """How an already-quantized checkpoint stores its weights, from its `quantization_config`.
 

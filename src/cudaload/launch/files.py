@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import PlacementError, SettingError
 from ..facts.machine import Machine
+from ..frozen import frozen
 from ..plans import Plan
 from .accelerate import accelerate_files
 from .deepspeed import deepspeed_files
@@ -34,7 +34,7 @@ _EMITTERS: dict[str, Callable[[Plan, Job], dict[str, str]]] = {
 EMITTERS = tuple(_EMITTERS)
 
 
-@dataclass(frozen=True)
+@frozen
 class LaunchFiles:
     """The launch of one planned job (`launch_files()`): file name -> text, and the plan it was written from.
 

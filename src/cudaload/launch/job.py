@@ -8,9 +8,9 @@ import ipaddress
 import re
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from ..errors import SettingError
+from ..frozen import frozen
 
 __all__ = ["HERE", "LAUNCH_ENV", "MANIFEST", "Job", "shell_line"]
 
@@ -87,7 +87,7 @@ def _manifest_path(value: object) -> str | None:
     return value
 
 
-@dataclass(frozen=True)
+@frozen
 class Job:
     """One launch: its layout and strategy, the rendezvous, the training command and where the manifest is."""
 

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..frozen import frozen
 from ..plans import Plan
 from .check_record import FORCE_HINT
 
@@ -19,7 +20,7 @@ __all__ = ["AppliedPlan", "Failure", "Fallback", "Phase", "listed_keys"]
 Phase = Literal["load", "verify", "switch"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Failure:
     """One attention option's failed attempt: the phase (as in `Fallback.phase`), the problem in one
     line, and what was raised (None when nothing was: non-finite logits)."""
@@ -29,7 +30,7 @@ class Failure:
     error: BaseException | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class Fallback:
     """An attention option that failed while loading, and why (`AppliedPlan.fallbacks`).
 
@@ -57,7 +58,7 @@ class Fallback:
     error: str
 
 
-@dataclass(frozen=True)
+@frozen
 class AppliedPlan:
     """What `load()` actually applied, read back from the loaded model (`model.cudaload_plan`).
 

@@ -3,10 +3,10 @@ model, and whether its logits are finite."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import describe_error
+from ..frozen import frozen
 from .applied import Failure, Phase
 from .fsdp_loading import SKELETON_NOTE
 
@@ -28,7 +28,7 @@ def input_device(model: Any) -> Any:
 NON_FINITE = "the test forward gave non-finite logits"
 
 
-@dataclass(frozen=True)
+@frozen
 class _Verification:
     """What the test forward found: "passed" (finite logits), "skipped" (`problem` says why: no input
     cudaload can build, or no logits to check) or "failed" (`problem`; `error` is what it raised, None

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import LoadFailedError
+from ..frozen import frozen
 from ..plans import Plan
 from .applied import listed_keys
 
@@ -32,7 +32,7 @@ def offload_warning(model: str, offloaded: tuple[str, ...]) -> str:
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class WeightsReport:
     """What transformers' loading report (`output_loading_info=True`) says of the checkpoint's weights."""
 

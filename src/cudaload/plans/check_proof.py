@@ -19,11 +19,12 @@ import json
 import os
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from pathlib import Path
 
 from ..errors import SettingError
+from ..frozen import frozen
 from ..installed import dist_version, installed_versions
 from ..regular_file import read_regular_or_none
 from ..upstream_flash import FLASH_DISTRIBUTIONS
@@ -64,7 +65,7 @@ _MAX_RECORD_BYTES = 1 << 16
 _MAX_INDEX_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckProof:
     """Where a plan's test-forward record lives, and what it says (`Plan.check_proof`).
 
@@ -88,7 +89,7 @@ class CheckProof:
     folder: str = ""
 
 
-@dataclass(frozen=True)
+@frozen
 class Judged:
     """A proof judged when applying: the full `key` a passed forward is recorded under, and `proven` (the
     proof's line) when the record there holds that key."""

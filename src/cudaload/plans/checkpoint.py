@@ -4,14 +4,13 @@ parallelism.py read it). It lives below both, so neither imports the other for i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from ..frozen import frozen
 from .decision import Decision
 
 __all__ = ["CheckpointPlan"]
 
 
-@dataclass(frozen=True)
+@frozen
 class CheckpointPlan:
     """What happens to an already-quantized checkpoint here.
 

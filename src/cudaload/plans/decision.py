@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
+
+from ..frozen import frozen
 
 __all__ = [
     "SUB_MODEL_ATTENTION",
@@ -72,7 +73,7 @@ DecisionSource = Literal["auto", "user"]
 """Who made a Decision: cudaload ("auto") or the caller ("user")."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Rejected:
     """An option a Decision did not take, and why (shown indented with an "x" by `explain()`).
 
@@ -90,7 +91,7 @@ class Rejected:
     reason: str
 
 
-@dataclass(frozen=True)
+@frozen
 class Decision:
     """One setting of a plan: its value, why, and what was rejected and why.
 

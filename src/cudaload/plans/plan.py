@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
+from ..frozen import frozen
 from .check_proof import CheckProof
 from .decision import Decision, ReadOnlyDict, decision_lines, jsonable, read_only
 from .sections import ApplyFacts, FinetunePlan, GenerationPlan, TokenizerPlan
@@ -14,7 +15,7 @@ from .sections import ApplyFacts, FinetunePlan, GenerationPlan, TokenizerPlan
 __all__ = ["Plan"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Plan:
     """What `plan()` decided: the exact from_pretrained keyword arguments and the reason for each.
 

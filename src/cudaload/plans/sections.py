@@ -6,17 +6,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..facts.dtypes import BYTES
 from ..facts.kv_cache import GenerationFacts
+from ..frozen import frozen
 from .decision import Decision, decision_lines, jsonable
 
 __all__ = ["ApplyFacts", "FinetunePlan", "GenerationPlan", "TokenizerPlan"]
 
 
-@dataclass(frozen=True)
+@frozen
 class FinetunePlan:
     """The fine-tuning section of a Plan (`plan.finetune`): what `load_for_finetune()` applies.
 
@@ -80,7 +81,7 @@ class FinetunePlan:
         return out
 
 
-@dataclass(frozen=True)
+@frozen
 class GenerationPlan:
     """The generation settings of a Plan (`plan.generation`), each a Decision with its reason.
 
@@ -202,7 +203,7 @@ class GenerationPlan:
         return json.dumps(self.to_dict(), indent=2)
 
 
-@dataclass(frozen=True)
+@frozen
 class TokenizerPlan:
     """How the model's tokenizer is set up (`Plan.tokenizer`), each a Decision: `tokenizer_for()` applies it.
 
@@ -230,7 +231,7 @@ class TokenizerPlan:
         return None if value is None else str(value)
 
 
-@dataclass(frozen=True)
+@frozen
 class ApplyFacts:
     """What applying a Plan needs to know of the process that made it, gathered by the planner so that
     `apply_plan()` and `load_for_finetune()` probe nothing (`Plan.apply_facts`; not part of the plan's value,

@@ -7,7 +7,7 @@ tests pass facts in. One module per decision; `decide_plan` composes them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelConfigError, PlacementError
@@ -15,6 +15,7 @@ from ..facts.machine import Machine
 from ..facts.model import ModelFacts, multimodal_generator
 from ..facts.placer import Placer
 from ..facts.quant_methods import DEFAULT_QUANT_METHOD, config_method, quantization_method
+from ..frozen import frozen
 from ..plans import Decision, GenerationPlan, Plan
 from ..request import PARALLELISM_CHOICES, Request, Workload
 from .attention import decide_attention, decide_sub_model_attention
@@ -205,7 +206,7 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class _Placement:
     decisions: tuple[Decision, ...]
     kwargs: dict[str, Any]

@@ -27,11 +27,12 @@ How it is built:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..errors import AttentionUnavailableError
 from ..facts.machine import Gpu, Machine
 from ..facts.model import ModelFacts
+from ..frozen import frozen
 from ..plans import SUB_MODEL_ATTENTION, Decision, Rejected
 from ..upstream_flash import attention_kind
 from .attention_checks import AS_IS, BACKENDS, OptionCheck, check_attention, is_checked, is_flash_attention
@@ -82,7 +83,7 @@ def _explicit(
 # --- the automatic chain: a trace of what was tried -----------------------------------------------
 
 
-@dataclass(frozen=True)
+@frozen
 class Accepted:
     """A link the automatic chain keeps (the counterpart of `Rejected` in its trace).
 

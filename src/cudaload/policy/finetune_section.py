@@ -6,12 +6,12 @@ distributed policy: `decide_plan` imports it only when the request fine-tunes.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import QUANT_METHODS
+from ..frozen import frozen
 from ..plans import Decision, FinetunePlan, Rejected
 from ..plans.checkpoint import CheckpointPlan
 from ..request import TrainingRequest
@@ -28,7 +28,7 @@ from .training import decide_lora, decide_training_arguments, launched_precision
 __all__ = ["FinetuneSection", "finetune_section"]
 
 
-@dataclass(frozen=True)
+@frozen
 class FinetuneSection:
     plan: FinetunePlan
     decisions: tuple[Decision, ...]

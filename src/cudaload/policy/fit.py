@@ -16,11 +16,12 @@ of its free memory, divided among the node's ranks when each of them spreads its
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..errors import PlacementError
 from ..facts.machine import GiB, Gpu, Machine
+from ..frozen import frozen
 from .devices import cuda_index
 
 __all__ = [
@@ -98,7 +99,7 @@ def percent(share: float) -> str:
     return f"{share:.0%}"
 
 
-@dataclass(frozen=True)
+@frozen
 class Fit:
     """Where `need` bytes fit on a machine, judged once for every decision that asks.
 

@@ -25,13 +25,13 @@ this policy follows unless it says otherwise:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SettingError
 from ..facts.dtypes import BYTES
 from ..facts.kv_cache import CACHE_IMPLEMENTATIONS, CHECKPOINT_STATIC_CACHES, STATIC_CACHES, GenerationFacts
 from ..facts.machine import Machine
+from ..frozen import frozen
 from ..plans import Decision, GenerationPlan, Rejected
 from ..request import Workload
 from .compile import NOT_FULLGRAPH, decide_compile, decide_continuous_batching, why_not_compiled
@@ -354,7 +354,7 @@ def _context(facts: GenerationFacts, context: int | None, workload: Workload) ->
     return chosen if facts.max_positions is None else min(chosen, facts.max_positions)
 
 
-@dataclass(frozen=True)
+@frozen
 class _Fit:
     decision: Decision
     max_batch: int | None

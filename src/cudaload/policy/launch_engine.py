@@ -5,16 +5,15 @@ choice, carried by the launch manifest, stands."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..facts.launch import zero_stage
 from ..facts.machine import Launch
+from ..frozen import frozen
 from .rank_sizing import STRATEGIES
 
 __all__ = ["LaunchEngine", "launch_engine"]
 
 
-@dataclass(frozen=True)
+@frozen
 class LaunchEngine:
     """The engine a launch set up: the strategies it applies and the launch in words."""
 

@@ -14,17 +14,16 @@ Two sources, both facts on the Machine (the policy measures nothing itself):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..facts.machine import DtypeProbe, Machine, TunedVariant, TuningRecord
 from ..facts.model import ModelFacts
 from ..facts.spread import Spread, spread
+from ..frozen import frozen
 from ..request import Workload
 
 __all__ = ["Estimate", "compare_rounds", "matching_record", "probe_estimate", "record_estimate"]
 
 
-@dataclass(frozen=True)
+@frozen
 class Estimate:
     """Estimated seconds for one workload in one dtype (and attention, for a record)."""
 

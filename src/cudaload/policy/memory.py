@@ -56,12 +56,12 @@ overhead
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..facts.dtypes import BYTES
 from ..facts.model import ModelFacts
 from ..facts.quant_methods import CHECKPOINT_OPTIMIZER, QUANT_METHODS
+from ..frozen import frozen
 
 if TYPE_CHECKING:  # a quantized checkpoint's plan: the annotation only
     from ..plans.checkpoint import CheckpointPlan
@@ -260,7 +260,7 @@ def _step_activations(model: ModelFacts, dtype: str, layer: int, tokens: int, ch
     return layers * layer + logits
 
 
-@dataclass(frozen=True)
+@frozen
 class TrainingMemory:
     weights: int
     lora: int

@@ -5,11 +5,11 @@ the node in the node's RAM, so a strategy whose ranks fit their GPUs may still n
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SettingError
 from ..facts.machine import Machine
+from ..frozen import frozen
 from .fit import TRAINING_SHARE, format_bytes, percent, size_bytes
 
 __all__ = ["NodeMemory", "cpu_ram_problem", "node_memory", "parse_node_memory"]
@@ -17,7 +17,7 @@ __all__ = ["NodeMemory", "cpu_ram_problem", "node_memory", "parse_node_memory"]
 _SIZE = re.compile(r"^\s*\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)\s*$")
 
 
-@dataclass(frozen=True)
+@frozen
 class NodeMemory:
     """A node's RAM in bytes (None: unknown) and where the figure comes from, as a reason says it."""
 

@@ -3,10 +3,9 @@ chosen, and the refusal of a strategy asked by name, with what to pass instead."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import PlacementError
 from ..facts.interconnect import ParallelLayout
+from ..frozen import frozen
 from .fit import format_bytes
 from .launch_engine import LaunchEngine
 from .node_memory import NodeMemory
@@ -31,7 +30,7 @@ def cpu_bytes_per_node(size: RankSize, layout: ParallelLayout) -> int:
     return max(size.node_cpu, size.cpu_offloaded * layout.ranks_per_node, size.node_load_cpu)
 
 
-@dataclass(frozen=True)
+@frozen
 class ParallelOptions:
     """What the choice weighs.
 

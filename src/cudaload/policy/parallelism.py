@@ -23,7 +23,6 @@ plans the launched ranks make agree.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import PlacementError, SettingError
@@ -31,6 +30,7 @@ from ..facts.interconnect import ParallelLayout, gpu_link, gpu_tflops, interconn
 from ..facts.launch import zero_stage
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
+from ..frozen import frozen
 from ..plans import Decision, Rejected
 from ..request import PARALLELISM_CHOICES, TrainingRequest
 from .fit import TRAINING_SHARE, format_bytes
@@ -78,7 +78,7 @@ TP_NOT_FOR_TRAINING = (
 """Why "tp+fsdp" is never a training plan's strategy."""
 
 
-@dataclass(frozen=True)
+@frozen
 class ParallelChoice:
     """The decision's numbers: the layout, the per-rank budget and every strategy's size."""
 

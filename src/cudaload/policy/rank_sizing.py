@@ -42,10 +42,9 @@ communication; DDP's buckets and FSDP's prefetch overlap the two, so the slower 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..facts.interconnect import LINK_EFFICIENCY, ParallelLayout
 from ..facts.launch import zero_stage
+from ..frozen import frozen
 from ..request import STRATEGIES
 from .zero_bytes import zero_bytes
 
@@ -61,7 +60,7 @@ FSDP_STRATEGIES = ("fsdp", "fsdp-hybrid", "tp+fsdp")
 """The strategies that accelerate's fsdp2_prepare_model applies (tensor parallel: across nodes)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class TrainingShape:
     """What sizing needs of the model and the training: counts and bytes, no facts objects.
 
@@ -133,7 +132,7 @@ class TrainingShape:
         return self.trained * (ADAM_STATES + FP32)
 
 
-@dataclass(frozen=True)
+@frozen
 class RankSize:
     """One strategy on one layout: bytes per rank and per step, and the step time.
 
@@ -243,7 +242,7 @@ def size_rank(
     )
 
 
-@dataclass(frozen=True)
+@frozen
 class _Held:
     weights: int
     gradients: int

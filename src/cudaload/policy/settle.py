@@ -11,11 +11,12 @@ fact provider, facts/placer.py) and compares: landed on the GPUs it was judged o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..facts.placer import Landing, Placer
+from ..frozen import frozen
 from ..plans import Plan
 from ..request import Request
 from .current_device import landed_machine, placed_machine
@@ -31,7 +32,7 @@ with the dtype judged for it (a dtype judged on one GPU puts the weights on anot
 every GPU is kept instead, and its device_map reason says so."""
 
 
-@dataclass(frozen=True)
+@frozen
 class _Round:
     plan: Plan
     judged: Machine  # the GPUs dtype and attention were judged on

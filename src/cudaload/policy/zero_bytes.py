@@ -42,7 +42,7 @@ only the adapters), and `additional_buffer_factor` (1.5) applies to the CPU figu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ..frozen import frozen
 
 __all__ = [
     "GATHERED_ELEMENTS",
@@ -75,7 +75,7 @@ FP32 = 4
 MOMENTS = 2 * FP32
 
 
-@dataclass(frozen=True)
+@frozen
 class ZeroBytes:
     """One ZeRO stage's bytes on one rank (GPU) and in one node's CPU RAM.
 
