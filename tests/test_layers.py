@@ -32,9 +32,11 @@ ANYONE = {
     "installed",
     "announce",
     "regular_file",
+    "frozen",
 }
 """Import nothing of cudaload but each other (exceptions, tables of upstream facts, transformers' first import under
-a lock, the version string, the installed distributions' names and versions, the announcement of a long step) and
+a lock, the version string, the installed distributions' names and versions, the announcement of a long step, the
+frozen dataclass decorator) and
 may be imported by every module. What records register (a quantization method's package, detected and named by
 install hints) is gathered above them, in facts/packages.py."""
 BOTTOM = {"errors"}
