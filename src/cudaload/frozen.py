@@ -43,18 +43,20 @@ def frozen(cls: type[_T]) -> type[_T]:
     cls = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     names = frozenset(f.name for f in fields)
-    methods = {
+    methods: dict[str, Any] = {
         "__init__": _init(cls, [f for f in fields if f.init]),
         "__repr__": _repr(tuple(f.name for f in fields if f.repr)),
         "__eq__": _eq(tuple(f.name for f in fields if f.compare)),
         "__hash__": _hash(tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))),
         "__setattr__": _refuse(cls, names, object.__setattr__, "assign to"),
         "__delattr__": _refuse(cls, names, object.__delattr__, "delete"),
+        "__signature__": _Signature(),
     }
     for name, method in methods.items():
         if _written(cls, name):  # as dataclasses does: what the class writes itself stays
             continue
-        method.__qualname__ = f"{cls.__qualname__}.{name}"
+        if callable(method):
+            method.__qualname__ = f"{cls.__qualname__}.{name}"
         setattr(cls, name, method)
     return cls
 
@@ -72,7 +74,9 @@ def _init(cls: type, fields: list[dataclasses.Field[Any]]) -> Callable[..., None
     accepted = frozenset(order)
     defaults = {f.name: f.default for f in fields if f.default is not _MISSING}
     factories: dict[str, Callable[[], Any]] = {
-        f.name: f.default_factory for f in fields if f.default_factory is not _MISSING  # type: ignore[misc]
+        f.name: f.default_factory  # type: ignore[misc]
+        for f in fields
+        if f.default_factory is not _MISSING
     }
     post_init = getattr(cls, "__post_init__", None) is not None
     set_field = object.__setattr__
@@ -101,22 +105,30 @@ def _init(cls: type, fields: list[dataclasses.Field[Any]]) -> Callable[..., None
         if post_init:
             self.__post_init__()
 
-    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # for help() and inspect
-        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-        + [
-            inspect.Parameter(
-                f.name,
-                inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                default=inspect.Parameter.empty
-                if f.name not in defaults and f.name not in factories
-                else defaults.get(f.name, _FACTORY),
-                annotation=f.type,
-            )
-            for f in fields
-        ],
-        return_annotation=None,
-    )
     return __init__
+
+
+class _Signature:
+    """The class's `__signature__` (what `inspect.signature` and `help()` show: the fields, as for a dataclass),
+    built from the fields when first asked: most processes never ask, and building it cost a third of `frozen`."""
+
+    def __get__(self, instance: object, owner: type) -> inspect.Signature:
+        if not hasattr(self, "built"):
+            parameters = [
+                inspect.Parameter(
+                    f.name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=f.default if f.default_factory is _MISSING else _FACTORY,
+                    annotation=f.type,
+                )
+                for f in dataclasses.fields(owner)
+                if f.init
+            ]
+            self.built = inspect.Signature(
+                [p.replace(default=inspect.Parameter.empty) if p.default is _MISSING else p for p in parameters],
+                return_annotation=None,
+            )
+        return self.built
 
 
 class _Factory:
