@@ -197,6 +197,47 @@ def test_every_frozen_record_of_cudaload_is_made_by_frozen() -> None:
         for value in vars(module).values():
             if isinstance(value, type) and value.__module__ == info.name and dataclasses.is_dataclass(value):
                 params = value.__dataclass_params__  # type: ignore[attr-defined]
-                if params.frozen and info.name != __name__:
+                shared = getattr(value.__init__, "__module__", "") == "cudaload.frozen"
+                if params.frozen and not shared:
                     compiled.append(f"{info.name}.{value.__qualname__}")
     assert compiled == []
+
+
+def test_subclasses_either_way_and_their_signatures() -> None:
+    stdlib, ours = _stdlib_and_ours()
+
+    class Plain(ours):  # type: ignore[misc, valid-type]
+        pass
+
+    @dataclasses.dataclass(frozen=True)
+    class Extended(ours):  # type: ignore[misc, valid-type]
+        extra: int = 0
+
+    @frozen
+    class OnStdlib(stdlib):  # type: ignore[misc, valid-type]
+        extra: int = 0
+
+    assert str(inspect.signature(Plain)) == str(inspect.signature(ours))
+    assert "extra" in str(inspect.signature(Extended)) and "extra" not in str(inspect.signature(ours))
+    assert Extended(1, extra=2).extra == 2 and OnStdlib(1, extra=3) == OnStdlib(1, extra=3)
+    for value in (Extended(1), OnStdlib(1)):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            value.extra = 5
+    with pytest.raises(TypeError, match="cannot inherit non-frozen dataclass from a frozen one"):
+        dataclasses.dataclass(type("Mutable", (ours,), {"__annotations__": {"z": "int"}, "z": 0}))
+
+
+def test_keyword_only_and_init_var_fields_are_refused_with_the_way_out() -> None:
+    with pytest.raises(TypeError, match=r"keyword-only fields \['b'\].*dataclasses.dataclass\(frozen=True\)"):
+
+        @frozen
+        class KeywordOnly:
+            a: int
+            b: int = dataclasses.field(default=0, kw_only=True)
+
+    with pytest.raises(TypeError, match=r"InitVar fields \['seed'\]"):
+
+        @frozen
+        class WithInitVar:
+            a: int
+            seed: dataclasses.InitVar[int] = 0

@@ -1,15 +1,16 @@
 """`frozen`: a frozen dataclass whose methods are written once here instead of compiled for each class.
 
-A frozen `dataclasses.dataclass` writes six methods (`__init__`, `__repr__`, `__eq__`, `__hash__`,
-`__setattr__`, `__delattr__`) as source text for each class and compiles them with `exec` (CPython 3.11
-`dataclasses._create_fn`): 0.43 of the 0.57 ms it takes to define a class, measured on the 2-core Zen 4. A
-script's first `load()` defines ~50 of them, so the compiling was ~25 ms of what cudaload added to a 75 ms
-`from_pretrained` (issue 50 item 2). `frozen` lets the standard library read the fields (it still builds
-`__dataclass_fields__` and `__dataclass_params__`, so `dataclasses.fields`, `replace`, `asdict` and
-`is_dataclass` work as before) and gives the class methods that read the field names from closures: the same
-behaviour (the same arguments, defaults, `default_factory`, `compare=False` and `repr=False` fields,
-`__post_init__`, `FrozenInstanceError`), a few microseconds slower to call, which a plan's few hundred
-instances do not notice. Type checkers see a frozen dataclass (`typing.dataclass_transform`, PEP 681).
+A frozen `dataclasses.dataclass` writes six methods (`__init__`, `__repr__`, `__eq__`, `__hash__`, `__setattr__`,
+`__delattr__`) as source text for each class and compiles them with `exec` (CPython 3.11 `dataclasses._create_fn`):
+0.43 of the 0.57 ms it takes to define a class, measured on the 2-core Zen 4. A script's first `load()` defines 47
+of them, so the compiling was ~25 ms of what cudaload added to a ~63 ms `from_pretrained` (issue 50 item 2).
+
+`frozen` lets the standard library read the fields (it still builds `__dataclass_fields__` and
+`__dataclass_params__`, so `dataclasses.fields`, `replace`, `asdict` and `is_dataclass` work as before, and the
+params say init, repr, eq and frozen, as the class behaves) and gives the class methods that read the field names
+from closures: the same behaviour (arguments, defaults, `default_factory`, `compare=False` and `repr=False` fields,
+`__post_init__`, `FrozenInstanceError`, subclasses either way), a few microseconds slower to call, which a plan's
+few hundred instances do not notice. Type checkers see a frozen dataclass (`typing.dataclass_transform`, PEP 681).
 """
 
 from __future__ import annotations
@@ -39,9 +40,15 @@ _MISSING: Any = dataclasses.MISSING
 @dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, dataclasses.Field))
 def frozen(cls: type[_T]) -> type[_T]:
     """A frozen dataclass, with the generated methods shared (see the module docstring)."""
-    # Fields only: with init, repr, eq and frozen off (and no __hash__ to set), dataclasses compiles nothing.
-    cls = dataclasses.dataclass(init=False, repr=False, eq=False)(cls)
+    # Fields only: with init, repr, eq and frozen off (and no __hash__ to set), dataclasses compiles nothing. Under
+    # a frozen base it must say frozen (dataclasses refuses a non-frozen child), and compiles __setattr__ and
+    # __delattr__, replaced below: no record of cudaload has a record as its base.
+    base_frozen = any(getattr(getattr(b, "__dataclass_params__", None), "frozen", False) for b in cls.__mro__[1:])
+    cls = dataclasses.dataclass(init=False, repr=False, eq=False, frozen=base_frozen)(cls)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    _refuse_unsupported(cls, fields)
+    params = cls.__dataclass_params__  # type: ignore[attr-defined]
+    params.init = params.repr = params.eq = params.frozen = True  # what the class is now: a child checks it
     names = frozenset(f.name for f in fields)
     methods: dict[str, Any] = {
         "__init__": _init(cls, [f for f in fields if f.init]),
@@ -50,15 +57,31 @@ def frozen(cls: type[_T]) -> type[_T]:
         "__hash__": _hash(tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))),
         "__setattr__": _refuse(cls, names, object.__setattr__, "assign to"),
         "__delattr__": _refuse(cls, names, object.__delattr__, "delete"),
-        "__signature__": _Signature(),
+        "__signature__": _Signature(cls),
     }
     for name, method in methods.items():
-        if _written(cls, name):  # as dataclasses does: what the class writes itself stays
-            continue
+        if _written(cls, name) and not (base_frozen and name in ("__setattr__", "__delattr__")):
+            continue  # as dataclasses does: what the class writes itself stays
         if callable(method):
             method.__qualname__ = f"{cls.__qualname__}.{name}"
         setattr(cls, name, method)
     return cls
+
+
+def _refuse_unsupported(cls: type, fields: tuple[dataclasses.Field[Any], ...]) -> None:
+    """What the shared methods do not implement: keyword-only fields and `InitVar` pseudo-fields (no record of
+    cudaload has one); a class that needs them takes `dataclasses.dataclass(frozen=True)`."""
+    kw_only = [f.name for f in fields if getattr(f, "kw_only", False) is True]
+    init_vars = [
+        name
+        for name, f in cls.__dataclass_fields__.items()  # type: ignore[attr-defined]
+        if "InitVar" in str(f.type)
+    ]
+    if kw_only or init_vars:
+        raise TypeError(
+            f"@frozen {cls.__qualname__}: keyword-only fields {kw_only} and InitVar fields {init_vars} are not "
+            "supported; use dataclasses.dataclass(frozen=True) for this class"
+        )
 
 
 def _written(cls: type, name: str) -> bool:
@@ -112,23 +135,31 @@ class _Signature:
     """The class's `__signature__` (what `inspect.signature` and `help()` show: the fields, as for a dataclass),
     built from the fields when first asked: most processes never ask, and building it cost a third of `frozen`."""
 
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.built: inspect.Signature | None = None
+
     def __get__(self, instance: object, owner: type) -> inspect.Signature:
-        if not hasattr(self, "built"):
-            parameters = [
-                inspect.Parameter(
-                    f.name,
-                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                    default=f.default if f.default_factory is _MISSING else _FACTORY,
-                    annotation=f.type,
-                )
-                for f in dataclasses.fields(owner)
-                if f.init
-            ]
-            self.built = inspect.Signature(
-                [p.replace(default=inspect.Parameter.empty) if p.default is _MISSING else p for p in parameters],
-                return_annotation=None,
-            )
+        if owner is not self.cls:  # a subclass that is not a record itself: its own fields, not cached here
+            return _signature(owner)
+        if self.built is None:
+            self.built = _signature(owner)
         return self.built
+
+
+def _signature(cls: type) -> inspect.Signature:
+    parameters = [
+        inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=_default(f), annotation=f.type)
+        for f in dataclasses.fields(cls)
+        if f.init
+    ]
+    return inspect.Signature(parameters, return_annotation=None)
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not _MISSING:
+        return f.default
+    return inspect.Parameter.empty if f.default_factory is _MISSING else _FACTORY
 
 
 class _Factory:
