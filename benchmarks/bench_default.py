@@ -15,6 +15,7 @@ converted there already and the dtype probe's record is reused: neither is what 
 
 For each: wall seconds, CPU seconds of the process and everything it waited for (wait4), the load average
 before and after (the machine is shared: say how quiet "quiet" was), the threads it measured on and why,
+the clock its round budget counted, each variant's measured load and prefill/decode rounds,
 its progress lines (each with its seconds since the start: where the time went), its verdict and whether
 it equals the full grid's.
 
@@ -69,8 +70,14 @@ def _run(args: list[str], out: Path) -> dict[str, object]:
         "threads": work["threads"],
         "threads_why": work.get("threads_why"),
         "measured_rounds": work["measured_rounds"],
+        "round_budget_clock": work.get("round_budget_clock"),
         "variants": {
-            v["name"]: {"rounds": len(v["runs"]["prefill_s"]), "stopped": v["time_boxed"]} for v in result["variants"]
+            v["name"]: {
+                "load_rounds": len(v["runs"]["load_s"]),
+                "rounds": len(v["runs"]["prefill_s"]),
+                "stopped": v["time_boxed"],
+            }
+            for v in result["variants"]
         },
         "skipped": [s["variant"] for s in result["skipped"]],
         "overhead_measured": result["overhead"] is not None,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from cudaload.bench import generate_bench, harness
+from cudaload.bench import generate_bench, harness, meters
 from cudaload.bench.contention import busy_generation
 from cudaload.bench.generate_bench import GenerationVariant
 from cudaload.bench.harness import BenchRun, Variant
@@ -101,7 +101,7 @@ def _generation(work: BenchRun, seconds: dict[str, float], monkeypatch: pytest.M
             v.decode_tps.append(decode)
 
     monkeypatch.setattr(generate_bench, "_time_round", fake_round)
-    monkeypatch.setattr(generate_bench, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(meters, "time", SimpleNamespace(perf_counter=lambda: now[0]))  # budget and boxes
     variants = [
         GenerationVariant("plan", {}, "left", is_plan=True),
         GenerationVariant("default generate()", {}, "right", is_default=True),
@@ -131,7 +131,8 @@ def test_the_generation_comparison_stops_a_variant_once_decided_and_runs_every_r
 
 def test_a_generation_variant_past_its_time_box_is_measured_no_further(monkeypatch: pytest.MonkeyPatch) -> None:
     # 400 s of budget: the comparison's quarter, 100 s, is 33 s for each of the three variants
-    costly = {"plan": 1.0, "default generate()": 1.0, "static cache": 100.0}
+    # (the phase's own budget counts the same seconds: 20 s rounds of static cache leave it room for more rounds)
+    costly = {"plan": 1.0, "default generate()": 1.0, "static cache": 20.0}
     plan, default, static = _generation(BenchRun(8, 4, repeats=5, budget_s=400.0), costly, monkeypatch)
     assert len(static.generate_s) == 1 and static.stopped is not None and "time-boxed after 1" in static.stopped
     assert len(plan.generate_s) >= 2 and len(default.generate_s) == 2  # default: decided, as above
@@ -252,3 +253,47 @@ def test_two_rounds_decide_a_side_only_past_twice_the_tie_margin_three_past_it()
     assert decided([1.0, 1.0, 1.0], [0.83, 0.86, 0.84]) == "the plan slower in every round (0.83-0.86x)"
     assert decided([1.0, 1.0], [1.35, 1.4]) == "the plan faster in every round (1.35-1.40x)"
     assert decided([1.0, 1.0], [1.02, 1.05]) == "a tie with the plan in every round (1.02-1.05x)"  # ties: as before
+
+
+class _WaitingLoader(_Loader):
+    """`_Loader`, each load costing a second of CPU and `slower` times that of wall on the clocks patched into
+    `meters` (the bench's round clocks)."""
+
+    def __init__(self, seconds: dict[str, list[float]], clocks: dict[str, float], slower: float) -> None:
+        super().__init__(seconds)
+        self.clocks, self.slower = clocks, slower
+
+    def load(self, v: Variant) -> tuple[Any, float]:
+        self.clocks["cpu"] += 1.0
+        self.clocks["wall"] += self.slower
+        return super().load(v)
+
+
+def test_on_busy_cores_the_load_phase_counts_cpu_seconds_within_a_wall_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    clocks = {"cpu": 0.0, "wall": 0.0}
+    monkeypatch.setattr(
+        meters, "time", SimpleNamespace(process_time=lambda: clocks["cpu"], perf_counter=lambda: clocks["wall"])
+    )
+    # two variants on both sides of the tie margin round after round: never decided, never settled
+    close = [1.0, 1.3, 0.8, 1.3, 0.8, 1.3]
+
+    def loads(slower: float) -> tuple[list[Variant], list[str]]:
+        plan, other = Variant("bfloat16", "sdpa", {}, is_plan=True), Variant("bfloat16", "eager", {})
+        loader = _WaitingLoader({plan.name: [1.0] * 6, other.name: close}, clocks, slower)
+        # 2 s of CPU a round against the load phase's 15 s: 1 warm-up and 5 measured rounds would take 12 s
+        work = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, budget_s=60.0, cpu_clock=True)
+        said: list[str] = []
+        harness._time_loads([plan, other], work, loader, _BAR, said.append)  # type: ignore[arg-type]
+        return [plan, other], said
+
+    # 6x the CPU seconds in wall (a sixth of a core): 12 s of wall a round, past the 15 s share after the
+    # warm-up on a wall budget; on CPU seconds every round the budget allows
+    (plan, other), said = loads(6.0)
+    assert len(plan.load_s) == len(other.load_s) == 5 and not any("wall seconds" in line for line in said)
+    # 50x (a process starved of the cores): the first measured round, then the wall bound, said
+    (plan, other), said = loads(50.0)
+    assert len(plan.load_s) == len(other.load_s) == 1
+    assert [line for line in said if "wall seconds" in line] == [
+        "load: stopped after 1 measured rounds: the next would end past 6x the phase's share in wall seconds "
+        "(90 s; 200 s so far for 4.0 s of CPU)"
+    ]

@@ -90,3 +90,45 @@ def test_a_silent_phase_still_says_what_it_is_doing() -> None:
     count = len(lines)
     time.sleep(0.15)
     assert len(lines) == count  # the ticker ends with the block
+
+
+def _phase(budget: RoundBudget, cpu: _Clock, wall: _Clock, costs: list[float], slower: float) -> int:
+    """The rounds a phase runs when round i costs `costs[i]` seconds of CPU and `slower` times that of wall."""
+    done = 0
+    while budget.another(done, lambda: False):  # the ratios never settle: only the budget stops the rounds
+        cpu.now += costs[done]
+        wall.now += slower * costs[done]
+        done += 1
+    return done
+
+
+def test_on_cpu_seconds_a_phase_counts_them_and_its_wall_seconds_only_bound_it() -> None:
+    from cudaload.bench.harness import LOAD_SHARE
+    from cudaload.bench.rounds import WALL_BOUND
+
+    busy = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, budget_s=BUDGET_S, cpu_clock=True)
+    assert RoundBudget(busy, LOAD_SHARE).clock is time.process_time  # the clock the rounds are timed with
+    assert RoundBudget(replace(busy, cpu_clock=False), LOAD_SHARE).clock is time.perf_counter
+    # The load phase beside CPU-bound neighbours: a warm-up of 4 s of CPU, measured rounds of 2 s, each taking
+    # 6x that of wall while it waits for a core. On its CPU share (15 s) it gets more than the minimum.
+    costs = [4.0] + [2.0] * 5
+    cpu, wall = _Clock(), _Clock()
+    budget = RoundBudget(busy, LOAD_SHARE, clock=cpu, wall=wall)
+    assert _phase(budget, cpu, wall, costs, slower=6.0) - busy.warmup >= 3 and budget.walled is None
+    # the same rounds on a wall budget (what counted before): one measured round, the warm-up having spent it
+    cpu, wall = _Clock(), _Clock()
+    on_wall = RoundBudget(replace(busy, cpu_clock=False), LOAD_SHARE, clock=wall, wall=wall)
+    assert _phase(on_wall, cpu, wall, costs, slower=6.0) - busy.warmup == 1
+    # A process starved of the cores (50x the CPU seconds in wall): the wall bound stops it after the first
+    # measured round, which always runs, and says why.
+    cpu, wall = _Clock(), _Clock()
+    starved = RoundBudget(busy, LOAD_SHARE, clock=cpu, wall=wall)
+    assert _phase(starved, cpu, wall, costs, slower=50.0) - busy.warmup == 1
+    bound = WALL_BOUND * BUDGET_S * LOAD_SHARE
+    assert starved.walled is not None and f"{WALL_BOUND:.0f}x the phase's share in wall seconds ({bound:.0f} s" in (
+        starved.walled
+    )
+    # a CPU share spent stops the phase, whatever the wall
+    cpu, wall = _Clock(), _Clock()
+    costly = RoundBudget(busy, LOAD_SHARE, clock=cpu, wall=wall)
+    assert _phase(costly, cpu, wall, [8.0] * 6, slower=1.0) - busy.warmup == 1 and costly.walled is None

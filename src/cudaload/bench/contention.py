@@ -5,8 +5,9 @@ cores, each op waits until every thread has been scheduled again. Measured on a 
 load average 10-11): SmolLM2-135M decoding 16 tokens in bfloat16 took 96 s wall (23 s CPU) on torch's
 default 2 threads and 5.9 s wall (1.5 s CPU) on one. A default `cudaload bench` (no `--threads`) on a
 machine whose cores are taken therefore measures on one thread and times its rounds in CPU seconds
-(`meters.round_clock`), says so and records why; the plan's dtype probe times one thread in CPU time too
-(`capability`), so the comparison is the one the plan was made on. A machine with its cores free keeps
+(`meters.round_clock`), and its phases' time budgets count them too (`rounds.RoundBudget`); it says so and
+records why. The plan's dtype probe times one thread in CPU time too (`capability`), so the comparison is the
+one the plan was made on. A machine with its cores free keeps
 torch's default. On taken cores the generation comparison generates fewer new tokens (`busy_generation`).
 """
 
@@ -15,6 +16,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+
+from .rounds import WALL_BOUND
 
 __all__ = ["BUSY_OTHERS", "BUSY_SHARE", "bench_threads", "busy_generation", "core_share", "others_load"]
 
@@ -69,7 +72,8 @@ def bench_threads(asked: int | None, default: int, share: float, others: float =
     )
     return 1, (
         f"the cores are busy ({seen}): measuring on 1 torch thread, not torch's {default}, which wait on each "
-        f"other here, in CPU seconds (`--threads {default}` measures on {default}, in wall seconds)"
+        f"other here, in CPU seconds, the rounds' time budget too (each phase within {WALL_BOUND:.0f}x its share in "
+        f"wall seconds; `--threads {default}` measures on {default}, in wall seconds)"
     )
 
 

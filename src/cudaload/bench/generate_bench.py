@@ -24,7 +24,6 @@ generates fewer new tokens here (`contention.busy_generation`), and the section 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
@@ -265,12 +264,14 @@ def _compare_rounds(
             if v.stopped is not None:
                 say(f"generation: {v.name} {v.stopped}")
                 continue
-            started = time.perf_counter()
+            started = box.clock()
             _time_round(torch, planned, v, r, prompts, reference, work, memory, sync)
-            box.add(i, time.perf_counter() - started)
+            box.add(i, box.clock() - started)
         r += 1
         for line in stop_decided(variants, work):
             say(line)
+    if budget.walled is not None:
+        say(f"generation: {budget.walled}")
 
 
 def _still_timed(variants: list[GenerationVariant]) -> bool:

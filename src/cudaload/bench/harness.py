@@ -13,7 +13,7 @@ import gc
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,11 @@ __all__ = [
 ]
 
 BUDGET_S = 60.0
-"""Wall seconds the measured rounds of a full `cudaload bench` (no --repeats) may take: loads
-LOAD_SHARE of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`). Issue 50:
-the default bench within 90 s on 2 quiet cores, 180 s with 4 CPU-bound neighbours; a variant whose ratio to
-the plan is decided stops early (`verdict.stop_settled`), so the budget goes to the close calls."""
+"""Seconds the measured rounds of a full `cudaload bench` (no --repeats) may take, on the clock they are timed
+with (wall; on busy cores the process's CPU seconds, within `rounds.WALL_BOUND` x in wall): loads LOAD_SHARE
+of it, prefill/decode RUN_SHARE, the generation comparison the rest (`bench.rounds`). Issue 50: the default
+bench within 90 s on 2 quiet cores, 180 s with 4 CPU-bound neighbours; a variant whose ratio to the plan is
+decided stops early (`verdict.stop_settled`), so the budget goes to the close calls."""
 LOAD_SHARE, RUN_SHARE = 0.25, 0.5
 
 
@@ -48,11 +49,13 @@ class VariantBox:
     """Each variant's time box in one phase of an adaptive run: its equal part of the phase's share of
     `BenchRun.budget_s`. A variant past its box after a measured round is measured no further (its numbers
     are the rounds it had, the row says so), so one slow variant (an emulated dtype, eager attention on a long
-    prompt) cannot hold the others' rounds back; with a fixed `--repeats` there is no box."""
+    prompt) cannot hold the others' rounds back; with a fixed `--repeats` there is no box. Its seconds are the
+    phase's (`clock`: the rounds' own, `meters.round_clock`), as its `rounds.RoundBudget` counts them."""
 
     def __init__(self, work: BenchRun, share: float, variants: int) -> None:
         self.box = None if work.budget_s is None else work.budget_s * share / max(1, variants)
         self.warmup = work.warmup
+        self.clock, self.unit = round_clock(work.cpu_clock)[0], " of CPU" if work.cpu_clock else ""
         self.spent: dict[int, float] = {}
 
     def add(self, index: int, seconds: float) -> None:
@@ -64,7 +67,10 @@ class VariantBox:
         spent = self.spent.get(index, 0.0)
         if self.box is None or done <= self.warmup or spent <= self.box:
             return None
-        return f"time-boxed after {done - self.warmup} measured rounds ({spent:.0f} s, its share {self.box:.0f} s)"
+        return (
+            f"time-boxed after {done - self.warmup} measured rounds "
+            f"({spent:.0f} s{self.unit}, its share {self.box:.0f} s)"
+        )
 
 
 @frozen
@@ -211,7 +217,8 @@ def measure(
     import torch
 
     memory = PeakMemory(torch, on_cuda)
-    clock, clock_name = round_clock(work.cpu_clock and not on_cuda)  # a GPU's work is not this process's CPU time
+    work = replace(work, cpu_clock=work.cpu_clock and not on_cuda)  # a GPU's work is not this process's CPU time
+    clock, clock_name = round_clock(work.cpu_clock)  # the rounds' and, through `work`, the phases' budgets
     loader = _Loader(torch, on_cuda, path, clock)
     rounds = work.warmup + work.repeats
     interrupted = False
@@ -259,7 +266,7 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
                 say(f"{v.name}: load {why}")
                 continue
             try:
-                start = time.perf_counter()
+                start = box.clock()
                 model, seconds = loader.load(v)
             except Exception as exc:  # an unusable option is a result, not a crash
                 v.error = f"load: {describe_error(exc)}"
@@ -274,10 +281,12 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
             loader.parameters = loader.parameters or sum(int(p.numel()) for p in model.parameters())
             del model
             loader.release()
-            box.add(i, time.perf_counter() - start)
+            box.add(i, box.clock() - start)
         r += 1
         for line in stop_settled(variants, "load", work):
             say(line)
+    if budget.walled is not None:
+        say(f"load: {budget.walled}")
 
 
 def _load_resident(variants: list[Variant], loader: _Loader) -> None:
@@ -325,7 +334,7 @@ def _time_runs(
                 v.boxed["run"] = why
                 say(f"{v.name}: prefill/decode {why}")
                 continue
-            started = time.perf_counter()
+            started = box.clock()
             new_tokens = work.new_tokens if r >= work.warmup else min(work.new_tokens, work.warmup_new_tokens)
             try:
                 with memory.watch(v) if r >= work.warmup else nullcontext():
@@ -340,10 +349,12 @@ def _time_runs(
                 v.prefill_s.append(prefill_s)
                 v.decode_tps.append(decode_tps)
                 v.generate_s.append(generate_s)
-            box.add(i, time.perf_counter() - started)
+            box.add(i, box.clock() - started)
         r += 1
         for line in stop_settled(running, "run", work):
             say(line)
+    if budget.walled is not None:
+        say(f"prefill/decode: {budget.walled}")
 
 
 def _run(model: Any, prompt: Any, new_tokens: int, loader: _Loader, torch: Any) -> tuple[bool, float, float, float]:

@@ -23,9 +23,10 @@ from ..plans import jsonable
 from .contention import busy_generation
 from .environment import machine_facts, versions
 from .harness import BenchRun, Measurement, Variant, measure, workload_for
+from .meters import CPU_CLOCK
 from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, save_tuning_record, shape_key, summarise, write_result
-from .rounds import ticking
+from .rounds import WALL_BOUND, ticking
 from .upstream_messages import captured_messages
 from .verdict import never_planned
 
@@ -359,6 +360,16 @@ def _result_of(
     return result, rows
 
 
+def _budget_clock(work: BenchRun, measured: Measurement) -> str | None:
+    """What an adaptive run's `round_budget_s` counted (`rounds.RoundBudget`): the rounds' own clock, within
+    WALL_BOUND x each phase's share of wall seconds when that is CPU seconds; None with a fixed --repeats."""
+    if work.budget_s is None:
+        return None
+    if measured.clock == CPU_CLOCK:
+        return f"{measured.clock}, each phase within {WALL_BOUND:.0f}x its share in wall seconds"
+    return measured.clock
+
+
 def _workload_of(work: BenchRun, measured: Measurement, threads_used: int, variants: list[Variant]) -> dict[str, Any]:
     """The result's `workload` section: what was run and how each number is defined."""
     return {
@@ -370,6 +381,7 @@ def _workload_of(work: BenchRun, measured: Measurement, threads_used: int, varia
         "warmup_rounds": work.warmup,
         "measured_rounds": max((len(v.prefill_s) for v in variants), default=0) or work.repeats,
         "round_budget_s": work.budget_s,
+        "round_budget_clock": _budget_clock(work, measured),
         "statistic": "median",
         "device": measured.device,
         "prefill": "model(input_ids, use_cache=True, logits_to_keep=1)",

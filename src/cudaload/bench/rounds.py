@@ -6,7 +6,8 @@ another round fits in the phase's share of `BenchRun.budget_s`, then more only w
 variants' ratios to each other are not settled and another round fits. A fixed 1 + 3 rounds of
 SmolLM2 with every variant took over 15 minutes on 2 busy cores (issue 37); a settled ratio needs
 no more rounds, an unsettled one gets what the budget allows and its spread says how sure it is.
-`--repeats N` measures exactly N.
+`--repeats N` measures exactly N. The budget counts the seconds the rounds are timed in (`meters.round_clock`:
+on busy cores the process's CPU seconds), bounded in wall seconds by WALL_BOUND.
 
 `ticking` wraps a phase logger so that a line is said at least every TICK_S seconds, even inside
 a long round (a blank terminal for minutes looks hung); `terminal_bar` is the tqdm bar a terminal
@@ -24,11 +25,13 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 from ..facts.spread import TIE_MARGIN
+from .meters import round_clock
 
 __all__ = [
     "SETTLED_SPREAD",
     "SIDE_ROUNDS",
     "TICK_S",
+    "WALL_BOUND",
     "RoundBudget",
     "decided",
     "quiet_threads",
@@ -46,6 +49,14 @@ SIDE_ROUNDS = 3
 the margin. Two loads of the same bfloat16 bytes (bfloat16/eager against the plan's bfloat16/sdpa, 60-80 ms) came
 0.83-0.86x apart in both rounds of one default bench (2-core Zen 4, load 3, CPU seconds) and 1.06-1.18x over three
 in the full grid: a verdict the noise of two rounds made."""
+WALL_BOUND = 6.0
+"""A phase whose rounds are timed in CPU seconds (busy cores: `meters.round_clock`) counts its share of the
+budget in those seconds, so CPU-cheap rounds are not cut short by the waits for a core; it also stops once the
+next round would end past WALL_BOUND x its share in wall seconds, so a process starved of the cores cannot run
+unbounded: the CPU seconds decide while the bench gets at least a sixth of a core. Beside 4 CPU-bound neighbours
+on the 2-core Zen 4 (with other sessions' load on top) a default bench got 13-21% of a core, and the load
+phase's rounds (60-120 ms loads of SmolLM2, ~2 s of CPU a round, 10-14 s of wall) got one measured round on a
+wall budget: "load vs bare" then differed from the full grid's in one run of two (issue 50)."""
 TICK_S = 5.0
 """The longest a benchmark stays silent (issue 37: at least every 5 s)."""
 TICK_MARGIN = 0.8
@@ -62,6 +73,8 @@ class _Work(Protocol):
     def min_repeats(self) -> int: ...
     @property
     def budget_s(self) -> float | None: ...
+    @property
+    def cpu_clock(self) -> bool: ...
 
 
 def ratios_settled(series: Sequence[Sequence[float]]) -> bool:
@@ -104,21 +117,32 @@ def decided(plan: Sequence[float], other: Sequence[float], *, rate: bool = False
 
 class RoundBudget:
     """When a phase stops measuring rounds (see the module docstring). `share`: this phase's part
-    of `work.budget_s`, counted from when the phase starts; `clock`: seconds (tests pass a fake).
+    of `work.budget_s`, counted from when the phase starts on the clock its rounds are timed with
+    (`meters.round_clock(work.cpu_clock)`), and, on CPU seconds, within WALL_BOUND x that share of wall
+    seconds; `clock`/`wall`: tests pass fakes.
 
     The warm-up and one measured round always run (fewer measure nothing); the rounds up to
     `min_repeats` run while the next one fits the phase's share, so a slow or busy machine gets
     fewer rounds (and a spread that says so) rather than an unbounded run; past them, a round
     starts only while the ratios are unsettled and it fits."""
 
-    def __init__(self, work: _Work, share: float, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self.fixed = work.budget_s is None
+    def __init__(
+        self,
+        work: _Work,
+        share: float,
+        clock: Callable[[], float] | None = None,
+        wall: Callable[[], float] | None = None,
+    ) -> None:
+        self.clock = clock or round_clock(work.cpu_clock)[0]
+        self.wall = wall or round_clock(False)[0]
+        self.fixed, self.warmup = work.budget_s is None, work.warmup
         self.most = work.warmup + work.repeats
         self.first = work.warmup + min(1, work.repeats)
         self.least = work.warmup + min(work.min_repeats, work.repeats)
-        self.started = clock()
-        self.deadline = self.started + (work.budget_s or 0.0) * share
+        self.started, self.wall_started = self.clock(), self.wall()
+        self.share_s = (work.budget_s or 0.0) * share
+        self.walled: str | None = None
+        """Why the wall bound stopped the phase before its share did (None: it did not)."""
 
     def another(self, done: int, settled: Callable[[], bool]) -> bool:
         """Whether round `done + 1` starts, after `done` rounds; `settled()`: whether the values so
@@ -129,14 +153,29 @@ class RoundBudget:
             return True
         if done >= self.least and settled():
             return False
-        now = self.clock()
-        return now + (now - self.started) / done <= self.deadline  # the next round, at the mean so far
+        # the next round, at the mean so far, ends within the share (its own clock) and the wall bound
+        if not _fits(self.clock(), self.started, self.share_s, done):
+            return False
+        bound = WALL_BOUND * self.share_s
+        if not _fits(self.wall(), self.wall_started, bound, done):
+            spent, waited = self.clock() - self.started, self.wall() - self.wall_started
+            self.walled = (
+                f"stopped after {done - self.warmup} measured rounds: the next would end past {WALL_BOUND:.0f}x "
+                f"the phase's share in wall seconds ({bound:.0f} s; {waited:.0f} s so far for {spent:.1f} s of CPU)"
+            )
+            return False
+        return True
 
     def label(self, done: int) -> str:
         """ "round 3/4" (fixed) or "round 3 (2-6, until the ratios settle)" (adaptive)."""
         if self.fixed:
             return f"round {done + 1}/{self.most}"
         return f"round {done + 1} ({self.first}-{self.most}, until the ratios settle or the time budget is spent)"
+
+
+def _fits(now: float, started: float, share_s: float, done: int) -> bool:
+    """Whether a round taking the mean of the `done` rounds since `started` ends within `share_s` of it."""
+    return now + (now - started) / done <= started + share_s
 
 
 @contextmanager
