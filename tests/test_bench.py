@@ -147,6 +147,14 @@ def test_quick_bench_reports_the_plan_and_every_alternative(tmp_path: Path, monk
     report = format_report(result)
     assert f"* {plan['name']} (plan)" in report
     assert "x bare" in report and "tuning record saved" in report
+    # The verdict is recorded as the saved JSON reads again; a quick run (a tiny model) does not print it.
+    from cudaload.bench.verdict import verdict
+
+    assert saved["verdict"] == verdict(saved) and set(saved["verdict"]) == {"load", "prefill", "decode", "end_to_end"}
+    assert "verdict (" not in report
+    said = next(line for line in format_report({**result, "mode": "full"}, 1000).splitlines() if "verdict (" in line)
+    place = saved["verdict"]["load"]["plan"]
+    assert ("load: the plan is best" if place == "best" else f"load: {place} beats the plan") in said
 
     # --save: a later plan of the same model on this machine uses the measured grid. The quick run
     # used 1 thread; with another thread count the record is stale and the plan says so.

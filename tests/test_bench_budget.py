@@ -9,6 +9,7 @@ from pathlib import Path
 import cudaload
 from cudaload.bench.harness import BenchRun, VariantBox
 from cudaload.bench.inference import never_planned, variants_for
+from cudaload.bench.rounds import RoundBudget
 
 
 def test_fp16_is_left_out_on_a_cpu_and_kept_on_a_gpu_or_when_asked(tiny_models: dict[str, Path]) -> None:
@@ -27,14 +28,14 @@ def test_fp16_is_left_out_on_a_cpu_and_kept_on_a_gpu_or_when_asked(tiny_models: 
 
 def test_a_variant_past_its_time_box_is_measured_no_further() -> None:
     work = BenchRun(prompt_tokens=8, new_tokens=4, repeats=5, budget_s=100.0)
-    box = VariantBox(work, share=0.5, variants=5)  # 100 s x 0.5 / 5 = 10 s each
+    box = VariantBox(RoundBudget(work, share=0.5), variants=5)  # 100 s x 0.5 / 5 = 10 s each
     box.add(0, 4.0)
     box.add(1, 30.0)
     assert box.over(1, 1) is None  # after the warm-up only: every variant gets a measured round
     assert box.over(0, 2) is None
     why = box.over(1, 2)
     assert why is not None and "time-boxed after 1 measured rounds" in why and "its share 10 s" in why
-    fixed = VariantBox(BenchRun(prompt_tokens=8, new_tokens=4, repeats=3), share=0.5, variants=5)
+    fixed = VariantBox(RoundBudget(BenchRun(prompt_tokens=8, new_tokens=4, repeats=3), share=0.5), variants=5)
     fixed.add(1, 1e6)
     assert fixed.over(1, 3) is None  # a fixed --repeats N measures N rounds of every variant
 

@@ -73,6 +73,39 @@ def test_a_variant_stopped_once_decided_keeps_the_verdict_of_every_round_measure
     assert stopped["load"] == {"plan": "best", "vs_bare": None}
 
 
+def _rounds(name: str, load: list[float], **flags: Any) -> dict[str, Any]:
+    """A bench result's row with per-round loads (ms) and the same prefill/decode rounds as every other."""
+    runs = {"load_s": [ms / 1e3 for ms in load], "prefill_s": [0.3, 0.3], "decode_tps": [12.0, 12.0]}
+    runs["generate_s"] = [1.0] * len(load)
+    return {"name": name, "dtype": name.split("/")[0], "ok": True, "runs": runs, **flags}
+
+
+def test_the_verdict_reads_the_middle_half_of_the_paired_rounds_not_the_ratio_of_two_medians() -> None:
+    # One busy default bench's load rounds (2026-12-07-bench-default-cpu-budget.json, 4 CPU-bound neighbours):
+    # the plan and bare load the same bytes; their medians (94 vs 70 ms) said "bare faster", the full grid a tie.
+    plan = _rounds("bfloat16/sdpa", [97, 94, 70, 115, 59], is_plan=True)
+    bare = _rounds("bare from_pretrained(path)", [61, 106, 70, 68, 102], dtype="checkpoint", is_bare=True)
+    result = {"workload": {"device": "cpu"}, "variants": [plan, bare]}
+    assert verdict(result)["load"] == {"plan": "best", "vs_bare": "tie"}
+    assert verdict(result)["end_to_end"] == {"plan": "best", "vs_bare": "tie"}
+    # bare faster in 4 rounds of 5 by 1.6-2x, one round the other way: the middle half says bare is faster
+    bare["runs"]["load_s"] = [s / 1e3 for s in (50, 48, 120, 52, 30)]
+    assert verdict(result)["load"] == {"plan": "bare from_pretrained(path)", "vs_bare": "slower"}
+
+
+def test_the_verdict_calls_a_side_on_two_rounds_only_past_twice_the_tie_margin() -> None:
+    # bfloat16/eager's loads 1.16-1.20x faster than the plan's: a side on three rounds, a tie on two (the noise of
+    # two rounds of 60-80 ms loads made that verdict in one default bench, rounds.SIDE_ROUNDS)
+    plan = _rounds("bfloat16/sdpa", [70, 72, 71], is_plan=True)
+    eager = _rounds("bfloat16/eager", [60, 61, 60])
+    result = {"workload": {"device": "cpu"}, "variants": [plan, eager]}
+    assert verdict(result)["load"]["plan"] == "bfloat16/eager"
+    plan["runs"]["load_s"], eager["runs"]["load_s"] = plan["runs"]["load_s"][:2], eager["runs"]["load_s"][:2]
+    assert verdict(result)["load"]["plan"] == "best"
+    eager["runs"]["load_s"] = [0.050, 0.051]  # 1.4x on both rounds: past twice the margin
+    assert verdict(result)["load"]["plan"] == "bfloat16/eager"
+
+
 class _Planned:
     """The model generate_bench drives, without a model: the reference continuation only."""
 

@@ -122,12 +122,14 @@ def test_on_cpu_seconds_a_phase_counts_them_and_its_wall_seconds_only_bound_it()
     # A process starved of the cores (50x the CPU seconds in wall): the wall bound stops it after the first
     # measured round, which always runs, and says why.
     cpu, wall = _Clock(), _Clock()
-    starved = RoundBudget(busy, LOAD_SHARE, clock=cpu, wall=wall)
+    said: list[str] = []
+    starved = RoundBudget(busy, LOAD_SHARE, clock=cpu, wall=wall, phase="load", say=said.append)
     assert _phase(starved, cpu, wall, costs, slower=50.0) - busy.warmup == 1
     bound = WALL_BOUND * BUDGET_S * LOAD_SHARE
     assert starved.walled is not None and f"{WALL_BOUND:.0f}x the phase's share in wall seconds ({bound:.0f} s" in (
         starved.walled
     )
+    assert said == [f"load: {starved.walled}"]  # said once, by the budget that stopped, with its phase
     # a CPU share spent stops the phase, whatever the wall
     cpu, wall = _Clock(), _Clock()
     costly = RoundBudget(busy, LOAD_SHARE, clock=cpu, wall=wall)

@@ -252,7 +252,8 @@ def _compare_rounds(
     reference = [out.sequences[0, -new:].cpu() for out in alone]
     del alone
     share = 1 - LOAD_SHARE - RUN_SHARE
-    budget, r, box = RoundBudget(work, share), 0, VariantBox(work, share, len(variants))
+    budget, r = RoundBudget(work, share, phase="generation", say=say), 0
+    box = VariantBox(budget, len(variants))
     while (r <= work.warmup or _still_timed(variants)) and budget.another(
         r, lambda: ratios_settled([v.decode_tps for v in variants if v.error is None])
     ):
@@ -270,8 +271,6 @@ def _compare_rounds(
         r += 1
         for line in stop_decided(variants, work):
             say(line)
-    if budget.walled is not None:
-        say(f"generation: {budget.walled}")
 
 
 def _still_timed(variants: list[GenerationVariant]) -> bool:

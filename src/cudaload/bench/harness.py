@@ -50,12 +50,12 @@ class VariantBox:
     `BenchRun.budget_s`. A variant past its box after a measured round is measured no further (its numbers
     are the rounds it had, the row says so), so one slow variant (an emulated dtype, eager attention on a long
     prompt) cannot hold the others' rounds back; with a fixed `--repeats` there is no box. Its seconds are the
-    phase's (`clock`: the rounds' own, `meters.round_clock`), as its `rounds.RoundBudget` counts them."""
+    phase's `rounds.RoundBudget`'s: its share, on its clock (the rounds' own, `meters.round_clock`)."""
 
-    def __init__(self, work: BenchRun, share: float, variants: int) -> None:
-        self.box = None if work.budget_s is None else work.budget_s * share / max(1, variants)
-        self.warmup = work.warmup
-        self.clock, self.unit = round_clock(work.cpu_clock)[0], " of CPU" if work.cpu_clock else ""
+    def __init__(self, budget: RoundBudget, variants: int) -> None:
+        self.box = None if budget.fixed else budget.share_s / max(1, variants)
+        self.warmup = budget.warmup
+        self.clock, self.unit = budget.clock, " of CPU" if budget.cpu_clock else ""
         self.spent: dict[int, float] = {}
 
     def add(self, index: int, seconds: float) -> None:
@@ -249,8 +249,8 @@ def measure(
 
 def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: Any, say: Callable[[str], None]) -> None:
     """Phase 1: load times, interleaved; each model is dropped before the next load."""
-    budget, r = RoundBudget(work, LOAD_SHARE), 0
-    box = VariantBox(work, LOAD_SHARE, len(variants))
+    budget, r = RoundBudget(work, LOAD_SHARE, phase="load", say=say), 0
+    box = VariantBox(budget, len(variants))
     while still_measured(variants, "load") and budget.another(
         r, lambda: ratios_settled([v.load_s for v in variants if v.error is None])
     ):
@@ -285,8 +285,6 @@ def _time_loads(variants: list[Variant], work: BenchRun, loader: _Loader, bar: A
         r += 1
         for line in stop_settled(variants, "load", work):
             say(line)
-    if budget.walled is not None:
-        say(f"load: {budget.walled}")
 
 
 def _load_resident(variants: list[Variant], loader: _Loader) -> None:
@@ -313,9 +311,9 @@ def _time_runs(
     torch = loader.torch
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(2, max(vocab_size, 3), (work.batch, work.prompt_tokens), generator=generator)
-    budget, r = RoundBudget(work, RUN_SHARE), 0
+    budget, r = RoundBudget(work, RUN_SHARE, phase="prefill/decode", say=say), 0
     running = [v for v in variants if v.error is None]
-    box = VariantBox(work, RUN_SHARE, len(running))
+    box = VariantBox(budget, len(running))
 
     def settled() -> bool:
         return ratios_settled([v.prefill_s for v in running if v.error is None]) and ratios_settled(
@@ -353,8 +351,6 @@ def _time_runs(
         r += 1
         for line in stop_settled(running, "run", work):
             say(line)
-    if budget.walled is not None:
-        say(f"prefill/decode: {budget.walled}")
 
 
 def _run(model: Any, prompt: Any, new_tokens: int, loader: _Loader, torch: Any) -> tuple[bool, float, float, float]:

@@ -28,7 +28,7 @@ from .models import resolve_model
 from .results import VariantResult, baseline_of, rows_of, save_tuning_record, shape_key, summarise, write_result
 from .rounds import WALL_BOUND, ticking
 from .upstream_messages import captured_messages
-from .verdict import never_planned
+from .verdict import never_planned, verdict
 
 __all__ = ["ATTENTION", "DTYPES", "SCHEMA", "never_planned", "run_bench", "write_result"]
 
@@ -357,6 +357,7 @@ def _result_of(
         "generation": phases.compared,
         "overhead": phases.costs,
     }
+    result["verdict"] = verdict(result)  # read from the rows above, as a benchmark reads a saved result
     return result, rows
 
 

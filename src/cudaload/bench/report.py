@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..facts.spread import TIE_MARGIN
 from .upstream_messages import format_messages
 
 __all__ = ["format_generation", "format_report"]
@@ -202,7 +203,27 @@ def _reading_notes(result: dict[str, Any]) -> list[str]:
     plan_name = result["plan"]["variant"]
     verdicts = [f"{what} {name}{' (the plan)' if name == plan_name else ''}" for what, name in best.items() if name]
     lines.append("fastest: " + (", ".join(verdicts) or "nothing was measured"))
+    if result.get("verdict") and result["mode"] != "quick":  # an older result has none; quick compares nothing
+        lines.append(_verdict_line(result["verdict"]))
     return lines
+
+
+_AGAINST_BARE = {"tie": "as fast as bare", "faster": "faster than bare", "slower": "slower than bare"}
+
+
+def _verdict_line(verdict: dict[str, dict[str, str | None]]) -> str:
+    """What the run concludes per metric (`bench.verdict`): the plan's place among the variants it could be,
+    and against bare from_pretrained; a ratio within the tie margin in the middle half of the rounds is a tie."""
+    cells = []
+    for metric, said in verdict.items():
+        if said["plan"] is None:
+            continue
+        place = "the plan is best" if said["plan"] == "best" else f"{said['plan']} beats the plan"
+        against = _AGAINST_BARE.get(said["vs_bare"] or "")
+        cells.append(f"{metric}: {place}" + (f", {against}" if against else ""))
+    return f"verdict (each variant against the plan round by round; a tie within {TIE_MARGIN:.0%}): " + (
+        "; ".join(cells) or "nothing was compared"
+    )
 
 
 def _spread_line(variants: list[dict[str, Any]]) -> str:

@@ -132,8 +132,13 @@ class RoundBudget:
         share: float,
         clock: Callable[[], float] | None = None,
         wall: Callable[[], float] | None = None,
+        *,
+        phase: str = "",
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.clock = clock or round_clock(work.cpu_clock)[0]
+        self.cpu_clock = work.cpu_clock
+        self.phase, self.say = phase, say
         self.wall = wall or round_clock(False)[0]
         self.fixed, self.warmup = work.budget_s is None, work.warmup
         self.most = work.warmup + work.repeats
@@ -163,6 +168,8 @@ class RoundBudget:
                 f"stopped after {done - self.warmup} measured rounds: the next would end past {WALL_BOUND:.0f}x "
                 f"the phase's share in wall seconds ({bound:.0f} s; {waited:.0f} s so far for {spent:.1f} s of CPU)"
             )
+            if self.say is not None:
+                self.say(f"{self.phase}: {self.walled}")
             return False
         return True
 
