@@ -115,15 +115,15 @@ def still_measured(variants: Sequence[_Timed], phase: str) -> bool:
     return any(not v.is_plan and v.error is None and phase not in v.boxed for v in variants)
 
 
-def _side(rounds: Spread) -> str:
+def _side(ratios: Spread) -> str:
     """The plan against another variant, from the plan-over-other time ratio of each round: "slower" or
     "faster" when the middle half of the rounds lies beyond `facts.spread.TIE_MARGIN` on that side, else "tie"
     (the rule the policy decides by, `Spread.tie`: one slow round moves neither end); on fewer than
     `rounds.SIDE_ROUNDS` rounds, beyond twice the margin, as `rounds.decided` stops a variant."""
-    margin = TIE_MARGIN if rounds.rounds >= SIDE_ROUNDS else 2 * TIE_MARGIN
-    if rounds.tie(margin):
+    margin = TIE_MARGIN if ratios.rounds >= SIDE_ROUNDS else 2 * TIE_MARGIN
+    if ratios.tie(margin):
         return "tie"
-    return "slower" if rounds.low > 1 else "faster"
+    return "slower" if ratios.low > 1 else "faster"
 
 
 def never_planned(dtype: str, on_cuda: bool) -> str | None:
@@ -190,11 +190,11 @@ def verdict(result: dict[str, Any]) -> dict[str, dict[str, str | None]]:
     bare = next((r for r in rows if r.get("is_bare")), None)
     out: dict[str, dict[str, str | None]] = {}
     for metric in VERDICT_METRICS:
-        rounds = {r["name"]: c for r in rows if plan is not None and (c := _compared(plan, r, metric)) is not None}
-        beaten_by = sorted((c.median, name) for name, c in rounds.items() if _side(c) == "slower")
-        against_bare = rounds.get(bare["name"]) if bare is not None else None
+        ratios = {r["name"]: c for r in rows if plan is not None and (c := _compared(plan, r, metric)) is not None}
+        beaten_by = sorted((c.median, name) for name, c in ratios.items() if _side(c) == "slower")
+        against_bare = ratios.get(bare["name"]) if bare is not None else None
         out[metric] = {
-            "plan": None if not rounds else beaten_by[-1][1] if beaten_by else "best",
+            "plan": None if not ratios else beaten_by[-1][1] if beaten_by else "best",
             "vs_bare": None if against_bare is None else _side(against_bare),
         }
     return out
