@@ -170,6 +170,22 @@ def test_a_subclass_and_the_signature() -> None:
         labelled.label = "n"
 
 
+def test_a_class_without_a_docstring_gets_the_stdlibs_and_one_with_keeps_its_own() -> None:
+    def undocumented(decorate: Any) -> Any:
+        class Sized:
+            size: int
+            unit: str = "B"
+            parts: tuple[int, ...] = dataclasses.field(default_factory=tuple)
+
+        return decorate(Sized)
+
+    ours, stdlib = undocumented(frozen), undocumented(dataclasses.dataclass(frozen=True))
+    assert (
+        ours.__doc__ == stdlib.__doc__ == "Sized(size: 'int', unit: 'str' = 'B', parts: 'tuple[int, ...]' = <factory>)"
+    )
+    assert _point(frozen).__doc__ == "A point."
+
+
 def test_what_the_class_writes_itself_stays() -> None:
     @frozen
     class Named:

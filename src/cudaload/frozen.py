@@ -2,8 +2,9 @@
 
 A frozen `dataclasses.dataclass` writes six methods (`__init__`, `__repr__`, `__eq__`, `__hash__`, `__setattr__`,
 `__delattr__`) as source text for each class and compiles them with `exec` (CPython 3.11 `dataclasses._create_fn`):
-0.43 of the 0.57 ms it takes to define a class, measured on the 2-core Zen 4. A script's first `load()` defines 47
-of them, so the compiling was ~25 ms of what cudaload added to a ~63 ms `from_pretrained` (issue 50 item 2).
+0.52 of the 0.56 ms it takes to define a 7-field class on Python 3.11, and alike on 3.10-3.13
+(`benchmarks/record_cost.py`, 2-core Zen 4). A script's first `load()` defines 47 of them, so the compiling was
+~25 ms of what cudaload added to a ~63 ms `from_pretrained` (issue 50 item 2).
 
 `frozen` lets the standard library read the fields (it still builds `__dataclass_fields__` and
 `__dataclass_params__`, so `dataclasses.fields`, `replace`, `asdict` and `is_dataclass` work as before, and the
@@ -44,6 +45,11 @@ def frozen(cls: type[_T]) -> type[_T]:
     # a frozen base it must say frozen (dataclasses refuses a non-frozen child), and compiles __setattr__ and
     # __delattr__, replaced below: no record of cudaload has a record as its base.
     base_frozen = any(getattr(getattr(b, "__dataclass_params__", None), "frozen", False) for b in cls.__mro__[1:])
+    # Without a docstring dataclasses writes one from the signature, which here has no fields yet ("A()"): it is
+    # written below from the real one, as dataclass(frozen=True) writes it.
+    documented = bool(cls.__dict__.get("__doc__"))
+    if not documented:
+        cls.__doc__ = cls.__name__
     cls = dataclasses.dataclass(init=False, repr=False, eq=False, frozen=base_frozen)(cls)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     _refuse_unsupported(cls, fields)
@@ -65,6 +71,8 @@ def frozen(cls: type[_T]) -> type[_T]:
         if callable(method):
             method.__qualname__ = f"{cls.__qualname__}.{name}"
         setattr(cls, name, method)
+    if not documented:
+        cls.__doc__ = cls.__name__ + str(inspect.signature(cls)).replace(" -> None", "")
     return cls
 
 
