@@ -164,6 +164,8 @@ class Variant:
 
 @frozen
 class Measurement:
+    """What a bench's load/prefill/decode grid measured besides each variant's own numbers."""
+
     parameters: int
     device: str
     interrupted: bool

@@ -48,6 +48,8 @@ BUILT_IN = {
 
 @frozen
 class BenchModel:
+    """The model a bench measures: its folder, what was asked for, and what it is."""
+
     path: Path
     """A local folder with config.json and weights."""
     name: str

@@ -60,6 +60,8 @@ class GpuProbe(Protocol):
 
 @frozen
 class GpuReport:
+    """What GPU detection found, which probe answered, and what it noticed on the way."""
+
     gpus: tuple[Gpu, ...]
     source: str
     """"nvml", "torch" or "none"."""

@@ -21,6 +21,8 @@ _ABI3T_MIN_PYTHON = Version("3.15")
 
 @frozen
 class Backend:
+    """The backend part of a build variant's name (`cu128`, `cuda-12.8`, `cpu`, ...)."""
+
     name: str
     """"cuda", "cpu", "rocm", ...; for a noarch (or `sdk-<backend>`) variant the name as written."""
     version: Version | None = None
@@ -39,6 +41,8 @@ class Backend:
 
 @frozen
 class Variant:
+    """A Hub kernel's build variant, parsed from its folder name."""
+
     kind: str  # "arch", "noarch" or "sdk"
     framework: str = ""  # "torch", "torch-stable-abi", "tvm-ffi", "torch-noarch", "mlx-noarch", "sdk"
     version: Version | None = None  # the framework's

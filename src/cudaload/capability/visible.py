@@ -24,6 +24,8 @@ __all__ = ["RawDevice", "RawMigSlice", "as_visible_gpus", "parse_visible_devices
 
 @frozen
 class RawMigSlice:
+    """One MIG slice of a physical GPU, as NVML enumerates it."""
+
     uuid: str
     name: str
     total_memory: int

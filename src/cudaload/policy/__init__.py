@@ -208,6 +208,8 @@ def _compose(machine: Machine, judged: Machine, model: ModelFacts, request: Requ
 
 @frozen
 class _Placement:
+    """The placement section: its decisions, the from_pretrained kwargs they set, and their warnings."""
+
     decisions: tuple[Decision, ...]
     kwargs: dict[str, Any]
     warnings: tuple[str, ...]

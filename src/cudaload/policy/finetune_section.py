@@ -30,6 +30,8 @@ __all__ = ["FinetuneSection", "finetune_section"]
 
 @frozen
 class FinetuneSection:
+    """A fine-tuning plan's section: the `FinetunePlan`, its decisions, the quantization and the training bytes."""
+
     plan: FinetunePlan
     decisions: tuple[Decision, ...]
     quantize: str | None

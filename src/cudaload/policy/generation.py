@@ -356,6 +356,8 @@ def _context(facts: GenerationFacts, context: int | None, workload: Workload) ->
 
 @frozen
 class _Fit:
+    """The `generation.max_batch` decision, with the batch and context the KV-cache budget allows."""
+
     decision: Decision
     max_batch: int | None
     max_context: int | None

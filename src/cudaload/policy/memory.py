@@ -262,6 +262,8 @@ def _step_activations(model: ModelFacts, dtype: str, layer: int, tokens: int, ch
 
 @frozen
 class TrainingMemory:
+    """A fine-tuning run's peak memory estimate on one device, term by term, in bytes."""
+
     weights: int
     lora: int
     """LoRA weights and gradients (fp32) and the optimizer's state: 16 bytes per parameter with

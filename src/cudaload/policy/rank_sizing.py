@@ -244,6 +244,8 @@ def size_rank(
 
 @frozen
 class _Held:
+    """What one rank holds under a strategy, in bytes (on the GPU, and on the CPU per rank and per node)."""
+
     weights: int
     gradients: int
     states: int

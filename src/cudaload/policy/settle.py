@@ -34,6 +34,8 @@ every GPU is kept instead, and its device_map reason says so."""
 
 @frozen
 class _Round:
+    """One composed plan, with the GPUs its dtype and attention were judged on and those its weights land on."""
+
     plan: Plan
     judged: Machine  # the GPUs dtype and attention were judged on
     landed: Machine  # the GPUs its weights land on
