@@ -504,6 +504,13 @@ def test_cpu_results_are_filed_by_model_and_widest_isa(flags, slug, tmp_path) ->
     assert machine_slug(machine) == slug
     when = datetime(2026, 12, 3, tzinfo=timezone.utc)
     assert result_path(tmp_path, machine, "finetune", when) == tmp_path / slug / "2026-12-03-finetune.json"
+    # A record of that day and kind is there: the next is filed beside it, never over it.
+    (tmp_path / slug).mkdir()
+    (tmp_path / slug / "2026-12-03-finetune.json").write_text("{}")
+    assert result_path(tmp_path, machine, "finetune", when) == tmp_path / slug / "2026-12-03-finetune-2.json"
+    (tmp_path / slug / "2026-12-03-finetune-2.json").write_text("{}")
+    assert result_path(tmp_path, machine, "finetune", when).name == "2026-12-03-finetune-3.json"
+    assert result_path(tmp_path, machine, "", when).name == "2026-12-03.json"  # another kind: its own name
 
 
 def test_gpu_results_are_filed_by_gpu_name() -> None:
@@ -523,3 +530,5 @@ def test_a_benchmark_scripts_record_leads_with_where_it_ran(tmp_path: Path) -> N
     assert record["versions"]["cudaload"] and record["machine"]["cpu"]["isa_flags"] is not None
     filed = write_benchmark_record("results", tmp_path / "results", "probe-x", {})
     assert filed.parent == tmp_path / "results" / machine_slug(detect()) and filed.name.endswith("-probe-x.json")
+    again = write_benchmark_record("results", tmp_path / "results", "probe-x", {"runs": [2]})
+    assert again.name.endswith("-probe-x-2.json") and json.loads(filed.read_text()).get("runs") is None  # kept

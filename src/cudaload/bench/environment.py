@@ -37,9 +37,16 @@ def machine_slug(machine: Any) -> str:
 
 
 def result_path(root: str | Path, machine: Any, kind: str = "", when: datetime | None = None) -> Path:
-    """`<root>/<machine slug>/<YYYY-MM-DD>[-<kind>].json`."""
+    """`<root>/<machine slug>/<YYYY-MM-DD>[-<kind>].json`, or, when a record of that day and kind is already there,
+    the first free `...-2.json`, `...-3.json`: a second run the same day is a second record, never written over the
+    first (a benchmark run with `--json results` replaced a committed record of the morning's that way)."""
     day = (when or datetime.now(timezone.utc)).strftime("%Y-%m-%d")
-    return Path(root) / machine_slug(machine) / f"{day}{'-' + kind if kind else ''}.json"
+    stem = Path(root) / machine_slug(machine) / f"{day}{'-' + kind if kind else ''}"
+    path, count = stem.with_name(f"{stem.name}.json"), 1
+    while path.exists():
+        count += 1
+        path = stem.with_name(f"{stem.name}-{count}.json")
+    return path
 
 
 def machine_facts(machine: Any) -> dict[str, Any]:
