@@ -14,6 +14,7 @@ import pytest
 import cudaload
 from cudaload.capability import GPU_PROBES, detect_uncached, software
 from cudaload.capability.gpus import ProbeFailed, TorchProbe, probe_gpus
+from cudaload.capability.module_constants import TorchBuilds
 from cudaload.capability.rocm import AmdSmiProbe, RocmTorchProbe, gfx_capability, gfx_target
 from cudaload.capability.usable_gpus import gpus_unusable
 from cudaload.errors import DtypeUnsupportedError, UnknownGpuError
@@ -88,7 +89,8 @@ def test_a_hip_torch_with_amdsmi_is_a_machine_of_amd_gpus_planned_from_rocm_rule
     tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     smi = FakeAmdSmi()
-    monkeypatch.setattr(software, "torch_hip_version", lambda: "6.4.43484")  # torch/version.py says hip = ...
+    hip_build = TorchBuilds(cuda=None, hip="6.4.43484", xpu=None)  # torch.version (or torch/version.py) says hip = ...
+    monkeypatch.setattr(software, "torch_builds", lambda: hip_build)
     machine = detect_uncached(
         {"HIP_VISIBLE_DEVICES": "1"},
         vendor_probes={"nvidia": (_no_nvidia,), "amd": (lambda: AmdSmiProbe(smi, exists=lambda path: True),)},

@@ -25,8 +25,9 @@ from ..installed import installed_versions
 from ..upstream_flash import FLASH_DISTRIBUTIONS, FLASH_OPTIONS
 from ..upstream_kernels import hub_kernel_version
 from .cache import unreadable
+from .module_constants import torch_builds, transformers_kernels_range
 from .native_libraries import bitsandbytes_builds, torchao_extensions
-from .xpu_mps import torch_mps_built, torch_xpu_version
+from .xpu_mps import torch_mps_built
 
 if TYPE_CHECKING:  # the build variants' rules: imported where a kernel is cached or overridden (most machines: none)
     from .kernel_variants import BuildSystem
@@ -61,43 +62,9 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def _module_source(package: str, *relative: str) -> str | None:
-    """The text of a file inside an installed package, found without importing the package
-    (`find_spec` of a top-level name runs nothing)."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        return None
-    try:
-        return Path(spec.origin).parent.joinpath(*relative).read_text(encoding="utf-8")
-    except OSError:
-        return None
-
-
-def _torch_cuda_version() -> str | None:
-    """torch's CUDA build, read from torch/version.py so that torch is not imported."""
-    text = _module_source("torch", "version.py")
-    match = re.search(r"^cuda(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text or "", re.MULTILINE)
-    return match.group(1) if match else None
-
-
 def torch_hip_version() -> str | None:
-    """torch's ROCm (HIP) build (`torch.version.hip`), read from torch/version.py so that torch is not imported."""
-    text = _module_source("torch", "version.py")
-    match = re.search(r"^hip(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text or "", re.MULTILINE)
-    return match.group(1) if match else None
-
-
-def _transformers_kernels_range() -> tuple[str, str] | None:
-    """The `kernels` versions transformers accepts (it ignores others silently): the
-    KERNELS_MIN/MAX_VERSION assignments in transformers/utils/import_utils.py, read as text
-    because importing transformers costs about a second (a test holds this against the import)."""
-    text = _module_source("transformers", "utils", "import_utils.py") or ""
-    found = [
-        re.search(rf"^{name}\s*(?::[^=]+)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
-        for name in ("KERNELS_MIN_VERSION", "KERNELS_MAX_VERSION")
-    ]
-    low, high = (m.group(1) if m else None for m in found)
-    return (low, high) if low and high else None
+    """torch's ROCm (HIP) build (`torch.version.hip`), without importing torch (module_constants.py)."""
+    return torch_builds().hip
 
 
 def probe_software(driver: str | None = None) -> Software:
@@ -119,14 +86,15 @@ def probe_software(driver: str | None = None) -> Software:
             if not flash_provided(dist, flash_module, providers, _importable):
                 continue
         packages.append((dist, version.split("+")[0]))
+    builds = torch_builds()  # torch/version.py read once for the three, when torch is not imported
     return Software(
         packages=tuple(sorted(packages)),
-        torch_cuda=_torch_cuda_version(),
-        torch_hip=torch_hip_version(),
-        torch_xpu=torch_xpu_version(),
+        torch_cuda=builds.cuda,
+        torch_hip=builds.hip,
+        torch_xpu=builds.xpu,
         torch_mps=torch_mps_built(),
         driver=driver,
-        kernels_range=_transformers_kernels_range(),
+        kernels_range=transformers_kernels_range(),
         bitsandbytes_builds=bitsandbytes_builds() if any(name == "bitsandbytes" for name, _ in packages) else None,
         torchao_extensions=torchao_extensions() if any(name == "torchao" for name, _ in packages) else None,
     )

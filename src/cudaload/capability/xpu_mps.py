@@ -8,8 +8,8 @@ Sysman and starts nothing (xpu/__init__.py: `device_count`, "will NOT poison for
 probe reads the properties only after the count found a GPU. For MPS, `torch.backends.mps.is_available()`,
 `get_name()` and `get_core_count()` ask the Metal device (no allocation, no command queue) and
 `torch.mps.recommended_max_memory()` reads its recommendedMaxWorkingSetSize; the first tensor on "mps" starts the
-MPS allocator. A torch built for neither is told from torch/version.py (`xpu`) or the platform (macOS arm64
-wheels are built with MPS) without importing torch.
+MPS allocator. A torch built for neither is told from `torch.version.xpu` (module_constants.py: the loaded
+module's, else torch/version.py's) or the platform (macOS arm64 wheels are built with MPS) without importing torch.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import importlib.util
 import platform
 import re
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .gpus import ProbeFailed, TorchRuntimeProbe
+from .module_constants import torch_builds
 
 if TYPE_CHECKING:  # imported where a probe found a GPU (gpus.py says why)
     from .visible import RawDevice
@@ -30,16 +30,8 @@ __all__ = ["MpsProbe", "XpuTorchProbe", "apple_chip", "intel_arch", "torch_mps_b
 
 
 def torch_xpu_version() -> str | None:
-    """`torch.version.xpu` (an XPU build's oneAPI release), read from torch/version.py: torch is not imported."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or spec.origin is None:
-        return None
-    try:
-        text = Path(spec.origin).parent.joinpath("version.py").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    match = re.search(r"^xpu(?:\s*:\s*[^=]+)?\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
-    return match.group(1) if match else None
+    """`torch.version.xpu` (an XPU build's oneAPI release), without importing torch (module_constants.py)."""
+    return torch_builds().xpu
 
 
 def torch_mps_built() -> bool:

@@ -1,6 +1,7 @@
 """bitsandbytes under a ROCm torch: which release has a ROCm backend, and whether the installed wheel ships a build
 that torch's HIP version can load. Pure: the builds are read from the wheel's file names
-(capability/native_libraries.py) and the HIP version from torch/version.py, neither imported.
+(capability/native_libraries.py) and the HIP version from `torch.version.hip` (capability/module_constants.py: the
+loaded module's, else torch/version.py's), neither imported.
 
 Sources, by symbol:
 - bitsandbytes 0.50.2 cextension.py: `get_cuda_bnb_library_path` picks `libbitsandbytes_rocm<major><minor>` for
