@@ -1,8 +1,9 @@
 """What load() costs over bare from_pretrained on tiny models, on a cached plan (issue 37, item 6).
 
 For each tiny causal-LM family (saved with `from_config(...).save_pretrained`, random weights) and each
-source tree given (`--tree NAME=SRC`: the cudaload sources the child processes import, e.g. this branch
-against a checkout of main), `cudaload.bench.overhead.load_costs` runs fresh processes with torch and
+cudaload tree given (`--tree NAME=PATH`: what the child processes import, e.g. this branch against a checkout of
+main; a project root is installed first, as a user's `pip install` does, into a folder of its own, and a `src`
+folder is imported as it is), `cudaload.bench.overhead.load_costs` runs fresh processes with torch and
 transformers imported beforehand: bare `from_pretrained(**plan kwargs)`, `load()` on a cached plan (one
 plan and one load() ran first, so the test forward's record is there when the tree writes one) and
 `load(verify=False)`, interleaved, `--repeats` each; wall and CPU seconds (CPU: every thread of the child,
@@ -13,7 +14,7 @@ from_pretrained + 50 ms (`load_over_limit` <= 1); issue 50's, load() of a proven
 proven by an earlier process: every measured load here) <= 1.05x bare + 20 ms (`issue50_over_limit` <= 1), in
 a fresh process and again in a warm one, CPU and wall.
 
-    python benchmarks/load_overhead.py [--tree after=src --tree before=/tmp/main-src] [--repeats 3] [--json results]
+    python benchmarks/load_overhead.py [--tree after=. --tree before=/tmp/main] [--repeats 3] [--json results]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -57,6 +59,18 @@ def _families(work: Path) -> dict[str, Path]:
     return paths
 
 
+def _importable(tree: str, work: Path, name: str) -> str:
+    """The folder the children import `tree` from: a project root (a pyproject.toml) installed with pip into a
+    folder of its own, as a user's install lays it out (its `RECORD` beside the package: cudaload keys its stored
+    plans by it, planner/plan_store.py `code_identity`); anything else is a `src` folder, imported as it is."""
+    if not (Path(tree) / "pyproject.toml").is_file():
+        return str(Path(tree).resolve())
+    target = work / f"installed-{name}"
+    command = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    subprocess.run([*command, "--target", str(target), str(Path(tree).resolve())], check=True)
+    return str(target)
+
+
 def _summary(families: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Medians over the families of each one's medians, and the goal."""
     out: dict[str, Any] = {}
@@ -86,22 +100,23 @@ def _summary(families: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tree", action="append", help="NAME=SRC: cudaload sources the children import")
+    parser.add_argument("--tree", action="append", help="NAME=PATH: a project root (installed first) or a src folder")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--families", default="qwen3,llama,mistral,phi3,gpt2")
     parser.add_argument("--json", default=None, help='"results" (benchmarks/results/<machine>/) or a path')
     args = parser.parse_args()
-    trees = dict(t.split("=", 1) for t in (args.tree or [f"this={ROOT / 'src'}"]))
+    trees = dict(t.split("=", 1) for t in (args.tree or [f"this={ROOT}"]))
     from cudaload.bench.overhead import load_costs
 
     load_before = os.getloadavg()
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="cudaload-load-overhead-") as tmp:
         paths = _families(Path(tmp))
+        imported = {name: _importable(tree, Path(tmp), name) for name, tree in trees.items()}
         wanted = args.families.split(",")
         for name in wanted:
-            for tree, src in trees.items():  # interleaved per family: the trees see the same load
-                os.environ["PYTHONPATH"] = str(Path(src).resolve())
+            for tree in trees:  # interleaved per family: the trees see the same load
+                os.environ["PYTHONPATH"] = imported[tree]
                 costs = load_costs(paths[name], repeats=args.repeats, say=lambda line: print(line, file=sys.stderr))
                 costs["model"] = name
                 results.setdefault(tree, {})[name] = costs

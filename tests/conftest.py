@@ -98,6 +98,17 @@ def _every_load_runs_its_test_forward(monkeypatch: pytest.MonkeyPatch) -> Iterat
     yield
 
 
+@pytest.fixture(autouse=True)
+def _every_plan_is_decided(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A plan decided before from the same inputs is read back instead of decided (planner/plan_store.py), and
+    this run shares one cache: a test that changes the policy (a monkeypatched rule) must get the policy's plan,
+    not one an earlier test stored, so here every plan is decided. tests/test_plan_store.py turns the store on."""
+    from cudaload.planner import planning
+
+    monkeypatch.setattr(planning, "plan_key", lambda *args, **kwargs: None)
+    yield
+
+
 def _save(tmp: Path, name: str, config: Any, dtype: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM

@@ -37,12 +37,12 @@ class _Spy:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         import cudaload.capability.upstream_placement as upstream
-        import cudaload.planner.planning as planning
+        import cudaload.policy as policy
 
         self.phase = "before"
         self.calls: dict[str, list[str]] = {"before": [], "during": [], "after": []}
         self.placements: list[tuple[str, dict[Any, Any]]] = []
-        real_decide, real_place = planning.decide_plan, upstream.upstream_placement
+        real_decide, real_place = policy.decide_plan, upstream.upstream_placement
 
         def decide(*args: Any, **kwargs: Any) -> cudaload.Plan:
             self.phase = "during"
@@ -54,7 +54,7 @@ class _Spy:
             self.placements.append((dtype, dict(max_memory)))
             return real_place(model, auto_class, dtype, max_memory, **kw)
 
-        monkeypatch.setattr(planning, "decide_plan", decide)
+        monkeypatch.setattr(policy, "decide_plan", decide)  # the planner imports it when it decides
         monkeypatch.setattr(upstream, "upstream_placement", place)
 
     def profile(self, frame: FrameType, event: str, arg: Any) -> None:

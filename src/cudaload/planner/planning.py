@@ -14,12 +14,12 @@ from ..errors import SettingError
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
 from ..plans import Plan
-from ..policy import decide_plan
 from ..request import Workload, check_flag, model_class_name, workload_from
 from .apply_facts import apply_facts
 from .arguments import check_model, generation_request, parallel_request, split_overrides, training_request
 from .check_proof import check_proof
 from .gather import read_facts, upstream_placer, with_measurements
+from .plan_store import plan_key, store_plan, stored_plan
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -166,9 +166,21 @@ def plan(
     facts = model if isinstance(model, ModelFacts) else read_facts(model, model_class, overrides)
     if detected:
         machine = with_measurements(machine, facts, probe, request)
-    # Where transformers itself places a spread depends on the dtype the policy picks: a fact the policy asks for.
-    placer = None if isinstance(model, ModelFacts) else upstream_placer(model, facts, overrides)
-    result = decide_plan(machine, facts, request, placer=placer)
+    # A plan decided before from the same inputs is read back: the policy is neither imported nor run (plan_store.py).
+    key = plan_key(model, machine, facts, request, overrides) if detected else None
+    result = stored_plan(key, machine) if key is not None else None
+    if result is None:
+        from ..policy import decide_plan
+
+        # Where transformers itself places a spread depends on the dtype the policy picks: a fact the policy asks for.
+        placer = None if isinstance(model, ModelFacts) else upstream_placer(model, facts, overrides)
+
+        def decide(judged: Machine) -> Plan:
+            return decide_plan(judged, facts, request, placer=placer)
+
+        result = decide(machine)
+        if key is not None:
+            store_plan(key, result, machine, decide)
     if result.finetune is not None and result.finetune.lora is not None:
         from ..capability.transformers_api import check_lora_settings
 
