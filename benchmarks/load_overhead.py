@@ -12,7 +12,10 @@ so waiting for a core on a busy machine costs nothing). The load average is reco
 Goals, median over the families, never asserted in a test: issue 37's, load() on a cached plan <= 1.2x bare
 from_pretrained + 50 ms (`load_over_limit` <= 1); issue 50's, load() of a proven checkpoint (its test forward
 proven by an earlier process: every measured load here) <= 1.05x bare + 20 ms (`issue50_over_limit` <= 1), in
-a fresh process and again in a warm one, CPU and wall.
+a fresh process and again in a warm one, CPU and wall. With the same kwargs, load()'s own from_pretrained call is
+bare's, so the second goal is also judged on cudaload's own share (each child's CPU around transformers'
+`PreTrainedModel.from_pretrained`: imports, plan, checks, read-back) against 0.05 x bare + 20 ms: from_pretrained's
+spread from one process to the next (+-20 ms on a busy 2-core machine) does not blur it.
 
     python benchmarks/load_overhead.py [--tree after=. --tree before=/tmp/main] [--repeats 3] [--json results]
 """
@@ -94,6 +97,25 @@ def _summary(families: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "issue50_again_over_limit": round(med["load_again"] / tight_again, 4),
             "issue50_again_goal_met": med["load_again"] <= tight_again,
         }
+    # load() = its from_pretrained + cudaload's own share; with the same kwargs, its from_pretrained is bare's, so
+    # issue 50's limit holds when the own share <= 0.05 x bare + 20 ms: judged on the own share, measured apart from
+    # from_pretrained's own process-to-process spread (+-20 ms here), fresh and warm.
+    own = {
+        kind: statistics.median(f["own_cpu_s"][kind]["median"] for f in families.values())
+        for kind in ("load", "load_again")
+    }
+    bare = {kind: out["cpu_s"][kind] for kind in ("bare", "bare_again")}
+    allowed, allowed_again = 0.05 * bare["bare"] + 0.020, 0.05 * bare["bare_again"] + 0.020
+    out["own_cpu_s"] = {
+        "load": round(own["load"], 4),
+        "allowed": round(allowed, 4),
+        "over_allowed": round(own["load"] / allowed, 4),
+        "issue50_goal_met": own["load"] <= allowed,
+        "load_again": round(own["load_again"], 4),
+        "allowed_again": round(allowed_again, 4),
+        "again_over_allowed": round(own["load_again"] / allowed_again, 4),
+        "issue50_again_goal_met": own["load_again"] <= allowed_again,
+    }
     out["check_proven"] = all(all(f["check_proven"]) for f in families.values())
     return out
 
@@ -125,7 +147,8 @@ def main() -> None:
                 print(
                     f"{tree:>8} {name:<8} "
                     + " | ".join(f"{k} {w:5.0f} ms wall {c:5.0f} ms CPU" for k, (w, c) in ms.items())
-                    + f" | load/limit {costs['load_over_limit']}",
+                    + f" | load/limit {costs['load_over_limit']}"
+                    + f" | cudaload's own {costs['own_cpu_s']['load']['median'] * 1e3:.1f} ms CPU",
                     flush=True,
                 )
     summary = {tree: _summary(families) for tree, families in results.items()}

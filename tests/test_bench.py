@@ -532,3 +532,17 @@ def test_a_benchmark_scripts_record_leads_with_where_it_ran(tmp_path: Path) -> N
     assert filed.parent == tmp_path / "results" / machine_slug(detect()) and filed.name.endswith("-probe-x.json")
     again = write_benchmark_record("results", tmp_path / "results", "probe-x", {"runs": [2]})
     assert again.name.endswith("-probe-x-2.json") and json.loads(filed.read_text()).get("runs") is None  # kept
+
+
+@pytest.mark.slow
+def test_load_costs_split_each_load_into_from_pretrained_and_cudaloads_own_share(tiny_models) -> None:
+    from cudaload.bench.overhead import load_costs
+
+    costs = load_costs(tiny_models["qwen3"], repeats=1)
+    inside, own, cpu = costs["from_pretrained_cpu_s"], costs["own_cpu_s"], costs["cpu_s"]
+    for kind in ("bare", "load", "load_no_verify", "bare_again", "load_again"):
+        (total,), (spent,), (rest,) = cpu[kind]["runs"], inside[kind]["runs"], own[kind]["runs"]
+        assert 0 < spent <= total, kind  # from_pretrained ran, counted once (an Auto class calls the model's)
+        assert rest == pytest.approx(total - spent, abs=2e-4), kind
+    # bare is from_pretrained and nothing else; load() also imports cudaload's modules and plans.
+    assert own["bare"]["runs"][0] < own["load"]["runs"][0]

@@ -48,6 +48,27 @@ def load_limit(bare_s: float) -> float:
 
 _PRELUDE = "import time, json, sys\n"
 
+# The CPU seconds a child spends inside transformers' own `PreTrainedModel.from_pretrained` (an Auto class calls
+# it; counted once however deep): load() minus it is cudaload's own share, which the process-to-process spread of
+# from_pretrained itself (+-20 ms on a busy 2-core machine) does not blur.
+_FROM_PRETRAINED_CPU = """
+import transformers.modeling_utils as _modeling
+_real_from_pretrained, _spent, _depth = _modeling.PreTrainedModel.from_pretrained.__func__, [0.0], [0]
+def _counted(cls, *args, **kwargs):
+    _depth[0] += 1
+    started = time.process_time()
+    try:
+        return _real_from_pretrained(cls, *args, **kwargs)
+    finally:
+        _depth[0] -= 1
+        if not _depth[0]:
+            _spent[0] += time.process_time() - started
+def _taken():
+    taken, _spent[0] = _spent[0], 0.0
+    return taken
+_modeling.PreTrainedModel.from_pretrained = classmethod(_counted)
+"""
+
 _CHILDREN = {
     "import": """
 t = time.perf_counter()
@@ -71,24 +92,32 @@ out = {"s": time.perf_counter() - t, "heavy": [m for m in ("torch", "transformer
 import torch, transformers, cudaload
 from transformers import AutoModelForCausalLM
 getattr(transformers, json.load(open(MODEL + "/config.json", encoding="utf-8"))["architectures"][0])  # its model
+"""
+    + _FROM_PRETRAINED_CPU
+    + """
 t, c = time.perf_counter(), time.process_time()
 m = cudaload.load(MODEL, verify=VERIFY)
 out = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "timings": dict(m.cudaload_plan.timings),
-       "check_proven": bool(getattr(m.cudaload_plan, "check_proven", ""))}
+       "check_proven": bool(getattr(m.cudaload_plan, "check_proven", "")), "from_pretrained_cpu_s": _taken()}
 t, c = time.perf_counter(), time.process_time()  # a second load in the same process: imports and first calls paid
 m = cudaload.load(MODEL, verify=VERIFY)
-out |= {"again_s": time.perf_counter() - t, "again_cpu_s": time.process_time() - c}
+out |= {"again_s": time.perf_counter() - t, "again_cpu_s": time.process_time() - c,
+        "again_from_pretrained_cpu_s": _taken()}
 """,
     "bare": """
 import torch, transformers, cudaload
 from transformers import AutoModelForCausalLM
 getattr(transformers, json.load(open(MODEL + "/config.json", encoding="utf-8"))["architectures"][0])  # its model
+"""
+    + _FROM_PRETRAINED_CPU
+    + """
 t, c = time.perf_counter(), time.process_time()
 m = AutoModelForCausalLM.from_pretrained(MODEL, **KWARGS)
-out = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c}
+out = {"s": time.perf_counter() - t, "cpu_s": time.process_time() - c, "from_pretrained_cpu_s": _taken()}
 t, c = time.perf_counter(), time.process_time()
 m = AutoModelForCausalLM.from_pretrained(MODEL, **KWARGS)
-out |= {"again_s": time.perf_counter() - t, "again_cpu_s": time.process_time() - c}
+out |= {"again_s": time.perf_counter() - t, "again_cpu_s": time.process_time() - c,
+        "again_from_pretrained_cpu_s": _taken()}
 """,
 }
 
@@ -234,7 +263,9 @@ def load_costs(
     machine costs none), the median of `repeats` fresh processes each, interleaved. One plan fills the
     cache and one load() writes the test forward's record first (its seconds: "first_load"), so every
     measured load() is on a cached plan, as issue 37's goal (`load_limit`) is stated. Each child then
-    calls again ("<kind>_again"): what a process that loads a second time pays, imports and first calls done."""
+    calls again ("<kind>_again"): what a process that loads a second time pays, imports and first calls done.
+    Each child's CPU seconds inside transformers' `PreTrainedModel.from_pretrained` ("from_pretrained_cpu_s")
+    and around it ("own_cpu_s": for load(), cudaload's own share: its imports, plan, checks and read-back)."""
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, not {repeats}")
     folder = str(Path(model))
@@ -242,6 +273,9 @@ def load_costs(
     # each kind's first call in a fresh process, and "<kind>_again": a second call in that process
     wall: dict[str, list[float]] = {k: [] for kind in kinds for k in (kind, f"{kind}_again")}
     cpu: dict[str, list[float]] = {k: [] for kind in kinds for k in (kind, f"{kind}_again")}
+    # each one's CPU seconds inside transformers' from_pretrained, and around it (cudaload's own share, for load())
+    inside: dict[str, list[float]] = {k: [] for kind in kinds for k in (kind, f"{kind}_again")}
+    around: dict[str, list[float]] = {k: [] for kind in kinds for k in (kind, f"{kind}_again")}
     proven: list[bool] = []
     with tempfile.TemporaryDirectory(prefix="cudaload-load-costs-") as tmp:
         warm = Path(tmp) / "warm"
@@ -258,6 +292,10 @@ def load_costs(
                 cpu[kind].append(out["cpu_s"])
                 wall[f"{kind}_again"].append(out["again_s"])
                 cpu[f"{kind}_again"].append(out["again_cpu_s"])
+                for again in ("", "again_"):
+                    name = f"{kind}_again" if again else kind
+                    inside[name].append(out[f"{again}from_pretrained_cpu_s"])
+                    around[name].append(out[f"{again}cpu_s"] - out[f"{again}from_pretrained_cpu_s"])
                 if kind == "load":
                     proven.append(bool(out.get("check_proven")))
     med = {unit: {k: statistics.median(v) for k, v in d.items()} for unit, d in (("wall", wall), ("cpu", cpu))}
@@ -268,6 +306,8 @@ def load_costs(
         "first_load": {"s": first["s"], "cpu_s": first["cpu_s"], "timings": first["timings"]},
         "wall_s": {k: _stats(v) for k, v in wall.items()},
         "cpu_s": {k: _stats(v) for k, v in cpu.items()},
+        "from_pretrained_cpu_s": {k: _stats(v) for k, v in inside.items()},
+        "own_cpu_s": {k: _stats(v) for k, v in around.items()},
         "check_proven": proven,
         "load_over_limit": {unit: round(m["load"] / load_limit(m["bare"]), 4) for unit, m in med.items()},
         "load_over_bare": {unit: round(m["load"] / m["bare"], 4) for unit, m in med.items()},

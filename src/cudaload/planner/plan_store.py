@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from ..capability.cache import cache_dir, read_json, read_regular_file, write_json
-from ..errors import CudaloadError
 from ..facts.kv_cache import GenerationFacts, KvLayers
 from ..facts.machine import Machine
 from ..facts.model import ModelFacts
@@ -238,7 +237,7 @@ def store_plan(key: str, plan: Plan, machine: Machine, decide: Callable[[Machine
     for end in ram or ():
         try:
             same = applied(decide(_with_ram(machine, end))) == settings
-        except (CudaloadError, NotExact):
+        except Exception:  # any refusal at another RAM: not stored; the plan made here stands
             same = False
         if not same:
             logger.debug(
