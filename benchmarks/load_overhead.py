@@ -13,9 +13,10 @@ Goals, median over the families, never asserted in a test: issue 37's, load() on
 from_pretrained + 50 ms (`load_over_limit` <= 1); issue 50's, load() of a proven checkpoint (its test forward
 proven by an earlier process: every measured load here) <= 1.05x bare + 20 ms (`issue50_over_limit` <= 1), in
 a fresh process and again in a warm one, CPU and wall. With the same kwargs, load()'s own from_pretrained call is
-bare's, so the second goal is also judged on cudaload's own share (each child's CPU around transformers'
-`PreTrainedModel.from_pretrained`: imports, plan, checks, read-back) against 0.05 x bare + 20 ms: from_pretrained's
-spread from one process to the next (+-20 ms on a busy 2-core machine) does not blur it.
+bare's, so the second goal is also judged on cudaload's own share, apart from from_pretrained's spread from one
+process to the next (+-20 ms on a busy 2-core machine): load()'s CPU outside transformers'
+`PreTrainedModel.from_pretrained` (imports, plan, checks, read-back) <= bare's outside it (an Auto class resolving
+the model class) + 0.05 x bare + 20 ms.
 
     python benchmarks/load_overhead.py [--tree after=. --tree before=/tmp/main] [--repeats 3] [--json results]
 """
@@ -97,24 +98,29 @@ def _summary(families: dict[str, dict[str, Any]]) -> dict[str, Any]:
             "issue50_again_over_limit": round(med["load_again"] / tight_again, 4),
             "issue50_again_goal_met": med["load_again"] <= tight_again,
         }
-    # load() = its from_pretrained + cudaload's own share; with the same kwargs, its from_pretrained is bare's, so
-    # issue 50's limit holds when the own share <= 0.05 x bare + 20 ms: judged on the own share, measured apart from
-    # from_pretrained's own process-to-process spread (+-20 ms here), fresh and warm.
-    own = {
+    # load() = its from_pretrained + the rest, bare = its from_pretrained + the rest (an Auto class resolving the
+    # model class: ~2 ms). With the same kwargs, load()'s from_pretrained is bare's, so issue 50's limit holds when
+    # load()'s rest <= bare's rest + 0.05 x bare + 20 ms: cudaload's own share, judged apart from from_pretrained's
+    # own spread from one process to the next (+-20 ms here), fresh and warm.
+    rest = {
         kind: statistics.median(f["own_cpu_s"][kind]["median"] for f in families.values())
-        for kind in ("load", "load_again")
+        for kind in ("load", "load_again", "bare", "bare_again")
     }
-    bare = {kind: out["cpu_s"][kind] for kind in ("bare", "bare_again")}
-    allowed, allowed_again = 0.05 * bare["bare"] + 0.020, 0.05 * bare["bare_again"] + 0.020
+    allowed = {
+        kind: rest[f"bare{again}"] + 0.05 * out["cpu_s"][f"bare{again}"] + 0.020
+        for kind, again in (("load", ""), ("load_again", "_again"))
+    }
     out["own_cpu_s"] = {
-        "load": round(own["load"], 4),
-        "allowed": round(allowed, 4),
-        "over_allowed": round(own["load"] / allowed, 4),
-        "issue50_goal_met": own["load"] <= allowed,
-        "load_again": round(own["load_again"], 4),
-        "allowed_again": round(allowed_again, 4),
-        "again_over_allowed": round(own["load_again"] / allowed_again, 4),
-        "issue50_again_goal_met": own["load_again"] <= allowed_again,
+        "load": round(rest["load"], 4),
+        "bare": round(rest["bare"], 4),
+        "allowed": round(allowed["load"], 4),
+        "over_allowed": round(rest["load"] / allowed["load"], 4),
+        "issue50_goal_met": rest["load"] <= allowed["load"],
+        "load_again": round(rest["load_again"], 4),
+        "bare_again": round(rest["bare_again"], 4),
+        "allowed_again": round(allowed["load_again"], 4),
+        "again_over_allowed": round(rest["load_again"] / allowed["load_again"], 4),
+        "issue50_again_goal_met": rest["load_again"] <= allowed["load_again"],
     }
     out["check_proven"] = all(all(f["check_proven"]) for f in families.values())
     return out
