@@ -74,6 +74,43 @@ def test_decode_builds_tuples_and_dataclasses() -> None:
     assert decode([["a", 1, 2, 3]], tuple[tuple[str, int, int, int], ...]) == (("a", 1, 2, 3),)
 
 
+def test_the_layout_of_every_cached_record_has_typing_s_own_hints() -> None:
+    """`_fields` evaluates annotation strings with `inspect.get_annotations` (cheaper than `typing.get_type_hints`):
+    for every record a cache file holds, and every dataclass they nest, the hints are typing's, field by field."""
+    import dataclasses
+    import typing
+
+    from cudaload.capability.cache import _fields
+    from cudaload.facts.machine import DtypeProbe
+    from cudaload.facts.model import ModelFacts
+
+    seen: set[type] = set()
+
+    def walk(spec: Any) -> None:
+        if isinstance(spec, type) and dataclasses.is_dataclass(spec):
+            if spec in seen:
+                return
+            seen.add(spec)
+            hints = typing.get_type_hints(spec)
+            assert _fields(spec) == {f.name: hints[f.name] for f in dataclasses.fields(spec)}, spec
+            for hint in hints.values():
+                walk(hint)
+        for arg in typing.get_args(spec):
+            walk(arg)
+
+    for record in (ModelFacts, DtypeProbe, TuningRecord, Pair):
+        walk(record)
+
+    @dataclass(frozen=True)
+    class Child(Pair):  # a subclass: its bases' fields first, its own annotation winning
+        name: Any
+        extra: int = 0
+
+    walk(Child)
+    assert list(_fields(Child)) == ["name", "sizes", "scale", "extra"] and _fields(Child)["name"] is Any
+    assert len(seen) >= 8, sorted(c.__name__ for c in seen)  # the nested records were walked, not only the roots
+
+
 def test_read_json_treats_non_json_numbers_and_wrong_layouts_as_missing(tmp_path: Path) -> None:
     path = tmp_path / "record.json"
     path.write_text('{"seconds": NaN}')  # Python's json reads it; a cache record may not hold it

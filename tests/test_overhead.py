@@ -228,9 +228,13 @@ def test_a_corrupt_facts_cache_is_read_again(tiny_models, tmp_path: Path, monkey
 LAZY_ON_A_PROVEN_LOAD = {
     "cudaload.facts.catalog": "simulated",
     "cudaload.facts.simulated": "simulated",
+    "cudaload.facts.platform": "simulated",  # the GPU vendors' records: a machine with no GPU asks none
+    "cudaload.facts.platform_cuda": "simulated",
+    "cudaload.facts.platforms": "simulated",
     "cudaload.capability.visible": "gpu_found",
     "cudaload.capability.dtype_timing": "measured",
     "cudaload.capability.probe_confidence": "measured",
+    "cudaload.capability.lock_file": "measured",
     "cudaload.capability.config_facts": "facts_read",
     "cudaload.capability.config_file": "facts_read",
     "cudaload.capability.model_class": "facts_read",
@@ -303,8 +307,8 @@ def test_a_proven_load_imports_none_of_what_it_does_not_use(tiny_models, tmp_pat
         from cudaload.capability.gpus import probe_gpus
         steps["gpu_found"] = probe_gpus({{}}, (Found,)).source
         step("gpu_found")
-        from cudaload.capability.dtype_probe import measure_dtypes
-        steps["measured"] = measure_dtypes(16, 16).in_features
+        from cudaload.capability.dtype_probe import dtype_probe_for
+        steps["measured"] = dtype_probe_for(cudaload.detect(), (16, 16), model="16x16")[0].in_features  # no record
         step("measured")
         facts = cudaload.read_model_facts({str(model)!r}, auto_class="AutoModel")  # not in the facts cache
         steps["facts_read"] = facts.model_class

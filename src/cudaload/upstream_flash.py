@@ -320,8 +320,9 @@ AttentionKind = Literal["flash", "hub_kernel", "sdpa", "flex", "eager", "other"]
 """What an `attn_implementation` string is to transformers."""
 
 # transformers' own test for a Hub-kernel attn_implementation ("org/repo[@revision][:function]"):
-# integrations/hub_kernels.py, `is_kernel`.
-_HUB_KERNEL = re.compile(r"^[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$")
+# integrations/hub_kernels.py, `is_kernel`. Compiled by `re` on first use: the common names never need it.
+_HUB_KERNEL = r"^[^/:]+/[^/:]+(?:@[^/:]+)?(?::[^/:]+)?$"
+_NAMED: dict[str, AttentionKind] = {"sdpa": "sdpa", "flex_attention": "flex", "eager": "eager"}
 
 
 def attention_kind(implementation: str) -> AttentionKind:
@@ -330,7 +331,6 @@ def attention_kind(implementation: str) -> AttentionKind:
     "flex_attention", "eager", or another registered name ("other")."""
     if implementation in FLASH_OPTIONS:
         return "flash"
-    if _HUB_KERNEL.match(implementation):
-        return "hub_kernel"
-    named: dict[str, AttentionKind] = {"sdpa": "sdpa", "flex_attention": "flex", "eager": "eager"}
-    return named.get(implementation, "other")
+    if implementation in _NAMED:  # none has a "/": the Hub pattern could not match it
+        return _NAMED[implementation]
+    return "hub_kernel" if re.match(_HUB_KERNEL, implementation) else "other"

@@ -50,11 +50,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from ..announce import announce
 from ..errors import CudaloadWarning
 from ..facts.machine import DtypeProbe, Machine
 from .cache import write_json
-from .lock_file import exclusive
 from .probe_record import expected_fingerprint, probe_path, probe_to_json, read_probe
 
 __all__ = [
@@ -144,6 +142,7 @@ def measure_dtypes(in_features: int, out_features: int) -> DtypeProbe:
 
 def _announce(bucket: tuple[int, int], model: str) -> None:
     """Say that the probe starts (it takes seconds; a blank terminal that long looks hung)."""
+    from ..announce import announce
     from .dtype_timing import expected_cost_s  # the timing code: imported when measuring, not to read a record
 
     cost = expected_cost_s(*bucket)
@@ -179,6 +178,8 @@ def dtype_probe_for(
     found = usable()
     if found is not None or not measure:
         return found, ""
+    from .lock_file import exclusive  # measuring only: a process that reads the record takes no lock
+
     with exclusive(path.with_suffix(".lock")) as refused:
         if refused is not None and refused.kind == "held":
             return None, f"not measured: {refused} (measuring beside it would time its load, not this CPU)"
@@ -230,6 +231,8 @@ def remeasure(
         SettingError: the lock path is not a lock file (a symbolic link, a FIFO: delete it), or
             another process held the lock past its timeout (measuring beside it would time its load).
     """  # a disturbed hold it replaces, though
+    from .lock_file import exclusive
+
     path = probe_path(machine, bucket, env)
     with exclusive(path.with_suffix(".lock"), waiting=waiting) as refused:
         if refused is not None and refused.kind in ("held", "not-a-lock"):

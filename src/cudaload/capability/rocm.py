@@ -27,13 +27,14 @@ __all__ = ["AMD_DRIVER_NODE", "AmdSmiProbe", "RocmTorchProbe", "gfx_capability",
 AMD_DRIVER_NODE = "/dev/kfd"
 """The ROCm kernel driver's device (amdgpu's KFD): every process that uses an AMD GPU through ROCm opens it."""
 
-_GFX = re.compile(r"gfx[0-9a-f]+", re.IGNORECASE)
+_GFX = r"(?i)gfx[0-9a-f]+"
+"""An AMD architecture (compiled by `re` on first use: no AMD GPU, no compiling)."""
 
 
 def gfx_target(name: str) -> str | None:
     """The gfx target of an architecture name: "gfx942:sramecc+:xnack-" (torch's gcnArchName) -> "gfx942";
     "GFX942" (amdsmi) -> "gfx942"; None when there is none."""
-    match = _GFX.search(name or "")
+    match = re.search(_GFX, name or "")
     return match.group(0).lower() if match else None
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from ..facts.machine import Gpu, Software
-from ..facts.platform_cuda import MIN_DRIVER
 
-__all__ = ["MIN_DRIVER", "gpus_unusable", "runs_on", "torch_arch_list"]
+__all__ = ["gpus_unusable", "runs_on", "torch_arch_list"]
 
 
 def gpus_unusable(gpus: tuple[Gpu, ...], software: Software) -> str | None:

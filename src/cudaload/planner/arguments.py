@@ -35,10 +35,11 @@ __all__ = ["check_model", "generation_request", "parallel_request", "split_overr
 _SETTINGS = ("attn_implementation", "dtype", "device_map", "max_memory", "use_kernels")
 
 
-_HUB_KERNEL = re.compile(r"[A-Za-z0-9_][\w.-]*/[A-Za-z0-9_][\w.-]*(?:@[^/:\s]+)?(?::[^/:\s]+)?")
+_HUB_KERNEL = r"[A-Za-z0-9_][\w.-]*/[A-Za-z0-9_][\w.-]*(?:@[^/:\s]+)?(?::[^/:\s]+)?"
 """A Hub kernel as transformers takes it ("org/repo", "@revision", ":kernel"; `integrations/hub_kernels.py`
 `is_kernel` in 5.22 and 5.25), with org and repo as the Hub spells ids (huggingface_hub `validate_repo_id`:
-letters, digits, `-_.`, no `..` or `--`): "kernels-community/../../evil" is neither."""
+letters, digits, `-_.`, no `..` or `--`): "kernels-community/../../evil" is neither. A pattern `re` compiles on
+first use: a load that names no attention never compiles it."""
 
 
 def _check_attention_name(name: str) -> None:
@@ -55,7 +56,7 @@ def _check_attention_name(name: str) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     known = ["eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()]
-    if name in known or (_HUB_KERNEL.fullmatch(name) and ".." not in name and "--" not in name.split("@")[0]):
+    if name in known or (re.fullmatch(_HUB_KERNEL, name) and ".." not in name and "--" not in name.split("@")[0]):
         return
     close = difflib.get_close_matches(name.lower().replace("-", "_"), known, n=1, cutoff=0.6)
     raise AttentionUnavailableError(

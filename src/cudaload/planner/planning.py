@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..announce import announce
 from ..capability.quant_config import check_quantization_config
 from ..errors import SettingError
 from ..facts.machine import Machine
@@ -193,6 +192,8 @@ def plan(
     if measured is not None and not measured.from_cache:
         result = replace(result, timings={"probe": measured.cost_s})
     if measured is not None and measured.confidence != "quiet" and request.dtype is None:
+        from ..announce import announce  # a disturbed probe only
+
         # Said here, where the dtype is known: the plan kept the checkpoint's (policy/precision.py: _kept_checkpoint).
         kept = next((d.value for d in result.decisions if d.setting == "dtype"), "the checkpoint's dtype")
         announce(
