@@ -78,6 +78,32 @@ def test_the_wheel_s_builds_are_read_from_its_file_names(tmp_path: Path) -> None
     assert builds_in(tmp_path / "missing") == ()
 
 
+def test_only_a_library_file_name_is_read_as_a_build(tmp_path: Path) -> None:
+    """The name rule is bitsandbytes' own pattern, `libbitsandbytes_<a-z letters><digits>.<so|dylib|dll>`, read with
+    string methods: every other name is no build, whatever it starts or ends with."""
+    import re
+
+    names = [
+        "libbitsandbytes_xpu2025.dll",
+        "libbitsandbytes_mps.dylib",
+        "libbitsandbytes_.so",
+        "libbitsandbytes_123.so",
+        "libbitsandbytes_CUDA128.so",
+        "libbitsandbytes_cuda12a.so",
+        "libbitsandbytes_cudä128.so",
+        "libbitsandbytes_cuda128.so.bak",
+        "libbitsandbytes_cuda128.pyd",
+        "libbitsandbytes_cuda 128.so",
+        "xlibbitsandbytes_cpu.so",
+        "libbitsandbytes_cpu",
+    ]
+    for name in names:
+        (tmp_path / name).write_text("")
+    pattern = re.compile(r"libbitsandbytes_([a-z]+[0-9]*)\.(?:so|dylib|dll)")
+    expected = tuple(sorted(m[1] for m in map(pattern.fullmatch, names) if m is not None))
+    assert builds_in(tmp_path) == expected == ("mps", "xpu2025")
+
+
 @pytest.mark.parametrize(
     ("hip", "build"),
     [

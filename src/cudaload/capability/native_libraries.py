@@ -10,12 +10,9 @@ every process that loads a model: which ones it ships says what that import trie
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
 __all__ = ["bitsandbytes_builds", "builds_in", "torchao_extensions"]
-
-_LIBRARY = re.compile(r"^libbitsandbytes_(?P<build>[a-z]+\d*)\.(?:so|dylib|dll)$")
 
 
 def _package_folder(module: str) -> Path | None:
@@ -30,9 +27,20 @@ def _names(folder: Path) -> list[str]:
         return []
 
 
+def _build(name: str) -> str | None:
+    """The build a file name `libbitsandbytes_<letters><digits>.<so|dylib|dll>` names; None for another file.
+    String methods, not a pattern: every detect() reads the folder, and compiling one costs more than its ~20 names."""
+    stem, dot, suffix = name.rpartition(".")
+    if not dot or suffix not in ("so", "dylib", "dll") or not stem.startswith("libbitsandbytes_"):
+        return None
+    build = stem.removeprefix("libbitsandbytes_")
+    letters = build.rstrip("0123456789")
+    return build if letters.isascii() and letters.isalpha() and letters.islower() else None
+
+
 def builds_in(folder: Path) -> tuple[str, ...]:
     """The builds a bitsandbytes package folder ships ("cpu", "cuda128", "rocm64", "xpu2025"), sorted."""
-    return tuple(sorted(m["build"] for m in map(_LIBRARY.match, _names(folder)) if m is not None))
+    return tuple(sorted(build for build in map(_build, _names(folder)) if build is not None))
 
 
 def bitsandbytes_builds() -> tuple[str, ...] | None:
